@@ -1,0 +1,1 @@
+"""Task stores: where the engine journals every change (see base.py)."""
