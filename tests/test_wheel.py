@@ -1,0 +1,354 @@
+"""The time wheel against a plain oracle, and its boundary cases one by one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    rule,
+)
+
+from delaywheel.wheel import Entry, TimingWheel
+
+YEAR_S = 365 * 24 * 3600.0
+
+
+class Timer(Entry):
+    __slots__ = ("name", "seq")
+
+    def __init__(self, name: str, seq: int = 0) -> None:
+        super().__init__()
+        self.name = name
+        self.seq = seq
+
+
+# -- the oracle ---------------------------------------------------------------
+
+
+class WheelVersusOracle(RuleBasedStateMachine):
+    """Random inserts, removes, reschedules and advances; the oracle is a dict
+    of due times. Checked after every advance: nothing fires early, nothing
+    fires more than one tick late, firing order is due order (ties FIFO)."""
+
+    timers = Bundle("timers")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.due: dict[Timer, float] = {}
+        self.must_fire_next: set[Timer] = set()  # scheduled at or before the wheel's now
+        self.seq = 0
+
+    @initialize(
+        slots=st.sampled_from([1, 2, 3, 7, 60, 3600]),
+        tick_s=st.sampled_from([1.0, 0.5, 0.25, 3.0, 60.0, 0.01, 0.001]),
+        start_s=st.one_of(st.just(0.0), st.floats(0, 2e9), st.integers(0, 2_000_000_000)),
+    )
+    def start(self, slots: int, tick_s: float, start_s: float) -> None:
+        self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=float(start_s))
+        self.now_s = float(start_s)  # high-water mark, as the wheel keeps it
+
+    def _delay(self, kind: int, fraction: float, laps: int) -> float:
+        lap_s = self.wheel.slots * self.wheel.tick_s
+        return [
+            fraction * lap_s,  # within the first lap
+            laps * lap_s,  # exactly k laps ahead
+            laps * lap_s + fraction * self.wheel.tick_s,  # just past k laps
+            fraction * 10 * YEAR_S,  # anywhere up to ten years
+            -fraction * lap_s,  # already due
+            float(laps) * self.wheel.tick_s,  # whole ticks
+        ][kind]
+
+    @rule(
+        target=timers,
+        kind=st.integers(0, 5),
+        fraction=st.floats(0, 1),
+        laps=st.integers(0, 30),
+    )
+    def insert(self, kind: int, fraction: float, laps: int) -> Timer:
+        self.seq += 1
+        timer = Timer(f"t{self.seq}", self.seq)
+        due_s = self.now_s + self._delay(kind, fraction, laps)
+        self.wheel.insert(timer, due_s)
+        self.due[timer] = due_s
+        if due_s <= self.now_s:
+            self.must_fire_next.add(timer)
+        return timer
+
+    @rule(timer=consumes(timers))
+    def remove(self, timer: Timer) -> None:
+        if timer in self.due:
+            self.wheel.remove(timer)
+            del self.due[timer]
+            self.must_fire_next.discard(timer)
+        else:
+            with pytest.raises(ValueError):
+                self.wheel.remove(timer)
+
+    @rule(timer=timers, kind=st.integers(0, 5), fraction=st.floats(0, 1), laps=st.integers(0, 30))
+    def reschedule(self, timer: Timer, kind: int, fraction: float, laps: int) -> None:
+        if timer not in self.due:
+            return
+        self.seq += 1
+        timer.seq = self.seq  # a rescheduled timer queues behind its equals
+        due_s = self.now_s + self._delay(kind, fraction, laps)
+        self.wheel.reschedule(timer, due_s)
+        self.due[timer] = due_s
+        self.must_fire_next.discard(timer)
+        if due_s <= self.now_s:
+            self.must_fire_next.add(timer)
+
+    @rule(
+        step=st.one_of(
+            st.floats(0, 3),  # in ticks
+            st.integers(0, 5),  # whole ticks
+            st.floats(0, 3).map(lambda x: x * 3600),  # many ticks
+            st.floats(-5, 0),  # backwards
+        )
+    )
+    def advance(self, step: float) -> None:
+        self._advance_to(self.now_s + step * self.wheel.tick_s)  # step is in ticks
+
+    @rule(jump_s=st.floats(0, 20 * YEAR_S))
+    def jump(self, jump_s: float) -> None:
+        """A stall or a forward clock jump, up to twenty years at once."""
+        self._advance_to(self.now_s + jump_s)
+
+    @rule()
+    def advance_to_next_fire(self) -> None:
+        next_s = self.wheel.next_fire_s()
+        if next_s is not None:
+            self._advance_to(next_s)
+
+    @rule()
+    def advance_to_just_before_next_fire(self) -> None:
+        next_s = self.wheel.next_fire_s()
+        if next_s is None or next_s <= self.now_s or self.must_fire_next:
+            return
+        fired = self._advance_to(max(self.now_s, next_s - self.wheel.tick_s / 2))
+        assert fired == [], "fired before next_fire_s()"
+
+    def _advance_to(self, now_s: float) -> list[Timer]:
+        fired = self.wheel.advance(now_s)
+        self.now_s = max(self.now_s, now_s)
+        tick_s = self.wheel.tick_s
+        for timer in fired:
+            assert isinstance(timer, Timer)
+            assert timer in self.due, f"{timer.name} fired but is not scheduled"
+            assert self.due[timer] <= self.now_s, f"{timer.name} fired early"
+        keys = [(self.due[t], t.seq) for t in fired]  # type: ignore[index]
+        assert keys == sorted(keys), "not in due order"
+        for timer in fired:
+            del self.due[timer]  # type: ignore[arg-type]
+        assert not self.must_fire_next - set(fired), "an overdue timer waited"
+        self.must_fire_next.clear()
+        # Never more than one tick late (with room for float rounding).
+        late_limit = self.now_s - tick_s * (1 + 1e-9) - abs(self.now_s) * 1e-15
+        late = [t.name for t, due_s in self.due.items() if due_s <= late_limit]
+        assert not late, f"late by more than a tick: {late}"
+        return fired  # type: ignore[return-value]
+
+    @invariant()
+    def counts_agree(self) -> None:
+        if not hasattr(self, "wheel"):
+            return
+        stats = self.wheel.stats()
+        assert len(self.wheel) == len(self.due) == stats.pending
+        assert stats.in_ring + stats.above_ring == stats.pending
+
+    @invariant()
+    def never_oversleeps(self) -> None:
+        if not hasattr(self, "wheel") or not self.due:
+            return
+        next_s = self.wheel.next_fire_s()
+        assert next_s is not None
+        earliest_s = min(self.due.values())
+        fire_s = max(self.wheel.tick_ceil(earliest_s) * self.wheel.tick_s, self.now_s)
+        assert next_s <= fire_s, f"next_fire_s {next_s} is after the earliest fire {fire_s}"
+
+
+WheelVersusOracle.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_wheel_matches_oracle = WheelVersusOracle.TestCase
+
+
+# -- boundaries, one by one ---------------------------------------------------
+
+
+def wheel_at(now_s: float = 1_000_000.0, slots: int = 3600, tick_s: float = 1.0) -> TimingWheel:
+    return TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
+
+
+@pytest.mark.parametrize("laps", [1, 2, 5])
+def test_exact_laps_wait_exactly_that_many_laps(laps: int) -> None:
+    start_s = 7200.0  # on a lap boundary: slot == cursor for the new timer
+    wheel = wheel_at(start_s)
+    timer = Timer("laps")
+    wheel.insert(timer, start_s + laps * 3600)
+    assert wheel.place(timer) == (laps, 0)
+    assert wheel.advance(start_s + laps * 3600 - 0.001) == []
+    assert wheel.advance(start_s + laps * 3600) == [timer]
+
+
+def test_delay_multiple_of_slots_from_mid_lap() -> None:
+    wheel = wheel_at(1_000_123.0)
+    timer = Timer("x")
+    wheel.insert(timer, 1_000_123.0 + 3600)  # delay % 3600 == 0, slot == cursor
+    cycle, slot = wheel.place(timer)
+    assert (cycle, slot) == (1, wheel.stats().cursor_slot)
+    for step_s in range(1, 3600):  # one full lap, tick by tick: nothing
+        assert wheel.advance(1_000_123.0 + step_s) == []
+    assert wheel.advance(1_000_123.0 + 3600) == [timer]
+
+
+def test_cycle_and_slot_follow_the_formula() -> None:
+    wheel = wheel_at(1_000_000.0)
+    cursor = wheel.stats().cursor_tick
+    for delay_s in [1, 59, 3599, 3600, 3601, 7205, 86_400 * 7]:
+        timer = Timer(str(delay_s))
+        wheel.insert(timer, 1_000_000.0 + delay_s)
+        assert wheel.place(timer) == (delay_s // 3600, (cursor + delay_s) % 3600)
+
+
+def test_past_due_fires_at_next_advance_even_without_time_passing() -> None:
+    wheel = wheel_at(100.5)
+    timer, now_timer = Timer("past"), Timer("now")
+    wheel.insert(timer, 50.0)
+    wheel.insert(now_timer, 100.5)
+    assert wheel.next_fire_s() == 100.5
+    assert wheel.advance(100.5) == [timer, now_timer]
+
+
+def test_fractional_due_fires_on_the_tick_after_it() -> None:
+    wheel = wheel_at(10.0)
+    timer = Timer("x")
+    wheel.insert(timer, 12.3)
+    assert wheel.next_fire_s() == 13.0
+    assert wheel.advance(12.99) == []
+    assert wheel.advance(13.0) == [timer]
+
+
+def test_stall_over_many_laps_fires_everything_in_due_order() -> None:
+    wheel = wheel_at(0.0, slots=10, tick_s=1.0)
+    timers = [Timer(str(i), i) for i in range(200)]
+    dues = [(i * 7919) % 1000 + 0.5 for i in range(200)]
+    for timer, due_s in zip(timers, dues, strict=True):
+        wheel.insert(timer, due_s)
+    fired = wheel.advance(5000.0)
+    assert [t.due_s for t in fired] == sorted(dues)
+    assert len(wheel) == 0 and wheel.next_fire_s() is None
+
+
+def test_equal_due_times_fire_in_insertion_order() -> None:
+    wheel = wheel_at(0.0)
+    timers = [Timer(str(i)) for i in range(5)]
+    for timer in timers:
+        wheel.insert(timer, 42.0)
+    assert wheel.advance(42.0) == timers
+
+
+def test_time_going_backwards_fires_nothing_and_holds_the_cursor() -> None:
+    wheel = wheel_at(1000.0)
+    timer = Timer("x")
+    wheel.insert(timer, 1001.0)
+    cursor = wheel.stats().cursor_tick
+    assert wheel.advance(500.0) == []
+    assert wheel.stats().cursor_tick == cursor
+    assert wheel.now_s == 1000.0
+    assert wheel.advance(1001.0) == [timer]
+
+
+def test_far_future_timers_wait_above_the_ring() -> None:
+    wheel = wheel_at(0.0)
+    far = [Timer(f"far{i}") for i in range(1000)]
+    for i, timer in enumerate(far):
+        wheel.insert(timer, 3600.0 * (1 + i % 5) + 17)  # all share slot 17
+    near = Timer("near")
+    wheel.insert(near, 17.0)
+    stats = wheel.stats()
+    assert (stats.in_ring, stats.above_ring) == (1, 1000)
+    assert wheel.advance(17.0) == [near]
+    assert wheel.stats().in_ring == 0  # slot 17 was passed without touching them
+    fired = wheel.advance(3600.0 + 17)
+    assert len(fired) == 200
+    assert wheel.stats().buckets == 4
+
+
+def test_lap_boundary_wake_may_cascade_only() -> None:
+    wheel = wheel_at(0.0, slots=10)
+    timer = Timer("x")
+    wheel.insert(timer, 25.0)
+    first_s = wheel.next_fire_s()
+    assert first_s is not None and first_s <= 25.0
+    while (next_s := wheel.next_fire_s()) is not None and next_s < 25.0:
+        assert wheel.advance(next_s) == []
+    assert wheel.next_fire_s() == 25.0
+    assert wheel.advance(25.0) == [timer]
+
+
+def test_remove_and_reschedule_are_exact() -> None:
+    wheel = wheel_at(0.0)
+    a, b = Timer("a"), Timer("b")
+    wheel.insert(a, 10.0)
+    wheel.insert(b, 10.0)
+    wheel.remove(a)
+    wheel.reschedule(b, 20_000.0)
+    assert not a.scheduled and b.scheduled
+    assert wheel.advance(19_999.0) == []
+    assert wheel.advance(20_000.0) == [b]
+    with pytest.raises(ValueError, match="not scheduled"):
+        wheel.remove(a)
+    wheel.insert(a, 1.0)
+    with pytest.raises(ValueError, match="already scheduled"):
+        wheel.insert(a, 1.0)
+
+
+def test_millisecond_tick() -> None:
+    wheel = wheel_at(1_700_000_000.0, tick_s=0.001)
+    timer = Timer("ms")
+    wheel.insert(timer, 1_700_000_000.0105)
+    assert wheel.advance(1_700_000_000.010) == []
+    assert wheel.advance(1_700_000_000.011) == [timer]
+
+
+def test_heaps_stay_bounded_under_churn() -> None:
+    wheel = wheel_at(0.0, slots=8)
+    timer = Timer("x")
+    for i in range(10_000):
+        wheel.insert(timer, 3.0 if i % 2 else 3600.0 * (i % 50 + 1))
+        wheel.remove(timer)
+    assert len(wheel._ring_ticks) <= 2 * 8 + 65
+    assert len(wheel._bucket_laps) <= 65
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"slots": 0, "tick_s": 1.0}, "slots"),
+        ({"slots": 3600, "tick_s": 0.0001}, "tick_s"),
+        ({"slots": 3600, "tick_s": math.nan}, "tick_s"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TimingWheel(now_s=0.0, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("due_s", [math.nan, math.inf, -math.inf])
+def test_non_finite_times_are_refused(due_s: float) -> None:
+    wheel = wheel_at()
+    with pytest.raises(ValueError, match="due_s"):
+        wheel.insert(Timer("x"), due_s)
+    with pytest.raises(ValueError, match="now_s"):
+        wheel.advance(due_s)
