@@ -1,0 +1,393 @@
+"""Sans-IO MessagePack-RPC codec shared by the delaywheel server and its clients.
+
+Theory of operation
+-------------------
+Bytes in, messages out; messages in, bytes out. Nothing here touches a socket, an event loop
+or a clock: the caller reads bytes, hands them to ``Decoder.feed()``, iterates the decoder for
+the messages that are now complete, and writes whatever ``Encoder`` returns.
+
+Framing. MessagePack-RPC has no length prefix: each message is one MessagePack array and the
+stream is those arrays back to back, so the only way to find where a message ends is to parse
+it. One ``msgpack.Unpacker`` is fed incrementally; its C parser keeps its place inside a
+half-received message across feeds, so a message that arrives in a thousand pieces is still
+parsed once. The size of each message is the distance ``Unpacker.tell()`` moved while parsing
+it. A decoded array is then checked against the three shapes ``[0, msgid, method, params]``,
+``[1, msgid, error, result]`` and ``[2, method, params]``.
+
+Limits. Input is untrusted, so every buffer is bounded:
+
+- ``max_message_bytes`` caps one message. It is checked when a message completes (by its
+  ``tell()`` delta) and, so that nobody has to wait for 1 GB to arrive before refusing it,
+  after every feed for the incomplete message still buffered. ``feed()`` also refuses input
+  while more than the limit is already waiting, so the buffer stays below the limit plus one
+  fed chunk even for a caller that feeds without iterating.
+- ``max_container_len`` caps every array and map (msgpack allocates from the header's count).
+- str, bin and ext payloads are capped at ``max_message_bytes`` (a bigger one cannot fit in a
+  message anyway; without this msgpack would derive its caps from its 4 GiB buffer cap).
+
+Errors. Input that is not a MessagePack-RPC message raises ``ProtocolError`` (the peer's
+fault), with a PROTOCOL.md code: ``too_large`` for a size limit, ``bad_request`` otherwise.
+There is no frame boundary to resynchronise on, so after a ``ProtocolError`` the decoder is
+dead: every later ``feed()`` or iteration raises the same error, and the caller is expected to
+send ``[2, "error", [code, message]]`` and close the connection. Values we cannot pack are the
+caller's fault and raise ``TypeError`` from ``Encoder``.
+
+Where it is weak.
+
+- The limits bound wire bytes, not Python objects. Decoded objects are larger than their
+  encoding (an empty array is 1 byte on the wire and a 56-byte list in memory), and msgpack
+  preallocates a list when it reads an array header. Nesting is allowed 1024 deep, so about
+  5 KiB of nested 100,000-entry array headers that never complete was measured to hold about
+  80 MiB (msgpack 1.2). The codec cannot see inside msgpack's parser; the defence belongs to
+  the server: cap connections and give an incomplete message a deadline.
+- A complete oversized message that arrives within one chunk is fully decoded before it is
+  refused, so callers must keep their read chunks small (64-256 KiB).
+- ``receive()`` is all or nothing per chunk: when a chunk holds good messages followed by junk,
+  it raises and the good messages are lost. Iterate instead to get them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, TypeAlias
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+REQUEST = 0
+RESPONSE = 1
+NOTIFICATION = 2
+
+# PROTOCOL.md's --max-message default. A task body is at most 1 MiB packed, so 4 MiB leaves room
+# for an add_many of a few full-size tasks, while a hundred connections each stuck mid-message
+# hold at most 400 MiB of buffered bytes.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# PROTOCOL.md's per-container cap. No legitimate message comes near it (add_many batches and list
+# pages are about a thousand tasks, a task map has a dozen fields), and it bounds what msgpack
+# preallocates from a 5-byte array header before a single element has arrived.
+MAX_CONTAINER_LEN = 100_000
+
+MAX_MSGID = 2**32 - 1  # msgid is a uint32 in MessagePack-RPC
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that are not a valid MessagePack-RPC message (the peer's fault)."""
+
+    code: str  # an error code from PROTOCOL.md: "bad_request" or "too_large"
+    message: str  # human readable, names the offending value (type code, length, size...)
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class Request(NamedTuple):
+    msgid: int
+    method: str
+    params: list[Any]
+
+
+class Response(NamedTuple):
+    msgid: int
+    error: Any  # nil on success; as decoded, for the client to interpret
+    result: Any
+
+
+class Notification(NamedTuple):
+    method: str
+    params: list[Any]
+
+
+Message: TypeAlias = Request | Response | Notification
+
+
+class Decoder:
+    """Turns a byte stream into messages: ``feed()`` bytes, then iterate.
+
+    Iterate after every ``feed()``: iteration yields each message completed so far and stops,
+    without an exception, when the rest needs more bytes. Malformed input raises
+    ``ProtocolError``, after which the decoder is unusable (see the module docstring).
+    """
+
+    __slots__ = ("_consumed", "_error", "_fed", "_max_message_bytes", "_unpacker")
+
+    def __init__(
+        self,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_container_len: int = MAX_CONTAINER_LEN,
+    ) -> None:
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
+        if max_container_len < 0:
+            raise ValueError(f"max_container_len must be >= 0, got {max_container_len}")
+        self._max_message_bytes = max_message_bytes
+        self._unpacker = msgpack.Unpacker(
+            raw=False,  # str -> str, bin -> bytes
+            strict_map_key=False,  # task bodies may have int keys
+            use_list=True,
+            max_buffer_size=0,  # 4 GiB; our own checks bound the buffer far below that
+            max_array_len=max_container_len,
+            max_map_len=max_container_len,
+            max_str_len=max_message_bytes,
+            max_bin_len=max_message_bytes,
+            max_ext_len=max_message_bytes,
+        )
+        self._fed = 0  # bytes fed since the start of the stream
+        self._consumed = 0  # stream offset just past the last message yielded
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes fed but not yet yielded as a message (after iterating: the incomplete one)."""
+        return self._fed - self._consumed
+
+    def feed(self, data: bytes) -> None:
+        """Buffer ``data``. Raises ``ProtocolError("too_large")`` when more than
+        ``max_message_bytes`` are already waiting (see the module docstring)."""
+        if self._error is not None:
+            raise self._error
+        waiting = self._fed - self._consumed
+        if waiting > self._max_message_bytes:
+            raise self._fail(
+                "too_large",
+                f"{waiting} bytes are waiting to be decoded, over the "
+                f"{self._max_message_bytes}-byte message limit",
+            )
+        try:
+            self._unpacker.feed(data)
+        except msgpack.BufferFull:
+            raise self._fail(
+                "too_large", f"a {len(data)}-byte chunk does not fit in the decoder"
+            ) from None
+        self._fed += len(data)
+
+    def __iter__(self) -> Iterator[Message]:
+        """Yield the messages completed so far; stop when more data is needed."""
+        if self._error is not None:
+            raise self._error
+        unpacker = self._unpacker
+        tell = unpacker.tell
+        limit = self._max_message_bytes
+        try:
+            for obj in unpacker:
+                end = tell()
+                size = end - self._consumed
+                if size > limit:
+                    raise ProtocolError(
+                        "too_large", f"a {size}-byte message is over the {limit}-byte limit"
+                    )
+                self._consumed = end
+                # Fast path for a well-formed request or response, inline because this runs
+                # once per message; everything else, errors included, goes the long way.
+                if type(obj) is list and len(obj) == 4:
+                    kind, msgid, third, fourth = obj
+                    if type(kind) is int and type(msgid) is int and 0 <= msgid <= MAX_MSGID:
+                        if kind == REQUEST and type(third) is str and type(fourth) is list:
+                            yield _new(Request, (msgid, third, fourth))
+                            continue
+                        if kind == RESPONSE:
+                            yield _new(Response, (msgid, third, fourth))
+                            continue
+                yield _to_message(obj)
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise self._fail(*_unpack_error(exc, unpacker)) from exc
+        waiting = self._fed - self._consumed
+        if waiting > limit:
+            raise self._fail(
+                "too_large",
+                f"an incomplete message is already {waiting} bytes, over the {limit}-byte limit",
+            )
+
+    def receive(self, data: bytes) -> list[Message]:
+        """``feed(data)`` and return the messages now complete. All or nothing: if ``data``
+        also holds junk, this raises and the good messages before it are lost."""
+        self.feed(data)
+        return list(self)
+
+    def _fail(self, code: str, message: str) -> ProtocolError:
+        self._error = ProtocolError(code, message)
+        return self._error
+
+
+class Encoder:
+    """Reusable packer (one per connection); every method returns bytes.
+
+    Packs with ``use_bin_type=True``: bytes go out as bin, str as str. A value MessagePack
+    cannot carry (an unsupported type, an int beyond 64 bits) raises ``TypeError``: that is the
+    caller's bug, not the peer's. A ``msgid`` outside 0..2**32-1 raises ``ValueError``.
+    """
+
+    __slots__ = ("_pack",)
+
+    def __init__(self) -> None:
+        # Packer resets its buffer when pack() raises, so a failed pack leaves it usable.
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def request(self, msgid: int, method: str, params: Sequence[Any]) -> bytes:
+        if not 0 <= msgid <= MAX_MSGID:
+            raise _bad_msgid(msgid)
+        if type(params) is not list and type(params) is not tuple:
+            params = _as_array(params)
+        try:
+            return self._pack([REQUEST, msgid, method, params])  # type: ignore[no-any-return]
+        except (OverflowError, ValueError) as exc:
+            raise TypeError(f"cannot pack request {method!r}: {exc}") from exc
+
+    def response(self, msgid: int, result: Any) -> bytes:
+        if not 0 <= msgid <= MAX_MSGID:
+            raise _bad_msgid(msgid)
+        try:
+            return self._pack([RESPONSE, msgid, None, result])  # type: ignore[no-any-return]
+        except (OverflowError, ValueError) as exc:
+            raise TypeError(f"cannot pack response to {msgid}: {exc}") from exc
+
+    def error_response(self, msgid: int, code: str, message: str) -> bytes:
+        if not 0 <= msgid <= MAX_MSGID:
+            raise _bad_msgid(msgid)
+        return self._pack([RESPONSE, msgid, [code, message], None])  # type: ignore[no-any-return]
+
+    def notification(self, method: str, params: Sequence[Any]) -> bytes:
+        if type(params) is not list and type(params) is not tuple:
+            params = _as_array(params)
+        try:
+            return self._pack([NOTIFICATION, method, params])  # type: ignore[no-any-return]
+        except (OverflowError, ValueError) as exc:
+            raise TypeError(f"cannot pack notification {method!r}: {exc}") from exc
+
+
+# NamedTuple's generated __new__ is a Python function; tuple.__new__ builds the same object at
+# half the cost, which is worth having once per message.
+_new = tuple.__new__
+
+
+def _to_message(obj: Any) -> Message:
+    """Check a decoded object's shape; the common cases cost a few ``type()`` checks."""
+    if type(obj) is list:
+        n = len(obj)
+        if n == 4:
+            kind, msgid, third, fourth = obj
+            if type(kind) is int and kind in (REQUEST, RESPONSE):
+                if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
+                    raise _bad_msgid_in(msgid)
+                if kind == RESPONSE:
+                    return _new(Response, (msgid, third, fourth))
+                if type(third) is not str:
+                    third = _method_name(third)
+                if type(fourth) is not list:
+                    raise _bad_params(fourth)
+                return _new(Request, (msgid, third, fourth))
+        elif n == 3:
+            kind, method, params = obj
+            if type(kind) is int and kind == NOTIFICATION:
+                if type(method) is not str:
+                    method = _method_name(method)
+                if type(params) is not list:
+                    raise _bad_params(params)
+                return _new(Notification, (method, params))
+    raise _bad_shape(obj)
+
+
+def _bad_shape(obj: Any) -> ProtocolError:
+    if type(obj) is not list:
+        return ProtocolError("bad_request", f"a message must be an array, got {_describe(obj)}")
+    if not obj:
+        return ProtocolError("bad_request", "a message must be an array, got an empty one")
+    kind = obj[0]
+    if type(kind) is not int:
+        return ProtocolError("bad_request", f"message type must be an int, got {_describe(kind)}")
+    if kind not in (REQUEST, RESPONSE, NOTIFICATION):
+        return ProtocolError(
+            "bad_request",
+            f"unknown message type {kind} (0 request, 1 response, 2 notification)",
+        )
+    name, expected = {REQUEST: ("request", 4), RESPONSE: ("response", 4)}.get(
+        kind, ("notification", 3)
+    )
+    return ProtocolError("bad_request", f"a {name} must have {expected} elements, got {len(obj)}")
+
+
+def _method_name(method: Any) -> str:
+    if type(method) is bytes:
+        try:
+            return method.decode()
+        except UnicodeDecodeError:
+            raise ProtocolError(
+                "bad_request", f"method is not valid UTF-8: {_describe(method)}"
+            ) from None
+    raise ProtocolError("bad_request", f"method must be a str or bin, got {_describe(method)}")
+
+
+def _bad_msgid_in(msgid: Any) -> ProtocolError:
+    return ProtocolError("bad_request", f"msgid must be a uint32, got {_describe(msgid)}")
+
+
+def _bad_params(params: Any) -> ProtocolError:
+    return ProtocolError("bad_request", f"params must be an array, got {_describe(params)}")
+
+
+def _unpack_error(exc: Exception, unpacker: msgpack.Unpacker) -> tuple[str, str]:
+    """Name what msgpack refused; (code, message) for ProtocolError."""
+    if isinstance(exc, msgpack.FormatError):
+        # The C parser stops on the bad byte, so it is the next one in the buffer.
+        offset = unpacker.tell()
+        try:
+            byte = unpacker.read_bytes(1)
+        except ValueError:
+            byte = b""
+        shown = f"byte 0x{byte[0]:02x}" if byte else "byte"
+        return "bad_request", f"undecodable MessagePack {shown} at stream offset {offset}"
+    if isinstance(exc, (msgpack.StackError, RecursionError)):
+        return "bad_request", "arrays and maps nested deeper than MessagePack's 1024-level limit"
+    if isinstance(exc, UnicodeDecodeError):
+        return "bad_request", f"a str is not valid UTF-8: {exc}"
+    if isinstance(exc, TypeError):  # an array or map used as a map key
+        return "bad_request", f"map key cannot be used: {exc}"
+    text = str(exc)
+    if "exceeds max_" in text:  # msgpack's wording: "131072 exceeds max_array_len(100000)"
+        return "too_large", f"over a size limit: {text}"
+    return "bad_request", f"undecodable MessagePack: {text}"
+
+
+_TYPE_NAMES = {
+    type(None): "nil",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    bytes: "bin",
+    list: "array",
+    dict: "map",
+    msgpack.ExtType: "ext",
+    msgpack.Timestamp: "timestamp",
+}
+
+
+def _describe(value: Any) -> str:
+    """The msgpack type and a short, bounded rendering of a value for an error message."""
+    name = _TYPE_NAMES.get(type(value), type(value).__name__)
+    if isinstance(value, (list, dict)):
+        return f"{name} of length {len(value)}"
+    if isinstance(value, (str, bytes)):
+        more = "..." if len(value) > 40 else ""
+        return f"{name} {value[:40]!r}{more}"
+    if isinstance(value, msgpack.ExtType):
+        return f"ext type {value.code} of {len(value.data)} bytes"
+    return f"{name} {value!r}"
+
+
+def _bad_msgid(msgid: int) -> ValueError:
+    return ValueError(f"msgid must be in 0..{MAX_MSGID}, got {msgid!r}")
+
+
+def _as_array(params: Sequence[Any]) -> list[Any]:
+    if isinstance(params, (str, bytes, bytearray)):
+        raise TypeError(f"params must be an array, got {type(params).__name__}")
+    return list(params)
