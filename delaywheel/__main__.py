@@ -1,0 +1,3 @@
+from delaywheel.cli import main
+
+main()

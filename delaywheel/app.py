@@ -1,0 +1,80 @@
+"""Start-up and shutdown: open the store, rebuild the engine, serve until a signal.
+
+While the store loads, the port is not open yet: clients get "connection
+refused" and retry (the project's client does), rather than talking to a
+server that would answer from half its tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from delaywheel.config import Settings
+from delaywheel.engine import Engine
+from delaywheel.server import Server
+from delaywheel.store import open_store
+
+log = logging.getLogger("delaywheel")
+
+# Log loading progress every this many records, so a large store's start-up
+# is visibly moving.
+LOAD_PROGRESS_EVERY = 500_000
+
+
+async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
+    """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
+    store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
+    await store.open()
+    try:
+        for warning in store.warnings():
+            log.warning("store %s: %s", store.url, warning)
+        engine = Engine(
+            store,
+            now_s=time.time(),
+            slots=settings.slots,
+            tick_s=settings.tick_s,
+            limits=settings.limits,
+        )
+        started = time.perf_counter()
+        loaded = await engine.load(store.load())
+        log.info(
+            "loaded %d tasks from %s in %.2f s", loaded, store.url, time.perf_counter() - started
+        )
+        server = Server(settings, engine)
+        host, port = await server.start()
+        # Tests and scripts read this line to learn the port when given port 0.
+        log.warning("delaywheel listening on %s:%d", host, port)
+        if ready is not None:
+            ready.set()
+        try:
+            await _until_signal()
+        finally:
+            log.info("shutting down")
+            await server.stop()
+    finally:
+        await store.close()
+
+
+async def _until_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def run(settings: Settings) -> None:
+    """Run ``serve`` on uvloop when it is installed, else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(settings))
+    else:
+        uvloop.run(serve(settings))

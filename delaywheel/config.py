@@ -1,0 +1,66 @@
+"""Server settings: one dataclass with the defaults, checked in one place.
+
+The CLI fills it from flags and ``DELAYWHEEL_*`` environment variables; tests
+build it directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
+
+from delaywheel.validate import Limits
+from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 3450
+DEFAULT_STORE = "redis://127.0.0.1:6379/0"
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
+
+
+class ConfigError(ValueError):
+    """A setting out of range; the message names it and its value."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    store_url: str = DEFAULT_STORE
+    redis_prefix: str = "delaywheel"
+    slots: int = DEFAULT_SLOTS
+    tick_s: float = DEFAULT_TICK_S
+    token: str | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_delay_s: float = DEFAULT_MAX_DELAY_S
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0 to 65535, got {self.port}")
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ConfigError(f"slots must be 1 to {MAX_SLOTS}, got {self.slots}")
+        if not math.isfinite(self.tick_s) or self.tick_s < MIN_TICK_S:
+            raise ConfigError(f"tick must be at least {MIN_TICK_S} s, got {self.tick_s}")
+        if self.max_message_bytes < 1024:
+            raise ConfigError(
+                f"max message must be at least 1024 bytes, got {self.max_message_bytes}"
+            )
+        if not 1 <= self.max_body_bytes <= self.max_message_bytes:
+            raise ConfigError(
+                f"max body must be 1 to max message ({self.max_message_bytes}) bytes, "
+                f"got {self.max_body_bytes}"
+            )
+        if self.max_connections < 1:
+            raise ConfigError(f"max connections must be at least 1, got {self.max_connections}")
+        if self.token == "":
+            raise ConfigError("token must not be empty (leave it unset for no auth)")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_body_bytes=self.max_body_bytes, max_delay_s=self.max_delay_s)

@@ -1,0 +1,429 @@
+"""The engine: applies requests to the wheel, the ready queues and the store.
+
+It is the only writer of task state. Every change goes through ``_move()``,
+which checks the transition table, takes the task out of the place its old
+state kept it in (wheel, ready queue, dead list), puts it where the new state
+keeps it, and journals it. Because a task's place follows from its state,
+undoing a change after a failed store write is just ``_move()`` back to a
+snapshot.
+
+Methods take ``now_s`` instead of reading a clock. Mutating methods return at
+once; the server holds their replies until ``journal.pending()`` is durable.
+A blocked ``reserve`` is a ``Waiter`` that gets its task when one becomes
+ready; handing it over is itself a journaled change.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections import Counter
+from collections.abc import AsyncIterator
+from itertools import count
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from delaywheel import __version__, validate
+from delaywheel.journal import Journal
+from delaywheel.queues import Queues, Waiter
+from delaywheel.store.base import Store
+from delaywheel.task import (
+    DEAD,
+    DELAYED,
+    GONE,
+    NEW,
+    READY,
+    RESERVED,
+    STATES,
+    Task,
+    TransitionError,
+    check_transition,
+)
+from delaywheel.validate import Limits, RequestError, bad
+from delaywheel.wheel import TimingWheel
+
+log = logging.getLogger(__name__)
+
+_QUEUE_TARGET = {"type": "queue"}
+# How many tasks one list call may look at before it returns a short page: a
+# filter that matches little must not stall the loop scanning millions.
+LIST_SCAN_BUDGET = 20_000
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        now_s: float,
+        slots: int = 3600,
+        tick_s: float = 1.0,
+        limits: Limits | None = None,
+    ) -> None:
+        self.store = store
+        self.limits = limits or Limits()
+        self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
+        self.queues = Queues()
+        self.journal = Journal(store, self._rollback)
+        self.started_s = now_s
+        self._tasks: dict[str, Task] = {}
+        self._order: list[Task] = []  # creation order, for list paging
+        self._seq = count(1)
+        self._counts: Counter[str] = Counter()
+        self._topic_counts: dict[str, Counter[str]] = {}
+        # Server-made ids: a random per-process prefix and a counter (unique
+        # across restarts without a round trip, and cheap to make).
+        self._id_prefix = os.urandom(6).hex()
+        self._id_counter = count(1)
+
+    # -- where a task lives --------------------------------------------------
+
+    def _place(self, task: Task) -> None:
+        state = task.state
+        if state in (DELAYED, RESERVED):
+            self.wheel.insert(task, task.timer_s)
+        elif state == READY:
+            self.queues.push_ready(task)
+        elif state == DEAD:
+            self.queues.push_dead(task)
+        else:
+            return
+        self._counts[state] += 1
+        topic_counts = self._topic_counts.get(task.topic)
+        if topic_counts is None:
+            topic_counts = self._topic_counts[task.topic] = Counter()
+        topic_counts[state] += 1
+
+    def _unplace(self, task: Task) -> None:
+        state = task.state
+        if state in (DELAYED, RESERVED):
+            if task.scheduled:  # not when the wheel has just fired it
+                self.wheel.remove(task)
+        elif state == READY:
+            self.queues.drop_ready(task)
+        elif state == DEAD:
+            self.queues.drop_dead(task)
+        else:
+            return
+        self._counts[state] -= 1
+        topic_counts = self._topic_counts[task.topic]
+        topic_counts[state] -= 1
+        if not +topic_counts:
+            del self._topic_counts[task.topic]
+
+    def _move(self, task: Task, event: str, to: str, **fields: Any) -> None:
+        """The one way task state changes: check, unplace, change, place, journal."""
+        check_transition(task.id, task.state, event, to)
+        before = task.snapshot() if task.state != NEW else None
+        self._unplace(task)
+        for name, value in fields.items():
+            setattr(task, name, value)
+        task.state = to
+        if to == GONE:
+            if self._tasks.get(task.id) is task:
+                del self._tasks[task.id]
+        else:
+            self._place(task)
+        self.journal.record(task, before)
+
+    def _rollback(self, undo: list[tuple[Task, tuple[Any, ...]]]) -> None:
+        for task, snap in undo:
+            self._unplace(task)
+            if snap[0] == NEW:
+                task.state = GONE
+                if self._tasks.get(task.id) is task:
+                    del self._tasks[task.id]
+                continue
+            task.restore_fields(snap)
+            self._tasks[task.id] = task
+            self._place(task)
+        self._serve_waiters(self.wheel.now_s)
+
+    # -- requests ------------------------------------------------------------
+
+    def add(self, fields: Any, now_s: float) -> dict[str, Any]:
+        new = validate.new_task(fields, now_s, self.limits)
+        task = self._create(new, now_s)
+        self._serve_waiters(now_s)
+        return self._added(task)
+
+    def add_many(self, tasks: Any, now_s: float) -> list[dict[str, Any]]:
+        if type(tasks) is not list:
+            raise bad(f"add_many takes a list of tasks, got {validate.show(tasks)}")
+        checked = []
+        seen: set[str] = set()
+        for index, fields in enumerate(tasks):
+            try:
+                new = validate.new_task(fields, now_s, self.limits)
+                if new.id is not None:
+                    if new.id in self._tasks or new.id in seen:
+                        raise RequestError("exists", f"a task with id {new.id!r} already exists")
+                    seen.add(new.id)
+            except RequestError as exc:
+                raise RequestError(exc.code, f"task {index}: {exc.message}") from None
+            checked.append(new)
+        created = [self._create(new, now_s) for new in checked]
+        self._serve_waiters(now_s)
+        return [self._added(task) for task in created]
+
+    def _create(self, new: validate.NewTask, now_s: float) -> Task:
+        task_id = new.id
+        if task_id is None:
+            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
+        elif task_id in self._tasks:
+            raise RequestError("exists", f"a task with id {task_id!r} already exists")
+        task = Task(
+            task_id,
+            new.topic,
+            new.at_s,
+            body_packed=new.body_packed,
+            ttr_s=new.ttr_s,
+            max_attempts=new.max_attempts,
+            created_s=now_s,
+        )
+        self._index(task)
+        self._move(task, "add", DELAYED if new.at_s > now_s else READY)
+        return task
+
+    def _index(self, task: Task) -> None:
+        task.seq = next(self._seq)
+        self._tasks[task.id] = task
+        self._order.append(task)
+        if len(self._order) > 2 * len(self._tasks) + 1024:
+            self._order = [t for t in self._order if self._tasks.get(t.id) is t]
+
+    def _added(self, task: Task) -> dict[str, Any]:
+        cycle, slot = self._place_of(task)
+        return {"id": task.id, "at": task.at_s, "cycle": cycle, "slot": slot}
+
+    def update(self, task_id: Any, fields: Any, now_s: float) -> dict[str, Any]:
+        task = self._find(task_id)
+        changes = validate.changes(fields, now_s, self.limits)
+        new: dict[str, Any] = {}
+        if changes.topic is not None:
+            new["topic"] = changes.topic
+        if changes.body_packed is not None:
+            new["body_packed"] = changes.body_packed
+        if changes.ttr_s is not None:
+            new["ttr_s"] = changes.ttr_s
+        if changes.max_attempts is not None:
+            new["max_attempts"] = changes.max_attempts
+        to = task.state
+        if changes.at_s is not None:
+            new["at_s"] = changes.at_s
+            to = DELAYED if changes.at_s > now_s else READY
+            if task.state == DEAD:
+                new["attempts"] = 0  # a dead task given a new time starts afresh
+        self._move(task, "update", to, **new)
+        self._serve_waiters(now_s)
+        return self.describe(task)
+
+    def delete(self, task_id: Any, now_s: float) -> bool:
+        task = self._tasks.get(validate.task_id(task_id))
+        if task is None:
+            return False
+        self._move(task, "delete", GONE)
+        return True
+
+    def get(self, task_id: Any, now_s: float) -> dict[str, Any] | None:
+        task = self._tasks.get(validate.task_id(task_id))
+        return None if task is None else self.describe(task)
+
+    def list_tasks(self, query: Any, now_s: float) -> dict[str, Any]:
+        q = validate.list_query(query)
+        order = self._order
+        start = bisect.bisect_right(order, q.cursor, key=_seq_of)
+        found: list[dict[str, Any]] = []
+        index = start
+        end = min(len(order), start + LIST_SCAN_BUDGET)
+        while index < end and len(found) < q.limit:
+            task = order[index]
+            index += 1
+            if self._tasks.get(task.id) is not task:
+                continue
+            if (q.topic is None or task.topic == q.topic) and (
+                q.state is None or task.state == q.state
+            ):
+                found.append(self.describe(task))
+        more = index < len(order)
+        return {"tasks": found, "next": order[index - 1].seq if more and index > start else None}
+
+    def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
+        """Reserve the oldest ready task of ``topics`` now, or return None."""
+        task = self.queues.oldest_ready(validate.topics(topics))
+        return None if task is None else self._reserve(task, now_s)
+
+    def wait_reserve(self, waiter: Waiter) -> None:
+        self.queues.add_waiter(waiter)
+
+    def cancel_wait(self, waiter: Waiter) -> None:
+        self.queues.cancel_waiter(waiter)
+
+    def _reserve(self, task: Task, now_s: float) -> dict[str, Any]:
+        attempts = task.attempts + 1
+        if task.ttr_s == 0:  # at-most-once: gone, durably, before it is handed out
+            self._move(task, "reserve", GONE, attempts=attempts)
+        else:
+            self._move(task, "reserve", RESERVED, attempts=attempts, deadline_s=now_s + task.ttr_s)
+        return self.describe(task)
+
+    def ack(self, task_id: Any, now_s: float) -> bool:
+        task = self._find(task_id)
+        self._move(task, "ack", GONE)
+        return True
+
+    def release(self, task_id: Any, delay_s: Any, now_s: float) -> bool:
+        task = self._find(task_id)
+        delay = validate.number(
+            "delay", 0 if delay_s is None else delay_s, high=self.limits.max_delay_s
+        )
+        if task.state == RESERVED and task.attempts >= task.max_attempts:
+            self._move(task, "release", DEAD)
+        else:
+            at_s = now_s + delay
+            self._move(task, "release", DELAYED if delay > 0 else READY, at_s=at_s)
+        self._serve_waiters(now_s)
+        return True
+
+    def touch(self, task_id: Any, now_s: float) -> float:
+        task = self._find(task_id)
+        if task.state == RESERVED and now_s > task.deadline_s:
+            raise RequestError(
+                "conflict",
+                f"cannot touch task {task.id!r}: its deadline passed at {task.deadline_s}",
+            )
+        self._move(task, "touch", RESERVED, deadline_s=now_s + task.ttr_s)
+        return task.deadline_s
+
+    def kick(self, topic: Any, count_: Any, now_s: float) -> int:
+        name = validate.topic(topic)
+        if type(count_) is not int or count_ < 1:
+            raise bad(f"count must be an int >= 1, got {validate.show(count_)}")
+        kicked = self.queues.oldest_dead(name, count_)
+        for task in kicked:
+            self._move(task, "kick", READY, attempts=0)
+        self._serve_waiters(now_s)
+        return len(kicked)
+
+    def stats(self, now_s: float) -> dict[str, Any]:
+        wheel = self.wheel.stats()
+        return {
+            "version": __version__,
+            "uptime": now_s - self.started_s,
+            "tasks": len(self._tasks),
+            "states": {state: self._counts[state] for state in STATES},
+            "topics": {
+                topic: {state: n for state, n in counts.items() if n}
+                for topic, counts in self._topic_counts.items()
+            },
+            "slots": self.wheel.slots,
+            "tick": self.wheel.tick_s,
+            "cursor": wheel.cursor_slot,
+            "wheel": {
+                "pending": wheel.pending,
+                "in_ring": wheel.in_ring,
+                "above_ring": wheel.above_ring,
+                "buckets": wheel.buckets,
+            },
+            "waiting_reserves": self.queues.waiter_count(),
+            "store": self.store.url,
+            "flushes": self.journal.flushes,
+            "last_flush_size": self.journal.last_batch_size,
+            "max_flush_size": self.journal.max_batch_size,
+        }
+
+    # -- time ------------------------------------------------------------------
+
+    def advance(self, now_s: float) -> int:
+        """Fire what the wheel says is due; returns how many tasks it moved."""
+        fired = self.wheel.advance(now_s)
+        for task in fired:
+            assert isinstance(task, Task)
+            if task.state == DELAYED:
+                self._move(task, "due", READY)
+            else:  # a reservation's TTR ran out
+                self._move(task, "expire", DEAD if task.attempts >= task.max_attempts else READY)
+        if fired:
+            self._serve_waiters(now_s)
+        return len(fired)
+
+    def next_fire_s(self) -> float | None:
+        return self.wheel.next_fire_s()
+
+    # -- waiters -----------------------------------------------------------------
+
+    def _serve_waiters(self, now_s: float) -> None:
+        """Hand ready tasks to blocked reserves, first come first served."""
+        queues = self.queues
+        if not queues.has_waiters():
+            return
+        for topic in queues.waiting_topics():
+            while (waiter := queues.next_waiter(topic)) is not None:
+                task = queues.oldest_ready(waiter.topics)
+                if task is None:
+                    break
+                queues.cancel_waiter(waiter)
+                waiter.deliver(self._reserve(task, now_s))
+
+    # -- reading -----------------------------------------------------------------
+
+    def _find(self, task_id: Any) -> Task:
+        task = self._tasks.get(validate.task_id(task_id))
+        if task is None:
+            raise RequestError("not_found", f"no task with id {task_id!r}")
+        return task
+
+    def _place_of(self, task: Task) -> tuple[int | None, int | None]:
+        if task.scheduled:
+            return self.wheel.place(task)
+        if task.state in (READY, RESERVED):
+            return 0, self.wheel.stats().cursor_slot
+        return None, None
+
+    def describe(self, task: Task) -> dict[str, Any]:
+        cycle, slot = self._place_of(task)
+        info: dict[str, Any] = {
+            "id": task.id,
+            "topic": task.topic,
+            "state": task.state if task.state != GONE else "gone",
+            "at": task.at_s,
+            "body": msgpack.unpackb(task.body_packed, raw=False, strict_map_key=False),
+            "ttr": task.ttr_s,
+            "max_attempts": task.max_attempts,
+            "attempts": task.attempts,
+            "created": task.created_s,
+            "target": _QUEUE_TARGET,
+            "cycle": cycle,
+            "slot": slot,
+        }
+        if task.state == RESERVED:
+            info["deadline"] = task.deadline_s
+        return info
+
+    # -- recovery ----------------------------------------------------------------
+
+    async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+        """Rebuild every task from store records; corrupt ones are logged and skipped."""
+        loaded = 0
+        async for batch in batches:
+            for task_id, record in batch:
+                try:
+                    task = Task.from_record(record)
+                    if task.id != task_id:
+                        raise ValueError(f"record holds id {task.id!r}")
+                except (ValueError, TypeError) as exc:
+                    log.error("skipping corrupt record for task %r: %s", task_id, exc)
+                    continue
+                self._index(task)
+                self._place(task)
+                loaded += 1
+        return loaded
+
+
+def _seq_of(task: Task) -> int:
+    return task.seq
+
+
+__all__ = ["Engine", "RequestError", "TransitionError", "Waiter"]

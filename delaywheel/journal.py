@@ -1,0 +1,154 @@
+"""Group commit: the changes of one event-loop turn go to the store in one write.
+
+How it works
+------------
+The engine applies a change in memory and calls ``record(task)``. The task
+joins the *gathering* batch; the first change of a batch schedules a flush for
+the end of the current loop turn (``call_soon``), so every request decoded in
+this turn lands in the same batch. A flush packs each changed task once (the
+last state wins) and hands the batch to the store. While that write is in
+flight the next batch gathers; it is started as soon as the write returns.
+Under load one store round trip therefore carries everything that arrived
+during the previous one.
+
+Replies wait on batches: whoever needs "durable" registers a callback on the
+batch it depends on (``pending()``), and the callback runs once the write
+that holds it has returned, or failed.
+
+A batch keeps, for each task it touched, a snapshot taken at the first touch.
+If a write fails, the engine restores the snapshots of the failed batch and of
+every batch gathered after it (newest first, since later batches built on it),
+and all of their waiters get the error: nothing unacknowledged stays applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from delaywheel.store.base import Store, StoreError
+from delaywheel.task import GONE, NEW, Task
+
+log = logging.getLogger(__name__)
+
+# Called with None once the batch is durable, or with the error that failed it.
+Callback = Callable[[StoreError | None], None]
+
+
+class Batch:
+    __slots__ = ("callbacks", "size", "tasks", "undo")
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}  # id -> task; the last change of an id wins
+        self.undo: list[tuple[Task, tuple[Any, ...]]] = []  # first snapshot of each task
+        self.callbacks: list[Callback] = []
+        self.size = 0
+
+    def add_callback(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+    def finish(self, error: StoreError | None) -> None:
+        for callback in self.callbacks:
+            try:
+                callback(error)
+            except Exception:  # one broken waiter must not stop the others
+                log.exception("batch callback failed")
+        self.callbacks.clear()
+
+
+class Journal:
+    def __init__(
+        self,
+        store: Store,
+        rollback: Callable[[list[tuple[Task, tuple[Any, ...]]]], None],
+    ) -> None:
+        self._store = store
+        self._rollback = rollback
+        self._gathering = Batch()
+        self._writing: Batch | None = None
+        self._touched: set[int] = set()  # id() of tasks snapshotted in the gathering batch
+        self._flush_scheduled = False
+        self.flushes = 0
+        self.last_batch_size = 0
+        self.max_batch_size = 0
+
+    def record(self, task: Task, before: tuple[Any, ...] | None) -> None:
+        """Journal ``task``'s new state. ``before`` is its snapshot before this change
+        (None for a task that did not exist)."""
+        batch = self._gathering
+        key = id(task)
+        if key not in self._touched:
+            self._touched.add(key)
+            batch.undo.append((task, before if before is not None else _NEW_SNAPSHOT))
+        batch.tasks[task.id] = task
+        if not self._flush_scheduled and self._writing is None:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start)
+
+    def pending(self) -> Batch | None:
+        """The batch a reply must wait for: the newest one not yet durable."""
+        if self._gathering.tasks:
+            return self._gathering
+        return self._writing
+
+    def _start(self) -> None:
+        self._flush_scheduled = False
+        batch = self._gathering
+        if self._writing is not None or not batch.tasks:
+            return
+        self._gathering = Batch()
+        self._touched = set()
+        self._writing = batch
+        changes = {
+            task_id: (None if task.state in (GONE, NEW) else task.to_record())
+            for task_id, task in batch.tasks.items()
+        }
+        batch.size = len(changes)
+        asyncio.get_running_loop().create_task(self._write(batch, changes))
+
+    async def _write(self, batch: Batch, changes: dict[str, bytes | None]) -> None:
+        try:
+            await self._store.write(changes)
+        except StoreError as exc:
+            self._fail(batch, exc)
+        except Exception as exc:  # a store bug: fail the batch rather than hang its waiters
+            log.exception("store write raised an unexpected error")
+            self._fail(batch, StoreError(f"store write failed: {exc!r}"))
+        else:
+            self.flushes += 1
+            self.last_batch_size = batch.size
+            self.max_batch_size = max(self.max_batch_size, batch.size)
+            self._writing = None
+            batch.finish(None)
+        if self._gathering.tasks and not self._flush_scheduled:
+            self._start()
+
+    def _fail(self, batch: Batch, error: StoreError) -> None:
+        later = self._gathering
+        self._gathering = Batch()
+        self._touched = set()
+        self._writing = None
+        # Newest first: the gathering batch built on the failed one.
+        self._rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
+        log.warning("store write of %d changes failed: %s", batch.size, error)
+        batch.finish(error)
+        later.finish(error)
+
+    async def drain(self) -> None:
+        """Wait until everything recorded so far is durable (or has failed)."""
+        while (batch := self.pending()) is not None:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def wake(_error: StoreError | None, done: asyncio.Future[None] = done) -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            batch.add_callback(wake)
+            if batch is self._gathering and not self._flush_scheduled and self._writing is None:
+                self._start()
+            await done
+
+
+_NEW_SNAPSHOT: tuple[Any, ...] = (NEW,)

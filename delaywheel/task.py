@@ -1,0 +1,203 @@
+"""The task record, its states, and the one table of legal transitions.
+
+A task lives in exactly one place, chosen by its state: ``delayed`` and
+``reserved`` tasks sit in the wheel (at their due time and their TTR deadline),
+``ready`` tasks in their topic's ready queue, ``dead`` tasks in their topic's
+dead list. ``new`` and ``gone`` are the pseudo-states before ``add`` and after
+``ack``/``delete``: such a task is nowhere.
+
+The body is kept packed (MessagePack bytes): it is packed anyway to check its
+size and to journal it, and most tasks are never read before they are due.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from delaywheel.wheel import Entry
+
+NEW = "new"
+DELAYED = "delayed"
+READY = "ready"
+RESERVED = "reserved"
+DELIVERING = "delivering"
+DEAD = "dead"
+GONE = "gone"
+
+STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD)
+
+# (state, event) -> the states the event may lead to. The engine picks one
+# (a release with no delay goes to ready, a TTR expiry on the last attempt to
+# dead, ...); anything not in this table is an illegal transition.
+TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
+    (NEW, "add"): frozenset({DELAYED, READY}),
+    (DELAYED, "due"): frozenset({READY}),
+    (READY, "reserve"): frozenset({RESERVED, GONE}),  # gone: ttr == 0, at-most-once
+    (RESERVED, "ack"): frozenset({GONE}),
+    (RESERVED, "release"): frozenset({DELAYED, READY, DEAD}),
+    (RESERVED, "expire"): frozenset({READY, DEAD}),
+    (RESERVED, "touch"): frozenset({RESERVED}),
+    (DEAD, "kick"): frozenset({READY}),
+    (DELAYED, "update"): frozenset({DELAYED, READY}),
+    (READY, "update"): frozenset({DELAYED, READY}),
+    (DEAD, "update"): frozenset({DELAYED, READY, DEAD}),
+    **{(state, "delete"): frozenset({GONE}) for state in STATES},
+}
+
+
+class TransitionError(Exception):
+    """An event that the task's state does not allow (answered as ``conflict``)."""
+
+    def __init__(self, task_id: str, state: str, event: str) -> None:
+        super().__init__(f"cannot {event} task {task_id!r}: it is {state}")
+        self.state = state
+        self.event = event
+
+
+def check_transition(task_id: str, state: str, event: str, to: str) -> None:
+    allowed = TRANSITIONS.get((state, event))
+    if allowed is None:
+        raise TransitionError(task_id, state, event)
+    if to not in allowed:  # the engine's own bug, not the client's
+        raise AssertionError(f"{event} may not take task {task_id!r} from {state} to {to}")
+
+
+class Task(Entry):
+    """One task. ``due_s`` (from Entry) is its wheel timer while it has one."""
+
+    __slots__ = (
+        "at_s",
+        "attempts",
+        "body_packed",
+        "created_s",
+        "deadline_s",
+        "id",
+        "max_attempts",
+        "queue_seq",
+        "seq",
+        "state",
+        "topic",
+        "ttr_s",
+    )
+
+    def __init__(
+        self,
+        task_id: str,
+        topic: str,
+        at_s: float,
+        *,
+        body_packed: bytes,
+        ttr_s: float,
+        max_attempts: int,
+        created_s: float,
+        attempts: int = 0,
+        state: str = NEW,
+        deadline_s: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.id = task_id
+        self.topic = sys.intern(topic)
+        self.at_s = at_s
+        self.body_packed = body_packed
+        self.ttr_s = ttr_s
+        self.max_attempts = max_attempts
+        self.created_s = created_s
+        self.attempts = attempts
+        self.state = state
+        self.deadline_s = deadline_s
+        self.seq = 0  # creation order, for list paging
+        self.queue_seq = -1  # ready-queue membership ticket; -1 when not queued
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """Every field a request can change, for undo after a failed store write."""
+        return (
+            self.state,
+            self.topic,
+            self.at_s,
+            self.body_packed,
+            self.ttr_s,
+            self.max_attempts,
+            self.attempts,
+            self.deadline_s,
+        )
+
+    def restore_fields(self, snap: tuple[Any, ...]) -> None:
+        (
+            self.state,
+            self.topic,
+            self.at_s,
+            self.body_packed,
+            self.ttr_s,
+            self.max_attempts,
+            self.attempts,
+            self.deadline_s,
+        ) = snap
+
+    @property
+    def timer_s(self) -> float:
+        """When the wheel should next look at this task."""
+        return self.deadline_s if self.state == RESERVED else self.at_s
+
+    # -- the store record --------------------------------------------------
+
+    def to_record(self) -> bytes:
+        """The journal record: every field needed to rebuild the task."""
+        return msgpack.packb(  # type: ignore[no-any-return]
+            (
+                RECORD_VERSION,
+                self.id,
+                self.topic,
+                self.state,
+                self.at_s,
+                self.created_s,
+                self.attempts,
+                self.ttr_s,
+                self.max_attempts,
+                self.deadline_s,
+                self.body_packed,
+            ),
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def from_record(cls, record: bytes) -> Task:
+        """Rebuild a task from ``to_record()``; raises ValueError when corrupt."""
+        try:
+            fields = msgpack.unpackb(record, raw=False, use_list=False)
+            (
+                version,
+                task_id,
+                topic,
+                state,
+                at_s,
+                created_s,
+                attempts,
+                ttr_s,
+                max_attempts,
+                deadline_s,
+                body_packed,
+            ) = fields
+        except Exception as exc:  # msgpack raises several types for bad bytes
+            raise ValueError(f"unreadable record: {exc}") from exc
+        if version != RECORD_VERSION or state not in STATES:
+            raise ValueError(f"unknown record version {version!r} or state {state!r}")
+        return cls(
+            task_id,
+            topic,
+            at_s,
+            body_packed=body_packed,
+            ttr_s=ttr_s,
+            max_attempts=max_attempts,
+            created_s=created_s,
+            attempts=attempts,
+            state=state,
+            deadline_s=deadline_s,
+        )
+
+
+# A tuple rather than a map: a record is written on every change, and the
+# field names would double its size. Bump the version when the layout changes.
+RECORD_VERSION = 1

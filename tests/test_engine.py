@@ -1,0 +1,290 @@
+"""The engine's lifecycle rules, driven by a manual clock (no sleeping)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from delaywheel.engine import Engine
+from delaywheel.queues import Waiter
+from delaywheel.store.memory import MemoryStore
+from delaywheel.task import TRANSITIONS, TransitionError
+from delaywheel.validate import Limits, RequestError
+
+T0 = 1_800_000_000.0
+
+
+def run(scenario: Callable[[Engine, MemoryStore], Awaitable[None]], **kwargs: Any) -> None:
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        engine = Engine(store, now_s=T0, **kwargs)
+        await scenario(engine, store)
+        await engine.journal.drain()
+
+    asyncio.run(main())
+
+
+async def durable(engine: Engine) -> None:
+    await engine.journal.drain()
+
+
+async def stored_ids(store: MemoryStore) -> set[str]:
+    return {task_id async for batch in store.load() for task_id, _ in batch}
+
+
+def code_of(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except RequestError as exc:
+        return exc.code
+    except TransitionError:
+        return "conflict"
+    raise AssertionError("no error raised")
+
+
+def test_add_then_due_then_reserve_then_ack() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        added = engine.add({"topic": "mail", "delay": 30, "body": b"\x00hi"}, T0)
+        assert added["cycle"] == 0 and added["at"] == T0 + 30
+        assert engine.try_reserve(["mail"], T0) is None
+        assert engine.advance(T0 + 29.5) == 0
+        assert engine.advance(T0 + 30) == 1
+        task = engine.try_reserve("mail", T0 + 30)
+        assert task is not None
+        assert (task["state"], task["attempts"], task["body"]) == ("reserved", 1, b"\x00hi")
+        assert task["deadline"] == T0 + 30 + 60
+        await durable(engine)
+        assert added["id"] in await stored_ids(store)
+        assert engine.ack(task["id"], T0 + 31) is True
+        await durable(engine)
+        assert engine.get(task["id"], T0 + 31) is None
+        assert added["id"] not in await stored_ids(store)
+
+    run(scenario)
+
+
+def test_ready_queue_gives_oldest_due_first_across_topics() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "late", "topic": "a", "at": T0 - 10}, T0)
+        engine.add({"id": "early", "topic": "b", "at": T0 - 50}, T0)
+        engine.add({"id": "mid", "topic": "a", "at": T0 - 20}, T0)
+        order = [engine.try_reserve(["a", "b"], T0)["id"] for _ in range(3)]  # type: ignore[index]
+        assert order == ["early", "mid", "late"]
+
+    run(scenario)
+
+
+def test_ttr_expiry_redelivers_then_dead_then_kick() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "j", "topic": "t", "ttr": 5, "max_attempts": 2}, T0)
+        first = engine.try_reserve(["t"], T0)
+        assert first is not None and first["attempts"] == 1
+        engine.advance(T0 + 4)
+        assert engine.get("j", T0 + 4)["state"] == "reserved"  # type: ignore[index]
+        engine.advance(T0 + 5)
+        assert engine.get("j", T0 + 5)["state"] == "ready"  # type: ignore[index]
+        second = engine.try_reserve(["t"], T0 + 5)
+        assert second is not None and second["attempts"] == 2
+        engine.advance(T0 + 10)
+        assert engine.get("j", T0 + 10)["state"] == "dead"  # type: ignore[index]
+        assert engine.try_reserve(["t"], T0 + 10) is None
+        assert engine.kick("t", 10, T0 + 11) == 1
+        kicked = engine.get("j", T0 + 11)
+        assert kicked is not None and (kicked["state"], kicked["attempts"]) == ("ready", 0)
+
+    run(scenario)
+
+
+def test_touch_extends_and_release_delays() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "j", "topic": "t", "ttr": 10}, T0)
+        engine.try_reserve(["t"], T0)
+        assert engine.touch("j", T0 + 8) == T0 + 18
+        engine.advance(T0 + 12)
+        assert engine.get("j", T0 + 12)["state"] == "reserved"  # type: ignore[index]
+        assert engine.release("j", 30, T0 + 12) is True
+        task = engine.get("j", T0 + 12)
+        assert task is not None and (task["state"], task["at"]) == ("delayed", T0 + 42)
+        assert code_of(lambda: engine.touch("j", T0 + 13)) == "conflict"
+        engine.advance(T0 + 42)
+        assert engine.try_reserve(["t"], T0 + 42) is not None
+        assert code_of(lambda: engine.touch("j", T0 + 53)) == "conflict"  # deadline passed
+
+    run(scenario)
+
+
+def test_release_on_last_attempt_is_dead() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "j", "topic": "t", "max_attempts": 1}, T0)
+        engine.try_reserve(["t"], T0)
+        engine.release("j", 0, T0)
+        assert engine.get("j", T0)["state"] == "dead"  # type: ignore[index]
+
+    run(scenario)
+
+
+def test_ttr_zero_is_at_most_once() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "j", "topic": "t", "ttr": 0}, T0)
+        task = engine.try_reserve(["t"], T0)
+        assert task is not None and task["state"] == "gone"
+        assert engine.get("j", T0) is None
+        assert code_of(lambda: engine.ack("j", T0)) == "not_found"
+        await durable(engine)
+        assert "j" not in await stored_ids(store)
+
+    run(scenario)
+
+
+def test_update_moves_the_task_in_the_wheel() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "j", "topic": "t", "delay": 7200}, T0)
+        assert engine.get("j", T0)["cycle"] == 2  # type: ignore[index]
+        updated = engine.update("j", {"delay": 10, "body": "new", "topic": "u"}, T0)
+        assert (updated["cycle"], updated["topic"], updated["body"]) == (0, "u", "new")
+        engine.advance(T0 + 10)
+        assert engine.try_reserve(["u"], T0 + 10) is not None
+        assert code_of(lambda: engine.update("j", {"delay": 5}, T0 + 10)) == "conflict"
+
+    run(scenario)
+
+
+def test_add_many_is_all_or_nothing() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "taken", "topic": "t"}, T0)
+        batch = [{"id": "a", "topic": "t"}, {"id": "taken", "topic": "t"}]
+        assert code_of(lambda: engine.add_many(batch, T0)) == "exists"
+        assert code_of(lambda: engine.add_many([{"topic": "t"}, {"topic": ""}], T0)) == (
+            "bad_request"
+        )
+        assert engine.get("a", T0) is None
+        assert len(engine.add_many([{"topic": "t"}] * 3, T0)) == 3
+
+    run(scenario)
+
+
+def test_list_pages_with_filters_and_cursor() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        for i in range(25):
+            engine.add({"id": f"t{i:02}", "topic": "even" if i % 2 == 0 else "odd"}, T0)
+        engine.delete("t04", T0)
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = engine.list_tasks({"topic": "even", "limit": 4, "cursor": cursor}, T0)
+            seen += [task["id"] for task in page["tasks"]]
+            cursor = page["next"]
+            if cursor is None:
+                break
+        assert seen == [f"t{i:02}" for i in range(0, 25, 2) if i != 4]
+
+    run(scenario)
+
+
+def test_blocked_reserves_are_served_first_come_first_served() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        got: list[tuple[str, str]] = []
+        for name in ("w1", "w2", "w3"):
+            engine.wait_reserve(
+                Waiter(["a", "b"], lambda task, n=name: got.append((n, task["id"])))
+            )
+        cancelled = Waiter(["a"], lambda task: got.append(("cancelled", task["id"])))
+        engine.wait_reserve(cancelled)
+        engine.cancel_wait(cancelled)
+        engine.add({"id": "x", "topic": "b"}, T0)
+        engine.add({"id": "y", "topic": "a", "delay": 1}, T0)
+        engine.advance(T0 + 1)
+        assert got == [("w1", "x"), ("w2", "y")]
+        assert engine.queues.waiter_count() == 1
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"delay": 1}, "no topic"),
+        ({"topic": ""}, "topic must be"),
+        ({"topic": "t", "delay": -1}, "delay must be"),
+        ({"topic": "t", "delay": 1, "at": 5}, "not both"),
+        ({"topic": "t", "ttr": "soon"}, "ttr must be"),
+        ({"topic": "t", "max_attempts": 0}, "max_attempts"),
+        ({"topic": "t", "id": "x" * 201}, "id must be"),
+        ({"topic": "t", "target": {"type": "http", "url": "http://x"}}, "target"),
+        ({"topic": "t", "colour": "red"}, "unknown field 'colour'"),
+        ({"topic": "t", "delay": 11 * 365 * 86400}, "delay must be"),
+    ],
+)
+def test_bad_tasks_name_the_field(fields: dict[str, Any], message: str) -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        with pytest.raises(RequestError, match=message) as info:
+            engine.add(fields, T0)
+        assert info.value.code == "bad_request"
+        assert engine.stats(T0)["tasks"] == 0
+
+    run(scenario)
+
+
+def test_body_over_the_limit_is_too_large() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        with pytest.raises(RequestError, match="1024-byte limit") as info:
+            engine.add({"topic": "t", "body": b"x" * 1100}, T0)
+        assert info.value.code == "too_large"
+
+    run(scenario, limits=Limits(max_body_bytes=1024))
+
+
+def test_recovery_rebuilds_every_state() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "delayed", "topic": "t", "delay": 100}, T0)
+        engine.add({"id": "ready", "topic": "t"}, T0)
+        engine.add({"id": "reserved", "topic": "r", "ttr": 30}, T0)
+        engine.try_reserve(["r"], T0)
+        engine.add({"id": "dead", "topic": "d", "max_attempts": 1}, T0)
+        engine.try_reserve(["d"], T0)
+        engine.release("dead", 0, T0)
+        await durable(engine)
+        again = Engine(store, now_s=T0 + 50)
+        assert await again.load(store.load()) == 4
+        states = {
+            i: again.get(i, T0 + 50)["state"] for i in ("delayed", "ready", "reserved", "dead")
+        }  # type: ignore[index]
+        assert states == {
+            "delayed": "delayed",
+            "ready": "ready",
+            "reserved": "reserved",
+            "dead": "dead",
+        }
+        again.advance(T0 + 50)  # the reservation's deadline (T0 + 30) passed while down
+        assert again.get("reserved", T0 + 50)["state"] == "ready"  # type: ignore[index]
+        assert again.advance(T0 + 100) == 1
+
+    run(scenario)
+
+
+def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> None:
+    events = {event for _, event in TRANSITIONS}
+    assert events == {
+        "add",
+        "due",
+        "reserve",
+        "ack",
+        "release",
+        "expire",
+        "touch",
+        "kick",
+        "update",
+        "delete",
+    }
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "d", "topic": "t", "delay": 100}, T0)
+        assert code_of(lambda: engine.ack("d", T0)) == "conflict"
+        assert code_of(lambda: engine.release("d", 0, T0)) == "conflict"
+        assert code_of(lambda: engine.kick("t", 1, T0) or engine.touch("d", T0)) == "conflict"
+
+    run(scenario)
