@@ -20,6 +20,7 @@ DEFAULT_STORE = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
+DEFAULT_MESSAGE_TIMEOUT_S = 30.0
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,10 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_delay_s: float = DEFAULT_MAX_DELAY_S
+    # A message must complete within this long of the previous one, or the
+    # connection is closed: half-sent messages pin memory (msgpack allocates
+    # containers from their headers), so a peer may not park them forever.
+    message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -58,6 +63,8 @@ class Settings:
             )
         if self.max_connections < 1:
             raise ConfigError(f"max connections must be at least 1, got {self.max_connections}")
+        if not self.message_timeout_s > 0:
+            raise ConfigError(f"message timeout must be > 0 s, got {self.message_timeout_s}")
         if self.token == "":
             raise ConfigError("token must not be empty (leave it unset for no auth)")
 

@@ -74,6 +74,7 @@ class Server:
         self._server: asyncio.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._armed_s: float | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
         self._handlers: dict[str, Callable[..., Any]] = {
             "add": engine.add,
             "add_many": engine.add_many,
@@ -93,6 +94,7 @@ class Server:
             lambda: Connection(self), self.settings.host, self.settings.port, reuse_address=True
         )
         self._on_tick()
+        self._sweep()
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
 
@@ -100,8 +102,9 @@ class Server:
         """Stop accepting, close connections, and wait for the journal to drain."""
         if self._server is not None:
             self._server.close()
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._sweeper):
+            if timer is not None:
+                timer.cancel()
         for conn in list(self.connections):
             conn.close()
         await self.engine.journal.drain()
@@ -129,6 +132,15 @@ class Server:
         except Exception:  # the driver must survive a bug in one task's handling
             log.exception("advancing the wheel failed")
         self.rearm()
+
+    def _sweep(self) -> None:
+        """Close connections stuck in the middle of a message (see message_timeout_s)."""
+        timeout_s = self.settings.message_timeout_s
+        stale_before = time.monotonic() - timeout_s
+        for conn in list(self.connections):
+            if conn.partial_since is not None and conn.partial_since < stale_before:
+                conn.refuse("bad_request", f"no complete message for {timeout_s:g} s")
+        self._sweeper = asyncio.get_running_loop().call_later(min(timeout_s / 2, 5.0), self._sweep)
 
     # -- requests ----------------------------------------------------------------
 
@@ -178,6 +190,8 @@ class Connection(asyncio.Protocol):
         self.waiters: dict[Waiter, asyncio.TimerHandle | None] = {}
         self.writing_paused = False
         self.reading_paused = False
+        # When the message now half-received started to be waited for, or None.
+        self.partial_since: float | None = None
 
     # -- transport events ----------------------------------------------------------
 
@@ -189,7 +203,7 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if len(self.server.connections) >= self.server.settings.max_connections:
             limit = self.server.settings.max_connections
-            self._refuse("unavailable", f"too many connections (limit {limit})")
+            self.refuse("unavailable", f"too many connections (limit {limit})")
             return
         self.server.connections.add(self)
 
@@ -212,18 +226,24 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
+        handled = 0
         try:
             decoder.feed(data)
             now_s = time.time()
             for message in decoder:
+                handled += 1
                 if type(message) is Request:
                     self._handle(message, now_s)
                 # Notifications from clients are ignored (pynvim sends one to
                 # announce itself); a response from a client has no meaning.
         except ProtocolError as exc:
             self._flush()
-            self._refuse(exc.code, exc.message)
+            self.refuse(exc.code, exc.message)
             return
+        if decoder.buffered_bytes == 0:
+            self.partial_since = None
+        elif handled or self.partial_since is None:
+            self.partial_since = time.monotonic()
         self._flush()
         self.server.rearm()
 
@@ -355,7 +375,7 @@ class Connection(asyncio.Protocol):
 
     # -- closing -------------------------------------------------------------------
 
-    def _refuse(self, code: str, message: str) -> None:
+    def refuse(self, code: str, message: str) -> None:
         """Tell the peer why, then close: bad input or over a limit."""
         log.info("closing connection: %s: %s", code, message)
         if self.transport is not None:
