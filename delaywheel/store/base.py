@@ -1,0 +1,220 @@
+"""The store interface: what the engine may rely on, whichever backend is behind it.
+
+How it is used
+--------------
+A store keeps one opaque ``bytes`` record per task id and knows nothing else
+about tasks. The engine opens it, streams every record back with ``load()`` at
+start-up, then journals changes with ``write()``: it gathers the changes of all
+requests made in one event-loop turn into one mapping (group commit), awaits
+one ``write()``, and only then replies. So ``write()`` is the only hot path and
+costs one round trip (Redis) or one transaction (SQLite) however many changes
+it carries.
+
+A mapping cannot hold the same id twice, so the puts and removes of one write
+never conflict and their order inside the write does not matter.
+
+Every store promises the contracts in the docstrings below; the conformance
+suite in tests/test_store.py checks them on every backend. What "durable"
+means differs by backend and is spelled out in each module's docstring.
+
+Errors: ``StoreConfigError`` for mistakes in the URL or a missing driver (raised
+by ``open_store()`` and constructors, never by a running store), and
+``StoreUnavailable`` for everything that goes wrong at run time; a bare
+``StoreError`` only for misuse (opening twice) and for stored data this store
+did not write (a Redis hash field that is not UTF-8). Messages name the display
+URL (password replaced by ``***``) and never the password.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import ClassVar
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+Changes = Mapping[str, bytes | None]
+"""Task id -> packed record to store, or ``None`` to remove the id."""
+
+DEFAULT_BATCH_SIZE = 10_000
+
+
+class StoreError(Exception):
+    """Base class of every error a store raises."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached, or an operation on it failed.
+
+    The message names the store's display URL and the cause. The engine turns
+    it into the ``unavailable`` reply; retrying later may succeed.
+    """
+
+
+class StoreConfigError(StoreError):
+    """The store URL is malformed, names an unknown scheme, or needs a driver
+    that is not installed (the message names the package to install)."""
+
+
+class Store(abc.ABC):
+    """A map of task id to opaque record bytes, persisted by the backend.
+
+    Life cycle: construct (does no I/O), ``open()``, then ``load()`` once, then
+    any number of ``write()`` calls, then ``close()``. A store object is
+    opened once: after ``close()`` make a new one (``open_store(url)``).
+    """
+
+    url: str
+    """The display URL: the password, if any, is replaced by ``***``. Safe for
+    logs, stats and error messages."""
+
+    persistent: ClassVar[bool] = True
+    """Whether records outlive the store object (False only for memory://)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._state = "new"  # -> "open" -> "closed"
+
+    def _start_open(self) -> None:
+        """Called first by ``open()``: refuse a second open."""
+        if self._state != "new":
+            raise StoreError(f"store {self.url} is already {self._state}; open a new store")
+
+    def _check_open(self, action: str) -> None:
+        """Called first by ``load()`` and ``write()``."""
+        if self._state != "open":
+            state = "closed" if self._state == "closed" else "not open yet"
+            raise StoreUnavailable(f"store {self.url}: {action} failed: the store is {state}")
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect and create whatever schema the backend needs.
+
+        Raises ``StoreUnavailable`` naming the URL when the backend cannot be
+        reached or refuses; nothing is left open then, and ``open()`` may be
+        called again (for example after a backoff). Calling it on a store that
+        is open or closed raises ``StoreError``.
+        """
+
+    @abc.abstractmethod
+    def load(self, batch_size: int = DEFAULT_BATCH_SIZE) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """Yield every stored ``(id, record)`` exactly once, in batches.
+
+        An async generator: ``async for batch in store.load(): ...``. Each
+        batch is non-empty and holds at most ``batch_size`` pairs; the order
+        of records is unspecified. Meant for start-up: it must not run
+        concurrently with ``write()`` (what it returns for records changed
+        meanwhile is unspecified). Raises ``StoreUnavailable`` on failure,
+        ``StoreError`` on a record it cannot read back, and ``ValueError``
+        when ``batch_size < 1``.
+        """
+
+    @abc.abstractmethod
+    async def write(self, changes: Changes) -> None:
+        """Apply all puts (id -> bytes) and removes (id -> None) together.
+
+        - One round trip or one transaction, whatever the number of changes.
+        - All or nothing, as far as the backend allows (see each module).
+        - Durable when it returns, in the backend's sense (see each module).
+        - Removing an absent id is not an error. An empty mapping is a no-op.
+        - Writes are applied in the order they were called, even when the
+          caller does not await one before starting the next.
+        - Raises ``StoreUnavailable`` on failure: the write may or may not have
+          been applied, so the caller must neither acknowledge it nor assume
+          it was lost. The same holds if the awaiting task is cancelled.
+        - After ``close()`` (or before ``open()``) it raises ``StoreUnavailable``.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections, files and threads. Idempotent; never raises
+        ``StoreUnavailable``. Writes called before ``close()`` are finished
+        first (or fail as they would have); writes called after it raise
+        ``StoreUnavailable``."""
+
+    @abc.abstractmethod
+    def warnings(self) -> list[str]:
+        """After ``open()``: configuration that could lose acknowledged writes,
+        one sentence each, for the operator's log. Empty when there is none.
+        They do not repeat the URL; the caller logs it alongside."""
+
+    async def __aenter__(self) -> Store:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+_PASSWORD_PARAM = re.compile(r"((?:^|&)[^=&]*password=)[^&]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password (userinfo or ``password=`` query) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        has_password = parts.password is not None
+    except ValueError:  # e.g. an invalid port; still show something useful
+        parts = None
+        has_password = False
+    if parts is None:
+        return _redact_loosely(url)
+    netloc = parts.netloc
+    if has_password:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        netloc = f"{user}:***@{hostport}"
+    query = _PASSWORD_PARAM.sub(r"\1***", parts.query)
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_loosely(url: str) -> str:
+    """Redaction for strings urlsplit rejects: blank out any userinfo wholesale."""
+    return re.sub(r"//[^/@]*@", "//***@", _PASSWORD_PARAM.sub(r"\1***", url))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password of ``url`` as written and percent-decoded, to scrub from messages."""
+    found: list[str] = []
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        found += [password, unquote(password)]
+    for match in re.finditer(r"(?:^|[?&])[^=&]*password=([^&#]*)", url, re.IGNORECASE):
+        if match.group(1):
+            found += [match.group(1), unquote(match.group(1))]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def unavailable(
+    url: str, action: str, cause: BaseException, secrets: Iterable[str] = ()
+) -> StoreUnavailable:
+    """A ``StoreUnavailable`` naming the display URL, what failed, and why."""
+    detail = scrub(str(cause), secrets) or "no detail"
+    return StoreUnavailable(f"store {url}: {action} failed: {type(cause).__name__}: {detail}")
+
+
+def check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")

@@ -1,0 +1,254 @@
+"""redis://[[user]:password@]host:port/db and rediss:// (TLS) -- the default store.
+
+How it works: every record lives in ONE hash, ``{<prefix>}:tasks``, field = task
+id (UTF-8), value = the record. ``write()`` is one MULTI/EXEC transaction in
+one round trip: a single HSET carrying every put and a single HDEL carrying
+every remove. Both touch the same key, and Redis queues-then-runs a
+transaction, so a write is all or nothing: a command refused while queueing
+(out of memory, say) aborts the EXEC, and the only run-time error HSET or HDEL
+can meet (the key holding another type) would fail both. ``load()`` walks the
+hash with HSCAN COUNT batch_size, so Redis is never blocked for long, and
+re-cuts the replies into batches of at most batch_size (HSCAN's COUNT is a
+hint), dropping the duplicates HSCAN may return if the hash is rehashed mid
+walk (this costs a set of the ids seen while loading).
+
+What "durable" means here: Redis acknowledged the EXEC. Whether that survives
+a crash is Redis's configuration, checked by ``warnings()`` at open:
+
+- AOF on with ``appendfsync always``: nothing acknowledged is lost, even on a
+  power cut.
+- AOF on with ``appendfsync everysec`` (the usual setting): a crash of Redis
+  alone loses nothing; a power cut or OS crash can lose up to about the last
+  second of writes.
+- AOF off: every write since the last RDB snapshot is lost on a Redis crash.
+- An evicting ``maxmemory-policy`` can drop records at any time.
+- Replication is asynchronous: a failover to a replica can lose the last
+  writes acknowledged by the old primary.
+
+Bounded time: connects and replies time out (``connect_timeout_s``,
+``timeout_s``), and a command is retried once, at once, on a connection error
+only (the retry reconnects, which covers a pooled connection that a Redis
+restart closed). So a dead or silent Redis gives ``StoreUnavailable`` within
+about 2 x (connect_timeout_s + timeout_s) at worst, and at once when nothing
+listens. The connection pool reconnects by itself on the next call once Redis
+is back: the store never needs reopening. Query parameters of the URL
+(``?socket_timeout=...``) are passed to redis-py and take precedence.
+
+The store is not Cluster-aware yet (it uses the plain client), but its key
+layout is ready for it; see the hash tag note in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.typing import EncodableT, FieldT
+
+from delaywheel.store.base import (
+    DEFAULT_BATCH_SIZE,
+    Changes,
+    Store,
+    StoreConfigError,
+    StoreError,
+    check_batch_size,
+    redact_url,
+    scrub,
+    unavailable,
+    url_secrets,
+)
+
+DEFAULT_PREFIX = "delaywheel"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_TIMEOUT_S = 5.0
+
+
+class RedisStore(Store):
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(redact_url(url))
+        self._secrets = url_secrets(url)
+        try:
+            parse_url(url)
+        except ValueError as exc:
+            detail = scrub(str(exc), self._secrets)
+            raise StoreConfigError(f"store URL {self.url!r}: {detail}") from None
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise StoreConfigError(f"redis prefix {prefix!r}: must be non-empty, without braces")
+        self._raw_url = url
+        self.prefix = prefix
+        # The braces make the prefix a Redis Cluster hash tag: the slot of a key
+        # is computed from the tag alone, so every key this store adds, now or
+        # later (leases, partitions), lands in one slot and one MULTI/EXEC can
+        # span them. A prefix with braces of its own would break the tag.
+        self.key = f"{{{prefix}}}:tasks"
+        self._connect_timeout_s = connect_timeout_s
+        self._timeout_s = timeout_s
+        self._client: Redis | None = None
+        # Serializes writes: they apply in call order, and a retried EXEC can
+        # never land after a later write.
+        self._lock = asyncio.Lock()
+        self._warnings: list[str] = []
+
+    async def open(self) -> None:
+        self._start_open()
+        client = Redis.from_url(
+            self._raw_url,
+            socket_connect_timeout=self._connect_timeout_s,
+            socket_timeout=self._timeout_s,
+            retry=Retry(NoBackoff(), retries=1, supported_errors=(RedisConnectionError,)),
+            client_name="delaywheel",
+        )
+        try:
+            await client.ping()
+            warnings = await self._check_config(client)
+        except (RedisError, OSError) as exc:
+            await _close_quietly(client)
+            raise unavailable(self.url, "open", exc, self._secrets) from exc
+        except BaseException:
+            await _close_quietly(client)
+            raise
+        self._client = client
+        self._warnings = warnings
+        self._state = "open"
+
+    async def _check_config(self, client: Redis) -> list[str]:
+        names = ("appendonly", "appendfsync", "maxmemory-policy")
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.config_get(name)
+                replies = await pipe.execute()
+        except ResponseError as exc:  # CONFIG renamed away or forbidden (managed Redis)
+            return [self._unchecked(f"CONFIG GET refused: {scrub(str(exc), self._secrets)}")]
+        settings: dict[str, str] = {}
+        for reply in replies:
+            for key, value in reply.items():
+                settings[_text(key)] = _text(value).lower()
+        if any(name not in settings for name in names):
+            return [self._unchecked("CONFIG GET did not report them")]
+        found = []
+        if settings["appendonly"] != "yes":
+            found.append(
+                "Redis has AOF off (appendonly no): acknowledged writes since"
+                " the last snapshot are lost on a Redis crash"
+            )
+        elif settings["appendfsync"] == "no":
+            found.append(
+                "Redis has appendfsync no: the OS decides when the AOF reaches"
+                " the disk, so an OS crash or power cut can lose ~30 s of acknowledged writes"
+            )
+        if settings["maxmemory-policy"] != "noeviction":
+            found.append(
+                f"Redis maxmemory-policy is {settings['maxmemory-policy']}: it"
+                " may evict task records when memory runs out; use noeviction"
+            )
+        return found
+
+    def _unchecked(self, why: str) -> str:
+        return (
+            f"could not check that Redis keeps acknowledged writes ({why});"
+            " make sure AOF is on (appendonly yes) and maxmemory-policy is noeviction"
+        )
+
+    async def load(
+        self, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> AsyncIterator[list[tuple[str, bytes]]]:
+        check_batch_size(batch_size)
+        self._check_open("load")
+        client = self._client
+        assert client is not None
+        seen: set[str] = set()
+        pending: list[tuple[str, bytes]] = []
+        cursor = 0
+        while True:
+            try:
+                cursor, reply = await client.hscan(self.key, cursor, count=batch_size)
+            except (RedisError, OSError) as exc:
+                raise unavailable(self.url, "load", exc, self._secrets) from exc
+            # decode_responses is off: a dict of bytes field -> bytes record.
+            fields = cast("dict[bytes, bytes]", reply)
+            for field, record in fields.items():
+                task_id = _task_id(self.url, self.key, field)
+                if task_id not in seen:
+                    seen.add(task_id)
+                    pending.append((task_id, record))
+            if len(pending) >= batch_size:
+                full = len(pending) - len(pending) % batch_size
+                for start in range(0, full, batch_size):
+                    yield pending[start : start + batch_size]
+                pending = pending[full:]
+            if cursor == 0:
+                break
+        if pending:
+            yield pending
+
+    async def write(self, changes: Changes) -> None:
+        self._check_open("write")
+        if not changes:
+            return
+        puts: dict[FieldT, EncodableT] = {}
+        removes: list[str] = []
+        for task_id, record in changes.items():
+            if record is None:
+                removes.append(task_id)
+            else:
+                puts[task_id] = record
+        async with self._lock:
+            # close() takes the lock before dropping the client, so writes
+            # called before close() still find it here.
+            client = self._client
+            assert client is not None
+            try:
+                async with client.pipeline(transaction=True) as pipe:
+                    if puts:
+                        pipe.hset(self.key, mapping=puts)
+                    if removes:
+                        pipe.hdel(self.key, *removes)
+                    await pipe.execute()
+            except (RedisError, OSError) as exc:
+                raise unavailable(self.url, "write", exc, self._secrets) from exc
+
+    async def close(self) -> None:
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        async with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            await _close_quietly(client)
+
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _task_id(url: str, key: str, field: bytes) -> str:
+    try:
+        return field.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StoreError(
+            f"store {url}: hash {key} holds a field that is not a UTF-8 task id: {field!r}"
+        ) from None
+
+
+async def _close_quietly(client: Redis) -> None:
+    with contextlib.suppress(RedisError, OSError):  # the connections are gone either way
+        await client.aclose()

@@ -1,0 +1,241 @@
+"""sqlite:///path -- the embedded store for one machine without Redis (stdlib sqlite3).
+
+URL: ``sqlite:///delaywheel.db`` is relative to the working directory at the
+time the store is constructed, ``sqlite:////var/lib/delaywheel.db`` absolute
+(the SQLAlchemy convention: the path is what follows the third slash). The
+path is taken as written, not percent-decoded. The only query parameter is
+``synchronous``:
+
+- ``synchronous=full`` (the default): every write is a transaction committed
+  to the write-ahead log and fsynced before ``write()`` returns, so an
+  acknowledged write survives a process crash, an OS crash and a power cut
+  (given a disk that does not lie about fsync).
+- ``synchronous=normal``: the WAL is fsynced only at checkpoints. An
+  acknowledged write survives a crash of the server process, but an OS crash
+  or power cut may lose the last transactions (the database stays
+  consistent). Faster; ``warnings()`` reports it.
+- ``synchronous=extra``: as full, and also fsyncs the directory; for file
+  systems where that matters.
+
+How it works: one table ``tasks(id TEXT PRIMARY KEY, record BLOB NOT NULL)
+WITHOUT ROWID``, WAL journal mode, one ``BEGIN IMMEDIATE .. COMMIT`` per
+``write()`` (executemany for the puts, executemany for the removes), so a write
+is all or nothing. A sqlite3 connection belongs to the thread that made it,
+so every blocking call runs on one dedicated worker thread (a single-thread
+executor) and the event loop never blocks; because that thread runs jobs in
+submission order, writes apply in call order and ``close()`` runs after any
+write already submitted. ``load()`` is one SELECT read with ``fetchmany`` (a
+consistent snapshot), a batch per round on the worker thread.
+
+Assumes one server per database file: two servers on one file would both
+write, and the engine would not know of the other's tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from delaywheel.store.base import (
+    DEFAULT_BATCH_SIZE,
+    Changes,
+    Store,
+    StoreConfigError,
+    StoreUnavailable,
+    check_batch_size,
+    unavailable,
+)
+
+T = TypeVar("T")
+
+SYNCHRONOUS_LEVELS = ("full", "normal", "extra")
+# How long a write waits for a lock held by another connection (a backup
+# tool, a curious operator) before failing with StoreUnavailable.
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, record BLOB NOT NULL) WITHOUT ROWID"
+)
+_PUT = "INSERT OR REPLACE INTO tasks (id, record) VALUES (?, ?)"
+_REMOVE = "DELETE FROM tasks WHERE id = ?"
+
+
+def parse_sqlite_url(url: str) -> tuple[Path, str]:
+    """The database path and synchronous level of a ``sqlite:///`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or parts.netloc or not parts.path.startswith("/"):
+        raise StoreConfigError(
+            f"store URL {url!r}: expected sqlite:///relative/path or sqlite:////absolute/path"
+        )
+    path = parts.path[1:]
+    if not path or path.endswith("/"):
+        raise StoreConfigError(f"store URL {url!r}: no database file name after sqlite:///")
+    if parts.fragment:
+        raise StoreConfigError(f"store URL {url!r}: unexpected #fragment")
+    try:
+        params = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise StoreConfigError(f"store URL {url!r}: bad query string: {exc}") from None
+    unknown = sorted(set(params) - {"synchronous"})
+    if unknown:
+        raise StoreConfigError(
+            f"store URL {url!r}: unknown parameter {', '.join(unknown)} (known: synchronous)"
+        )
+    values = params.get("synchronous", ["full"])
+    synchronous = values[-1].lower()
+    if len(values) > 1 or synchronous not in SYNCHRONOUS_LEVELS:
+        raise StoreConfigError(
+            f"store URL {url!r}: synchronous must be one of {', '.join(SYNCHRONOUS_LEVELS)}"
+        )
+    return Path(path).absolute(), synchronous
+
+
+class SqliteStore(Store):
+    def __init__(self, url: str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
+        super().__init__(url)  # a sqlite URL carries no password
+        self.path, self.synchronous = parse_sqlite_url(url)
+        self._busy_timeout_s = busy_timeout_s
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        self._warnings: list[str] = []
+
+    async def _run(self, func: Callable[..., T], *args: Any) -> T:
+        """Run ``func(*args)`` on the worker thread."""
+        if self._executor is None:
+            raise StoreUnavailable(f"store {self.url}: the store is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, func, *args)
+
+    async def open(self) -> None:
+        self._start_open()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delaywheel-sqlite")
+        try:
+            journal_mode = await self._run(self._open_sync)
+        except (sqlite3.Error, OSError) as exc:
+            self._shutdown()
+            raise unavailable(self.url, "open", exc) from exc
+        self._warnings = []
+        if journal_mode != "wal":
+            self._warnings.append(
+                f"the file system refused WAL mode (journal_mode={journal_mode});"
+                " writes stay durable but are slower"
+            )
+        if self.synchronous == "normal":
+            self._warnings.append(
+                "synchronous=normal: an OS crash or power cut may lose the"
+                " last acknowledged writes (a crash of the server alone loses none)"
+            )
+        self._state = "open"
+
+    def _open_sync(self) -> str:
+        # isolation_level=None: no implicit transactions; write() opens its own.
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+        try:
+            journal_mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+            conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+            conn.execute(_SCHEMA)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return journal_mode
+
+    async def load(
+        self, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> AsyncIterator[list[tuple[str, bytes]]]:
+        check_batch_size(batch_size)
+        self._check_open("load")
+        try:
+            cursor = await self._run(self._select_sync)
+        except sqlite3.Error as exc:
+            raise unavailable(self.url, "load", exc) from exc
+        try:
+            while True:
+                try:
+                    rows: list[tuple[str, bytes]] = await self._run(cursor.fetchmany, batch_size)
+                except sqlite3.Error as exc:
+                    raise unavailable(self.url, "load", exc) from exc
+                if not rows:
+                    break
+                yield rows
+        finally:
+            if self._executor is not None:
+                await self._run(cursor.close)
+
+    def _select_sync(self) -> sqlite3.Cursor:
+        assert self._conn is not None
+        return self._conn.execute("SELECT id, record FROM tasks")
+
+    async def write(self, changes: Changes) -> None:
+        self._check_open("write")
+        if not changes:
+            return
+        # Split on the loop thread: the caller's mapping is never read from
+        # another thread. No await before _run, so jobs queue in call order.
+        puts = [(task_id, record) for task_id, record in changes.items() if record is not None]
+        removes = [(task_id,) for task_id, record in changes.items() if record is None]
+        try:
+            await self._run(self._write_sync, puts, removes)
+        except (sqlite3.Error, OSError) as exc:
+            raise unavailable(self.url, "write", exc) from exc
+
+    def _write_sync(self, puts: list[tuple[str, bytes]], removes: list[tuple[str]]) -> None:
+        conn = self._conn
+        if conn is None:  # closed while this write waited in the queue
+            raise sqlite3.OperationalError("the store was closed")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if puts:
+                conn.executemany(_PUT, puts)
+            if removes:
+                conn.executemany(_REMOVE, removes)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def read_pragma(self, name: str) -> Any:
+        """The value of ``PRAGMA name`` on the store's own connection (for
+        diagnostics and tests: ``synchronous`` is per connection)."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a pragma name: {name!r}")
+        self._check_open("read_pragma")
+
+        def read() -> Any:
+            assert self._conn is not None
+            return self._conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+        return await self._run(read)
+
+    async def close(self) -> None:
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        if self._executor is not None:
+            try:
+                # Queued behind any write already submitted, so that finishes first.
+                await self._run(self._close_sync)
+            except sqlite3.Error:
+                pass  # closing cannot lose a committed write; nothing to report
+            finally:
+                self._shutdown()
+
+    def _close_sync(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _shutdown(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # Its queue is empty by now, so the thread ends at once; no need to
+            # block the loop joining it.
+            executor.shutdown(wait=False)
+
+    def warnings(self) -> list[str]:
+        return list(self._warnings)

@@ -1,0 +1,159 @@
+"""Shared fixtures. Each section is owned by whoever wrote it; append new sections below."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import redis
+
+# ---------------------------------------------------------------------------
+# Redis: one private redis-server per test session (owner: store)
+#
+# `redis_server` starts `redis-server` on a free port of 127.0.0.1 with AOF on
+# and RDB snapshots off, in its own temporary directory, and stops it at the
+# end of the session. Tests may stop(), kill() and start() it again: it comes
+# back on the same port and directory, so whatever reached the AOF survives.
+# `redis_url` hands each test its own, freshly flushed, database number on
+# that server (starting it again if an earlier test left it down).
+#
+# Never point a test at the shared Redis on port 6379, and never FLUSHALL a
+# server the test did not start.
+# ---------------------------------------------------------------------------
+
+REDIS_DATABASES = 256  # db 0 is left alone; tests cycle through 1..255
+REDIS_START_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """A private redis-server process that a test may stop, kill and restart."""
+
+    def __init__(self, directory: Path, extra_args: Sequence[str] = ()) -> None:
+        self.directory = directory
+        self.extra_args = list(extra_args)
+        self.port = 0  # chosen at the first start, kept for restarts
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The URL of db 0 (without the password of a ``--requirepass`` server)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """Start the server (no-op when running) and wait until it answers PING."""
+        if self.running:
+            return
+        # A free port can be taken between our probe and redis binding it; only
+        # the first start may move to another one.
+        first_start = self.port == 0
+        for _ in range(3 if first_start else 1):
+            if first_start:
+                self.port = free_port()
+            if self._spawn_and_wait():
+                return
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{self._log_tail()}")
+
+    def _spawn_and_wait(self) -> bool:
+        args = [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "yes",
+            "--dir", str(self.directory),
+            "--logfile", "redis.log",
+            "--databases", str(REDIS_DATABASES),
+            "--daemonize", "no",
+            *self.extra_args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.proc = None
+                return False
+            if self._answers_ping():
+                return True
+            time.sleep(0.01)
+        self.kill()
+        return False
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock:
+                sock.sendall(b"PING\r\n")
+                reply = sock.recv(64)
+        except OSError:
+            return False
+        # +PONG, or -NOAUTH from a --requirepass server; -LOADING is not ready yet.
+        return reply.startswith((b"+PONG", b"-NOAUTH"))
+
+    def stop(self) -> None:
+        """SIGTERM, as an operator's restart does: Redis flushes the AOF and exits."""
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash. Writes Redis had already written to the AOF survive."""
+        self._end(signal.SIGKILL)
+
+    def _end(self, sig: signal.Signals) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def client(self, db: int = 0, password: str | None = None) -> redis.Redis:
+        """A blocking client for inspecting and configuring this server; close it."""
+        return redis.Redis(port=self.port, db=db, password=password, socket_timeout=5)
+
+    def _log_tail(self) -> str:
+        try:
+            return "".join((self.directory / "redis.log").read_text().splitlines(True)[-20:])
+        except OSError as exc:
+            return f"(no log: {exc})"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_redis_dbs = itertools.cycle(range(1, REDIS_DATABASES))
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """``redis://127.0.0.1:PORT/N``: a database of the private server, this test's alone."""
+    redis_server.start()
+    db = next(_redis_dbs)
+    with redis_server.client(db) as client:
+        client.flushdb()
+    return f"redis://127.0.0.1:{redis_server.port}/{db}"

@@ -1,0 +1,619 @@
+"""The store contract (delaywheel/store/base.py), checked on every store, then each store's own.
+
+The conformance tests are written once and run on memory://, sqlite:/// (in
+tmp_path) and redis:// (a database of the private redis-server from
+conftest.py). Everything is real: files, sockets, redis-server processes.
+Tests are plain functions running their scenario with asyncio.run().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from conftest import RedisServer, free_port
+
+from delaywheel.store import (
+    Store,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+    redact_url,
+)
+from delaywheel.store.redis import RedisStore
+from delaywheel.store.sqlite import SqliteStore
+
+T = TypeVar("T")
+
+PASSWORD = "s3cr3t-Pa55"
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await scenario()
+
+    return asyncio.run(main())
+
+
+async def load_all(store: Store, batch_size: int = 10_000) -> dict[str, bytes]:
+    records: dict[str, bytes] = {}
+    async for batch in store.load(batch_size):
+        for task_id, record in batch:
+            assert task_id not in records, f"{task_id!r} loaded twice"
+            records[task_id] = record
+    return records
+
+
+async def opened(url: str) -> Store:
+    store = open_store(url)
+    await store.open()
+    return store
+
+
+# ---------------------------------------------------------------------------
+# Conformance: every store
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"  # tmp_path is absolute: four slashes
+    url: str = request.getfixturevalue("redis_url")  # only redis tests start Redis
+    return url
+
+
+def test_empty_store_loads_nothing(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            assert [batch async for batch in store.load()] == []
+
+    run(scenario)
+
+
+def test_puts_load_back_exactly(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write({"a": b"1", "b": b"2"})
+            await store.write({"c": b"3"})
+            assert await load_all(store) == {"a": b"1", "b": b"2", "c": b"3"}
+
+    run(scenario)
+
+
+def test_put_overwrites(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write({"a": b"old", "b": b"2"})
+            await store.write({"a": b"new"})
+            assert await load_all(store) == {"a": b"new", "b": b"2"}
+
+    run(scenario)
+
+
+def test_removes_and_removing_an_absent_id(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write({"a": b"1", "b": b"2"})
+            await store.write({"a": None, "never-stored": None})
+            assert await load_all(store) == {"b": b"2"}
+            await store.write({"b": None})
+            assert await load_all(store) == {}
+
+    run(scenario)
+
+
+def test_puts_and_removes_in_one_write(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write({"a": b"1", "b": b"2", "c": b"3"})
+            await store.write({"a": None, "b": b"2'", "d": b"4", "absent": None})
+            assert await load_all(store) == {"b": b"2'", "c": b"3", "d": b"4"}
+
+    run(scenario)
+
+
+def test_empty_write_is_a_no_op(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write({"a": b"1"})
+            await store.write({})
+            assert await load_all(store) == {"a": b"1"}
+
+    run(scenario)
+
+
+def test_many_records_load_in_bounded_batches(store_url: str) -> None:
+    records = {f"task-{i:05d}": i.to_bytes(4, "big") * 30 for i in range(25_000)}
+
+    async def scenario() -> list[int]:
+        async with open_store(store_url) as store:
+            await store.write(records)
+            loaded: dict[str, bytes] = {}
+            sizes = []
+            async for batch in store.load(batch_size=1000):
+                sizes.append(len(batch))
+                for task_id, record in batch:
+                    assert task_id not in loaded
+                    loaded[task_id] = record
+            assert loaded == records
+            return sizes
+
+    sizes = run(scenario)
+    assert len(sizes) >= 25
+    assert all(0 < size <= 1000 for size in sizes)
+
+
+def test_invalid_batch_size(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            with pytest.raises(ValueError, match="batch_size"):
+                await load_all(store, batch_size=0)
+
+    run(scenario)
+
+
+def test_binary_records_round_trip(store_url: str) -> None:
+    records = {
+        "every-byte": bytes(range(256)),
+        "reversed": bytes(range(255, -1, -1)),
+        "empty": b"",
+        "nul": b"\x00",
+        "high": b"\xff" * 1000,
+        "big": bytes(range(256)) * 4096,  # 1 MiB
+    }
+
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write(records)
+            assert await load_all(store) == records
+
+    run(scenario)
+
+
+def test_unicode_and_odd_ids_round_trip(store_url: str) -> None:
+    ids = [
+        "é",
+        "日本語のタスク",
+        "🚀-launch",
+        "a b",
+        "tab\there",
+        "new\nline",
+        "{braces}",
+        "x" * 500,
+    ]
+    records = {task_id: task_id.encode() for task_id in ids}
+
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write(records)
+            assert await load_all(store) == records
+            await store.write({"日本語のタスク": None})
+            del records["日本語のタスク"]
+            assert await load_all(store) == records
+
+    run(scenario)
+
+
+def test_concurrent_writes_apply_in_call_order(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await asyncio.gather(*(store.write({"a": str(i).encode()}) for i in range(20)))
+            await asyncio.gather(store.write({"b": b"x"}), store.write({"b": None}))
+            assert await load_all(store) == {"a": b"19"}
+
+    run(scenario)
+
+
+def test_close_is_idempotent_and_final(store_url: str) -> None:
+    async def scenario() -> None:
+        store = open_store(store_url)
+        await store.close()  # before open: fine too
+        store = await opened(store_url)
+        await store.write({"a": b"1"})
+        await store.close()
+        await store.close()
+        with pytest.raises(StoreUnavailable, match="closed"):
+            await store.write({"b": b"2"})
+        with pytest.raises(StoreUnavailable, match="closed"):
+            await load_all(store)
+        with pytest.raises(StoreError):
+            await store.open()
+
+    run(scenario)
+
+
+def test_writes_called_before_close_complete(store_url: str) -> None:
+    async def scenario() -> None:
+        store = await opened(store_url)
+        pending = [asyncio.ensure_future(store.write({f"t{i}": b"x"})) for i in range(5)]
+        await asyncio.sleep(0)  # let each write start (it is "called") before close()
+        await store.close()
+        await asyncio.gather(*pending)
+        store = await opened(store_url)
+        try:
+            expected = {f"t{i}": b"x" for i in range(5)} if store.persistent else {}
+            assert await load_all(store) == expected
+        finally:
+            await store.close()
+
+    run(scenario)
+
+
+def test_use_before_open(store_url: str) -> None:
+    async def scenario() -> None:
+        store = open_store(store_url)
+        with pytest.raises(StoreUnavailable, match="not open"):
+            await store.write({"a": b"1"})
+        await store.open()
+        with pytest.raises(StoreError, match="already open"):
+            await store.open()
+        await store.close()
+
+    run(scenario)
+
+
+def test_records_survive_close_and_reopen_when_persistent(store_url: str) -> None:
+    """The memory store says it is not persistent, and this checks that it is not."""
+
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            await store.write({"a": b"1", "b": b"2"})
+            await store.write({"b": None, "c": b"3"})
+        async with open_store(store_url) as store:
+            expected = {"a": b"1", "c": b"3"} if store.persistent else {}
+            assert await load_all(store) == expected
+
+    run(scenario)
+
+
+def test_url_and_warnings_are_plain_strings(store_url: str) -> None:
+    async def scenario() -> None:
+        async with open_store(store_url) as store:
+            assert store.url == store_url  # no password in these URLs
+            assert store.url in repr(store)
+            warnings = store.warnings()
+            assert isinstance(warnings, list)
+            assert all(isinstance(w, str) and w for w in warnings)
+            assert bool(warnings) == (not store.persistent)  # only memory:// warns here
+
+    run(scenario)
+
+
+# ---------------------------------------------------------------------------
+# open_store() and URLs
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://user:hunter2@db/x", "redis+cluster://:hunter2@h:1/0", "nonsense", "", "memory:///x"],
+)
+def test_open_store_rejects_unknown_urls(url: str) -> None:
+    with pytest.raises(StoreConfigError) as info:
+        open_store(url)
+    message = str(info.value)
+    assert "hunter2" not in message
+    assert redact_url(url) in message
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://user:pw@h:6379/0", "redis://user:***@h:6379/0"),
+        ("rediss://user:p%40ss@h/2", "rediss://user:***@h/2"),
+        ("redis://user@h:6379/0", "redis://user@h:6379/0"),
+        ("redis://h:6379/0?password=pw&db=1", "redis://h:6379/0?password=***&db=1"),
+        ("sqlite:///x.db", "sqlite:///x.db"),
+        ("redis://:pw@h:notaport/0", "redis://:***@h:notaport/0"),
+        ("redis://:pw@[::1/0", "redis://***@[::1/0"),  # urlsplit refuses it
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_redis_prefix_must_keep_the_hash_tag_intact() -> None:
+    for prefix in ["", "a{b", "a}b"]:
+        with pytest.raises(StoreConfigError, match="prefix"):
+            open_store("redis://127.0.0.1:1/0", redis_prefix=prefix)
+
+
+def test_bad_redis_url_is_a_config_error() -> None:
+    with pytest.raises(StoreConfigError) as info:
+        open_store(f"redis://:{PASSWORD}@127.0.0.1:6379/0?socket_timeout=soon")
+    assert PASSWORD not in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# SQLite
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("query", "level"), [("", 2), ("?synchronous=normal", 1)])
+def test_sqlite_wal_and_synchronous(tmp_path: Path, query: str, level: int) -> None:
+    async def scenario() -> None:
+        async with open_store(f"sqlite:///{tmp_path}/s.db{query}") as store:
+            assert isinstance(store, SqliteStore)
+            assert await store.read_pragma("journal_mode") == "wal"
+            assert await store.read_pragma("synchronous") == level  # 2 FULL, 1 NORMAL
+            warned = any("synchronous=normal" in w for w in store.warnings())
+            assert warned == (level == 1)
+
+    run(scenario)
+
+
+def test_sqlite_relative_and_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "abs").mkdir()
+    relative = open_store("sqlite:///rel.db")
+    absolute = open_store(f"sqlite:///{tmp_path}/abs/abs.db")
+    assert isinstance(relative, SqliteStore)
+    assert isinstance(absolute, SqliteStore)
+    assert relative.path == tmp_path / "rel.db"
+    assert absolute.path == tmp_path / "abs" / "abs.db"
+
+    async def scenario() -> None:
+        for store in (relative, absolute):
+            async with store:
+                await store.write({"a": b"1"})
+
+    run(scenario)
+    assert (tmp_path / "rel.db").is_file()
+    assert (tmp_path / "abs" / "abs.db").is_file()
+    assert not (tmp_path / "abs.db").exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://",
+        "sqlite:///",
+        "sqlite://host/x.db",
+        "sqlite:///dir/",
+        "sqlite:///x.db?synchronous=off",
+        "sqlite:///x.db?journal=wal",
+    ],
+)
+def test_sqlite_bad_urls(url: str) -> None:
+    with pytest.raises(StoreConfigError, match="sqlite"):
+        open_store(url)
+
+
+def test_sqlite_open_failure_names_the_url(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+
+    async def scenario() -> None:
+        store = open_store(url)
+        with pytest.raises(StoreUnavailable, match=url):
+            await store.open()
+        (tmp_path / "no" / "such" / "dir").mkdir(parents=True)
+        await store.open()  # a failed open may be retried
+        await store.close()
+
+    run(scenario)
+
+
+def test_sqlite_write_is_all_or_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+
+    async def scenario() -> None:
+        async with open_store(url) as store:
+            await store.write({"keep": b"1", "gone": b"2"})
+            # A real failure half way through the transaction: a trigger that
+            # refuses one id, installed from a second connection.
+            with sqlite3.connect(tmp_path / "s.db") as other:
+                other.execute(
+                    "CREATE TRIGGER poison BEFORE INSERT ON tasks WHEN NEW.id = 'poison'"
+                    " BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+                )
+            other.close()
+            with pytest.raises(StoreUnavailable, match="poisoned"):
+                await store.write({"new": b"3", "gone": None, "poison": b"4", "later": b"5"})
+            assert await load_all(store) == {"keep": b"1", "gone": b"2"}
+            await store.write({"new": b"3"})  # the store is still usable
+            assert await load_all(store) == {"keep": b"1", "gone": b"2", "new": b"3"}
+
+    run(scenario)
+
+
+# ---------------------------------------------------------------------------
+# Redis
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A second private server: a password, and CONFIG renamed away as on managed Redis."""
+    server = RedisServer(
+        tmp_path_factory.mktemp("redis-locked"),
+        ["--requirepass", PASSWORD, "--rename-command", "CONFIG", ""],
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_redis_password_never_shown(locked_redis: RedisServer) -> None:
+    port = locked_redis.port
+    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    user_url = f"redis://default:{PASSWORD}@127.0.0.1:{port}/0"
+
+    async def scenario() -> None:
+        store = open_store(url)
+        assert store.url == f"redis://:***@127.0.0.1:{port}/0"
+        assert PASSWORD not in repr(store)
+        async with store:
+            await store.write({"a": b"1"})
+            assert await load_all(store) == {"a": b"1"}
+            (warning,) = store.warnings()
+            assert "could not check" in warning
+            assert PASSWORD not in warning
+        async with open_store(user_url) as store:
+            assert store.url == f"redis://default:***@127.0.0.1:{port}/0"
+            assert await load_all(store) == {"a": b"1"}
+        wrong = open_store(f"redis://:{PASSWORD}-wrong@127.0.0.1:{port}/0")
+        with pytest.raises(StoreUnavailable) as info:
+            await wrong.open()
+        assert PASSWORD not in str(info.value)
+        assert f"redis://:***@127.0.0.1:{port}/0" in str(info.value)
+        no_password = open_store(f"redis://127.0.0.1:{port}/0")
+        with pytest.raises(StoreUnavailable, match="open failed"):
+            await no_password.open()
+
+    run(scenario)
+
+
+def test_redis_unreachable_fails_fast_naming_the_url() -> None:
+    url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"  # nobody listens there
+
+    async def scenario() -> None:
+        store = open_store(url)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as info:
+            await store.open()
+        assert time.monotonic() - started < 3
+        assert store.url in str(info.value)
+        assert PASSWORD not in str(info.value)
+
+    run(scenario)
+
+
+def test_redis_silent_server_times_out() -> None:
+    """A peer that accepts connections and never answers: a timeout, not a hang."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes handshakes; nobody ever reads
+        url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+
+        async def scenario() -> None:
+            store = RedisStore(url, connect_timeout_s=0.3, timeout_s=0.3)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="Timeout"):
+                await store.open()
+            assert time.monotonic() - started < 2.5
+
+        run(scenario)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_redis_down_then_back_without_reopening(
+    redis_server: RedisServer, redis_url: str, how: str
+) -> None:
+    async def scenario() -> None:
+        async with open_store(redis_url) as store:
+            await store.write({"before": b"1"})
+            if how == "stop":
+                redis_server.stop()
+            else:
+                redis_server.kill()
+            for _ in range(2):
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable) as info:
+                    await store.write({"during": b"2"})
+                assert time.monotonic() - started < 3
+                assert store.url in str(info.value)
+            redis_server.start()
+            await store.write({"after": b"3"})
+            # "before" reached the AOF before Redis answered, so even SIGKILL keeps it.
+            assert await load_all(store) == {"before": b"1", "after": b"3"}
+
+    try:
+        run(scenario)
+    finally:
+        redis_server.start()
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_redis_restart_between_writes_goes_unnoticed(
+    redis_server: RedisServer, redis_url: str, how: str
+) -> None:
+    """The pooled connection died with the old process; the next write reconnects."""
+
+    async def scenario() -> None:
+        async with open_store(redis_url) as store:
+            await store.write({"before": b"1"})
+            if how == "stop":
+                redis_server.stop()
+            else:
+                redis_server.kill()
+            redis_server.start()
+            await store.write({"after": b"2"})
+            assert await load_all(store) == {"before": b"1", "after": b"2"}
+
+    try:
+        run(scenario)
+    finally:
+        redis_server.start()
+
+
+def _wait_aof_settled(redis_server: RedisServer) -> None:
+    """After turning AOF back on, wait for its rewrite so later restarts keep data."""
+    with redis_server.client() as client:
+        for _ in range(500):
+            info = client.info("persistence")
+            if (
+                info["aof_enabled"] == 1
+                and info["aof_rewrite_in_progress"] == 0
+                and info["aof_rewrite_scheduled"] == 0
+            ):
+                return
+            time.sleep(0.01)
+    raise AssertionError("AOF rewrite did not finish")
+
+
+@pytest.mark.parametrize(
+    ("setting", "unsafe", "safe", "phrase"),
+    [
+        ("appendonly", "no", "yes", "lost on a Redis crash"),
+        ("maxmemory-policy", "allkeys-lru", "noeviction", "evict"),
+        ("appendfsync", "no", "everysec", "power cut"),
+    ],
+)
+def test_redis_warnings(
+    redis_server: RedisServer, redis_url: str, setting: str, unsafe: str, safe: str, phrase: str
+) -> None:
+    async def warnings() -> list[str]:
+        async with open_store(redis_url) as store:
+            return store.warnings()
+
+    assert run(warnings) == []
+    with redis_server.client() as client:
+        client.config_set(setting, unsafe)
+        try:
+            (warning,) = run(warnings)
+            assert phrase in warning
+        finally:
+            client.config_set(setting, safe)
+    _wait_aof_settled(redis_server)
+    assert run(warnings) == []
+
+
+def test_redis_keys_all_carry_the_hash_tag(redis_server: RedisServer, redis_url: str) -> None:
+    db = int(redis_url.rsplit("/", 1)[1])
+
+    async def scenario() -> None:
+        for prefix in ("delaywheel", "tenant-7"):
+            store = open_store(redis_url, redis_prefix=prefix)
+            async with store:
+                await store.write({"a": b"1", "b": b"2"})
+                await store.write({"a": None})
+
+    run(scenario)
+    with redis_server.client(db) as client:
+        keys = sorted(client.keys("*"))
+    assert keys == [b"{delaywheel}:tasks", b"{tenant-7}:tasks"]
