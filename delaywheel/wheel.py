@@ -251,8 +251,6 @@ class TimingWheel:
         if now_s > self._now_s:
             self._now_s = now_s
         fired: list[Entry] = []
-        if self._overdue._next is not self._overdue:
-            fired = self._overdue.drain()
         target = self.tick_floor(self._now_s)
         slots = self.slots
         while True:
@@ -273,6 +271,11 @@ class TimingWheel:
                 self._cascade(lap)
                 continue
             break
+        if self._overdue._next is not self._overdue:
+            # After the ring's: of two timers due at the same instant, one in
+            # the ring was scheduled before one in the overdue list (which was
+            # scheduled once now had passed it), and the sort below is stable.
+            fired.extend(self._overdue.drain())
         count = len(fired)
         if count:
             self._pending -= count

@@ -352,3 +352,14 @@ def test_non_finite_times_are_refused(due_s: float) -> None:
         wheel.insert(Timer("x"), due_s)
     with pytest.raises(ValueError, match="now_s"):
         wheel.advance(due_s)
+
+
+def test_equal_due_times_keep_schedule_order_across_ring_and_overdue() -> None:
+    # Found by the state machine: a timer put in the ring before `now` passed
+    # its due time must still come out before an equal one scheduled after.
+    wheel = wheel_at(0.0, slots=1)
+    ring, overdue = Timer("ring"), Timer("overdue")
+    wheel.insert(ring, 1.5)
+    wheel.advance(1.5)  # fires nothing: 1.5 fires on tick 2
+    wheel.insert(overdue, 1.5)
+    assert wheel.advance(2.5) == [ring, overdue]
