@@ -49,7 +49,8 @@ class ServerProcess:
             cwd=Path(__file__).resolve().parent.parent,
         )
         found = threading.Event()
-        threading.Thread(target=self._read_log, args=(self.proc, found), daemon=True).start()
+        self.reader = threading.Thread(target=self._read_log, args=(self.proc, found), daemon=True)
+        self.reader.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not found.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -58,12 +59,13 @@ class ServerProcess:
 
     def _read_log(self, proc: subprocess.Popen[str], found: threading.Event) -> None:
         assert proc.stderr is not None
-        for line in proc.stderr:
-            self.log.append(line.rstrip())
-            match = LISTENING.search(line)
-            if match and not found.is_set():
-                self.host, self.port = match.group(1), int(match.group(2))
-                found.set()
+        with proc.stderr:  # closed at EOF, i.e. when the process has exited
+            for line in proc.stderr:
+                self.log.append(line.rstrip())
+                match = LISTENING.search(line)
+                if match and not found.is_set():
+                    self.host, self.port = match.group(1), int(match.group(2))
+                    found.set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -75,16 +77,19 @@ class ServerProcess:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+        self.reader.join(5)
+        return code
 
     def kill(self) -> None:
         """SIGKILL: a crash, with no chance to flush anything."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+            self.reader.join(5)
 
     def log_text(self) -> str:
         return "\n".join(self.log)
