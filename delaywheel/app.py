@@ -15,19 +15,22 @@ import time
 from delaywheel.config import Settings
 from delaywheel.engine import Engine
 from delaywheel.server import Server
-from delaywheel.store import open_store
+from delaywheel.store import StoreUnavailable, open_store
 
 log = logging.getLogger("delaywheel")
-
-# Log loading progress every this many records, so a large store's start-up
-# is visibly moving.
-LOAD_PROGRESS_EVERY = 500_000
-
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
     store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
-    await store.open()
+    try:
+        await store.open()
+    except StoreUnavailable as exc:
+        if store.url.startswith("redis"):
+            raise StoreUnavailable(
+                f"{exc}. Is Redis running there? Without Redis, use the embedded store: "
+                "--store sqlite:///delaywheel.db"
+            ) from None
+        raise
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)

@@ -50,6 +50,8 @@ _QUEUE_TARGET = {"type": "queue"}
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
+# Log loading progress this often, so a large store's start-up visibly moves.
+LOAD_PROGRESS_EVERY = 500_000
 
 
 class Engine:
@@ -407,6 +409,7 @@ class Engine:
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and skipped."""
         loaded = 0
+        next_report = LOAD_PROGRESS_EVERY
         async for batch in batches:
             for task_id, record in batch:
                 try:
@@ -419,6 +422,9 @@ class Engine:
                 self._index(task)
                 self._place(task)
                 loaded += 1
+            if loaded >= next_report:
+                log.info("loaded %d tasks so far", loaded)
+                next_report += LOAD_PROGRESS_EVERY
         return loaded
 
 
