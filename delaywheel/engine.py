@@ -26,6 +26,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from delaywheel import __version__, validate
+from delaywheel.errors import RequestError
 from delaywheel.journal import Journal
 from delaywheel.queues import Queues, Waiter
 from delaywheel.store.base import Store
@@ -41,7 +42,7 @@ from delaywheel.task import (
     TransitionError,
     check_transition,
 )
-from delaywheel.validate import Limits, RequestError, bad
+from delaywheel.validate import Limits, bad
 from delaywheel.wheel import TimingWheel
 
 log = logging.getLogger(__name__)

@@ -33,11 +33,10 @@ from delaywheel_client.protocol import Decoder, Encoder, ProtocolError, Request
 from delaywheel import validate
 from delaywheel.config import Settings
 from delaywheel.engine import Engine
+from delaywheel.errors import RequestError
 from delaywheel.journal import Batch
 from delaywheel.queues import Waiter
 from delaywheel.store.base import StoreError
-from delaywheel.task import TransitionError
-from delaywheel.validate import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +258,6 @@ class Connection(asyncio.Protocol):
             payload = self.encoder.response(msgid, result)
         except RequestError as exc:
             payload = self.encoder.error_response(msgid, exc.code, exc.message)
-        except TransitionError as exc:
-            payload = self.encoder.error_response(msgid, "conflict", str(exc))
         except Exception as exc:
             payload = self._internal(msgid, request.method, exc)
         batch = None

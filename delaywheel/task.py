@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
+from delaywheel.errors import RequestError
 from delaywheel.wheel import Entry
 
 NEW = "new"
@@ -48,11 +49,11 @@ TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
 }
 
 
-class TransitionError(Exception):
-    """An event that the task's state does not allow (answered as ``conflict``)."""
+class TransitionError(RequestError):
+    """An event that the task's state does not allow: a ``conflict``."""
 
     def __init__(self, task_id: str, state: str, event: str) -> None:
-        super().__init__(f"cannot {event} task {task_id!r}: it is {state}")
+        super().__init__("conflict", f"cannot {event} task {task_id!r}: it is {state}")
         self.state = state
         self.event = event
 

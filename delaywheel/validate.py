@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
+from delaywheel.errors import RequestError
 from delaywheel.task import STATES
 
 MAX_ID_BYTES = 200
@@ -25,15 +26,6 @@ DEFAULT_MAX_ATTEMPTS = 5
 TASK_FIELDS = frozenset({"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts"})
 UPDATE_FIELDS = frozenset({"delay", "at", "body", "topic", "ttr", "target", "max_attempts"})
 LIST_FIELDS = frozenset({"topic", "state", "limit", "cursor"})
-
-
-class RequestError(Exception):
-    """A request the server refuses; ``code`` is a protocol error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def bad(message: str) -> RequestError:

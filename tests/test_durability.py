@@ -215,3 +215,53 @@ def test_redis_outage_under_load(fsync_redis: RedisServer) -> None:
     # An add answered unavailable may still have landed (Redis can die after
     # applying a write but before answering it); the protocol allows that.
     assert stats["flushes"] > 0
+
+
+def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) -> None:
+    """In-process engine on a real Redis that goes away between two changes."""
+    import asyncio
+
+    from delaywheel.engine import Engine
+    from delaywheel.errors import RequestError
+    from delaywheel.store import open_store
+
+    async def scenario() -> None:
+        fsync_redis.start()
+        store = open_store(fsync_redis.url, redis_prefix=f"t-{uuid.uuid4().hex[:8]}")
+        await store.open()
+        now_s = time.time()
+        engine = Engine(store, now_s=now_s)
+        engine.add({"id": "kept", "topic": "t", "delay": 100, "body": "old"}, now_s)
+        engine.add({"id": "ready", "topic": "t"}, now_s)
+        await engine.journal.drain()
+        before = engine.stats(now_s)
+        place = engine.get("kept", now_s)
+
+        fsync_redis.stop()
+        failures: list[object] = []
+        engine.add({"id": "new", "topic": "t"}, now_s)
+        engine.update("kept", {"delay": 5000, "body": "new", "topic": "u"}, now_s)
+        engine.try_reserve(["t"], now_s)
+        engine.delete("kept", now_s)  # builds on the update in the same batch
+        batch = engine.journal.pending()
+        assert batch is not None
+        batch.add_callback(failures.append)
+        await engine.journal.drain()
+        assert len(failures) == 1 and failures[0] is not None
+
+        assert engine.get("new", now_s) is None
+        assert engine.get("kept", now_s) == place
+        assert engine.get("ready", now_s)["state"] == "ready"  # type: ignore[index]
+        after = engine.stats(now_s)
+        for key in ("tasks", "states", "topics", "wheel"):
+            assert after[key] == before[key], key
+        with pytest.raises(RequestError):
+            engine.ack("ready", now_s)  # the reservation was undone too
+
+        fsync_redis.start()
+        engine.add({"id": "later", "topic": "t"}, now_s)
+        await engine.journal.drain()
+        assert engine.get("later", now_s) is not None
+        await store.close()
+
+    asyncio.run(scenario())

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from delaywheel.engine import Engine
+from delaywheel.errors import RequestError
 from delaywheel.queues import Waiter
 from delaywheel.store.memory import MemoryStore
-from delaywheel.task import TRANSITIONS, TransitionError
-from delaywheel.validate import Limits, RequestError
+from delaywheel.task import TRANSITIONS
+from delaywheel.validate import Limits
 
 T0 = 1_800_000_000.0
 
@@ -41,8 +42,6 @@ def code_of(call: Callable[[], object]) -> str:
         call()
     except RequestError as exc:
         return exc.code
-    except TransitionError:
-        return "conflict"
     raise AssertionError("no error raised")
 
 
