@@ -1,0 +1,614 @@
+"""The ``delaywheel`` command, end to end against a real server.
+
+One server per module (``serverproc.ServerProcess``). A few flows run the CLI as a real
+subprocess (``python -m delaywheel``); the rest use click's CliRunner, which runs the same
+command code in-process against the same server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from serverproc import ServerProcess
+
+from delaywheel.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def address(server: ServerProcess) -> str:
+    return f"{server.host}:{server.port}"
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def cli(
+    address: str, *args: str, input: str | bytes | None = None, env: dict[str, str] | None = None
+) -> Result:
+    """Run the command in-process with CliRunner, against ``address``."""
+    return CliRunner().invoke(main, ["--server", address, *args], input=input, env=env)
+
+
+def cli_json(address: str, *args: str, input: str | bytes | None = None) -> Any:
+    result = cli(address, "--json", *args, input=input)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def proc(
+    *args: str, input: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m delaywheel ARGS`` as a real process."""
+    return subprocess.run(
+        [sys.executable, "-m", "delaywheel", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_line(stderr: str) -> str:
+    """The failure message: exactly one line, no traceback."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# -- real subprocesses ------------------------------------------------------------------------
+
+
+def test_process_add_get_delete_with_json(address: str) -> None:
+    task_id, topic = unique("id"), unique()
+    done = proc(
+        "--server",
+        address,
+        "--json",
+        "add",
+        "--topic",
+        topic,
+        "--delay",
+        "1h",
+        "--body",
+        "hello",
+        "--id",
+        task_id,
+    )
+    assert done.returncode == 0, done.stderr
+    added = json.loads(done.stdout)
+    assert added["id"] == task_id
+    assert added["at"] == pytest.approx(time.time() + 3600, abs=30)
+    assert {"cycle", "slot"} <= added.keys()
+
+    done = proc("--server", address, "--json", "get", task_id)
+    assert done.returncode == 0, done.stderr
+    task = json.loads(done.stdout)
+    assert (task["topic"], task["state"], task["body"]) == (topic, "delayed", "hello")
+
+    done = proc("--server", address, "delete", task_id)
+    assert (done.returncode, done.stdout.strip()) == (0, f"deleted {task_id}")
+
+    for command in ("get", "delete"):
+        done = proc("--server", address, command, task_id)
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert one_line(done.stderr) == f"not found: {task_id}"
+
+
+def test_process_reserve_then_ack(address: str) -> None:
+    topic = unique()
+    done = proc("--server", address, "add", "--topic", topic, "--body", "work me")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("added ")
+    task_id = done.stdout.split()[1].rstrip(",")
+
+    done = proc("--server", address, "reserve", topic, "--timeout", "5s")
+    assert done.returncode == 0, done.stderr
+    assert "id:" in done.stdout and task_id in done.stdout
+    assert "state:" in done.stdout and "reserved" in done.stdout
+    assert done.stdout.rstrip().endswith("work me")  # the body, printed last
+
+    done = proc("--server", address, "ack", task_id)
+    assert (done.returncode, done.stdout.strip()) == (0, f"acked {task_id}")
+    assert proc("--server", address, "get", task_id).returncode == 1
+
+
+def test_process_server_from_env_and_unreachable_exits_3(address: str) -> None:
+    done = proc("ping", env={"DELAYWHEEL_SERVER": address})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pong")
+
+    dead = f"127.0.0.1:{free_port()}"
+    done = proc("get", "x", env={"DELAYWHEEL_SERVER": dead})
+    assert done.returncode == 3
+    assert done.stdout == ""
+    assert one_line(done.stderr).startswith("cannot reach the server")
+
+
+def test_process_serve_bad_setting_exits_2_with_one_line() -> None:
+    done = proc("serve", "--store", "memory://", "--tick", "0")
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert line.startswith("delaywheel serve:") and "tick" in line
+
+    done = proc("serve", "--store", "memory://", env={"DELAYWHEEL_MAX_CONNECTIONS": "0"})
+    assert done.returncode == 2
+    assert "max connections" in one_line(done.stderr)
+
+
+# -- help, usage errors ------------------------------------------------------------------------
+
+
+def test_serve_help_lists_the_env_vars() -> None:
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    assert result.exit_code == 0
+    for name in (
+        "HOST",
+        "PORT",
+        "STORE",
+        "REDIS_PREFIX",
+        "SLOTS",
+        "TICK",
+        "TOKEN",
+        "MAX_MESSAGE",
+        "MAX_BODY",
+        "MAX_CONNECTIONS",
+        "LOG_LEVEL",
+    ):
+        assert f"DELAYWHEEL_{name}" in result.stdout, name
+
+
+def test_group_help_documents_env_vars_exit_codes_and_bin_wrapper() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    for needle in (
+        "DELAYWHEEL_SERVER",
+        "DELAYWHEEL_TOKEN",
+        "DELAYWHEEL_JSON",
+        "DELAYWHEEL_TIMEOUT",
+        '"$bin"',
+        "Exit codes",
+    ):
+        assert needle in text, needle
+    for command in (
+        "add",
+        "update",
+        "delete",
+        "get",
+        "list",
+        "stats",
+        "reserve",
+        "ack",
+        "release",
+        "kick",
+        "ping",
+        "touch",
+        "import",
+        "serve",
+    ):
+        assert CliRunner().invoke(main, [command, "--help"]).exit_code == 0, command
+    import_help = " ".join(CliRunner().invoke(main, ["import", "--help"]).stdout.split())
+    assert "batches before it HAVE been added" in import_help
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and "delaywheel" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["add"], "Missing option '--topic'"),
+        (["add", "--topic", "t", "--delay", "5x"], "bad duration '5x'"),
+        (["add", "--topic", "t", "--delay", "-5s"], "negative duration"),
+        (["add", "--topic", "t", "--at", "someday"], "bad time 'someday'"),
+        (["add", "--topic", "t", "--delay", "1s", "--at", "2h"], "--delay or --at"),
+        (["add", "--topic", "t", "--body", "a", "--json-body", "1"], "give one of --body"),
+        (["add", "--topic", "t", "--json-body", "{nope"], "not JSON"),
+        (["add", "--topic", "t", "--max-attempts", "0"], "--max-attempts"),
+        (["update", "some-id"], "nothing to update"),
+        (["kick", "t", "--count", "0"], "--count"),
+        (["list", "--state", "sleeping"], "--state"),
+        (["nosuch"], "No such command"),
+        (["--timeout", "0", "ping"], "--timeout"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(address: str, args: list[str], needle: str) -> None:
+    result = cli(address, *args)
+    assert result.exit_code == 2, result.stdout
+    assert needle in one_line(result.stderr)
+    assert result.stdout == ""
+
+
+def test_bad_server_address_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["--server", "localhost:99999", "ping"])
+    assert result.exit_code == 2
+    assert "port must be 1 to 65535" in one_line(result.stderr)
+
+
+# -- exit codes from the server ----------------------------------------------------------------
+
+
+def test_server_refusals_exit_2(address: str) -> None:
+    result = cli(address, "add", "--topic", "x" * 300)
+    assert result.exit_code == 2
+    assert one_line(result.stderr).startswith("bad request:")
+
+    big = os.urandom(1024 * 1024 + 100)  # over the default 1 MiB --max-body
+    result = cli(address, "add", "--topic", "t", "--body-file", "-", input=big)
+    assert result.exit_code == 2
+    assert one_line(result.stderr).startswith("too large:")
+
+
+def test_exists_and_conflict_exit_1(address: str) -> None:
+    task_id = unique("id")
+    assert cli(address, "add", "--topic", "t", "--id", task_id, "--delay", "1h").exit_code == 0
+    result = cli(address, "add", "--topic", "t", "--id", task_id)
+    assert result.exit_code == 1
+    assert one_line(result.stderr).startswith("exists:")
+
+    result = cli(address, "ack", task_id)  # delayed, not reserved
+    assert result.exit_code == 1
+    assert one_line(result.stderr).startswith("conflict:")
+
+    for command in (["ack"], ["touch"], ["release"], ["update", "--delay", "1s"]):
+        result = cli(address, command[0], "missing-id", *command[1:])
+        assert result.exit_code == 1, command
+        assert one_line(result.stderr) == "not found: missing-id"
+
+
+def test_unreachable_exits_3() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    for args in (["ping"], ["add", "--topic", "t"], ["list"], ["import", "-"]):
+        result = CliRunner().invoke(main, ["--server", dead, *args], input='{"topic": "t"}\n')
+        assert result.exit_code == 3, (args, result.stderr)
+        assert "cannot reach the server" in one_line(result.stderr)
+
+
+# -- add, get, update ----------------------------------------------------------------------------
+
+
+def test_add_readable_output(address: str) -> None:
+    result = cli(address, "add", "--topic", unique(), "--delay", "90s")
+    assert result.exit_code == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("added ") and "due " in line and "(in 1m" in line
+    assert "cycle " in line and "slot " in line
+
+
+def test_add_at_iso_time_and_duration(address: str) -> None:
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    added = cli_json(address, "add", "--topic", unique(), "--at", "2030-01-02T03:04:05Z")
+    assert added["at"] == when.timestamp()
+    added = cli_json(address, "add", "--topic", unique(), "--at", "2030-01-02T04:04:05+01:00")
+    assert added["at"] == when.timestamp()
+    added = cli_json(address, "add", "--topic", unique(), "--at", "2h")
+    assert added["at"] == pytest.approx(time.time() + 7200, abs=30)
+
+    result = cli(address, "get", added["id"])
+    assert result.exit_code == 0
+    assert "(in 1h59m" in result.stdout or "(in 2h" in result.stdout
+
+
+def test_bodies_str_bytes_json_and_stdin(address: str, tmp_path: Path) -> None:
+    raw = bytes(range(256))
+    path = tmp_path / "body.bin"
+    path.write_bytes(raw)
+    cases: list[tuple[list[str], bytes | None, Any]] = [
+        (["--body", "plain text"], None, "plain text"),
+        (["--body-file", str(path)], None, {"$bin": base64.b64encode(raw).decode()}),
+        (["--body-file", "-"], b"from stdin", {"$bin": base64.b64encode(b"from stdin").decode()}),
+        (
+            ["--json-body", '{"a": [1, 2.5, null], "b": true}'],
+            None,
+            {"a": [1, 2.5, None], "b": True},
+        ),
+        (["--json-body", '{"$bin": "AAEC"}'], None, {"$bin": "AAEC"}),
+        (["--json-body", '"just a string"'], None, "just a string"),
+    ]
+    for args, stdin, expected in cases:
+        added = cli_json(address, "add", "--topic", unique(), "--delay", "1h", *args, input=stdin)
+        assert cli_json(address, "get", added["id"])["body"] == expected, args
+
+    added = cli_json(address, "add", "--topic", "t", "--delay", "1h", "--body-file", str(path))
+    shown = cli(address, "get", added["id"]).stdout
+    assert "body (bin, 256 bytes, base64):" in shown
+    assert base64.b64encode(raw).decode() in shown
+
+
+def test_get_readable(address: str) -> None:
+    topic = unique()
+    added = cli_json(
+        address,
+        "add",
+        "--topic",
+        topic,
+        "--delay",
+        "1h",
+        "--ttr",
+        "2m",
+        "--max-attempts",
+        "3",
+        "--json-body",
+        '{"k": "v"}',
+    )
+    result = cli(address, "get", added["id"])
+    assert result.exit_code == 0
+    fields = dict(
+        line.split(":", 1) for line in result.stdout.splitlines() if ":" in line and line[0] != " "
+    )
+    assert fields["id"].strip() == added["id"]
+    assert fields["topic"].strip() == topic
+    assert fields["state"].strip() == "delayed"
+    assert fields["attempts"].strip() == "0 of 3"
+    assert fields["ttr"].strip() == "2m"
+    assert fields["target"].strip() == "queue"
+    assert '"k": "v"' in result.stdout
+
+
+def test_update_sends_only_what_is_given(address: str) -> None:
+    topic, other = unique(), unique()
+    added = cli_json(
+        address, "add", "--topic", topic, "--delay", "1h", "--body", "old", "--ttr", "60"
+    )
+    task = cli_json(address, "update", added["id"], "--delay", "2h", "--max-attempts", "7")
+    assert task["at"] == pytest.approx(time.time() + 7200, abs=30)
+    assert (task["max_attempts"], task["body"], task["ttr"], task["topic"]) == (7, "old", 60, topic)
+
+    task = cli_json(
+        address,
+        "update",
+        added["id"],
+        "--topic",
+        other,
+        "--body",
+        "new",
+        "--ttr",
+        "1m30s",
+        "--at",
+        "2030-01-01T00:00:00Z",
+    )
+    assert (task["topic"], task["body"], task["ttr"]) == (other, "new", 90)
+    assert task["at"] == datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp()
+
+    result = cli(address, "update", added["id"], "--json-body", "[1, 2]")
+    assert result.exit_code == 0
+    assert "state:" in result.stdout and "[\n  1,\n  2\n]" in result.stdout
+
+
+# -- list, stats ---------------------------------------------------------------------------------
+
+
+def test_list_table_pages_and_all(address: str) -> None:
+    topic = unique()
+    ids = [
+        cli_json(address, "add", "--topic", topic, "--delay", f"{i + 1}h")["id"] for i in range(5)
+    ]
+
+    result = cli(address, "list", "--topic", topic)
+    assert result.exit_code == 0
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split() == ["ID", "TOPIC", "STATE", "DUE", "ATTEMPTS"]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[0] for row in rows] == ids
+    assert all(row[1:3] == [topic, "delayed"] and row[4] == "0/5" for row in rows)
+    datetime.fromisoformat(rows[0][3])  # an ISO time
+
+    result = cli(address, "list", "--topic", topic, "--limit", "2")
+    assert len(result.stdout.strip().splitlines()) == 3
+    assert "more tasks" in result.stderr
+
+    page = cli_json(address, "list", "--topic", topic, "--limit", "2")
+    assert [t["id"] for t in page["tasks"]] == ids[:2] and page["next"] is not None
+    page = cli_json(
+        address, "list", "--topic", topic, "--limit", "2", "--cursor", str(page["next"])
+    )
+    assert [t["id"] for t in page["tasks"]] == ids[2:4]
+
+    everything = cli_json(address, "list", "--topic", topic, "--limit", "2", "--all")
+    assert [t["id"] for t in everything["tasks"]] == ids and everything["next"] is None
+    result = cli(address, "list", "--topic", topic, "--limit", "2", "--all")
+    assert len(result.stdout.strip().splitlines()) == 6 and result.stderr == ""
+
+    assert cli_json(address, "list", "--topic", topic, "--state", "ready")["tasks"] == []
+    assert cli(address, "list", "--topic", unique()).stdout.strip() == "no tasks"
+
+
+def test_stats(address: str) -> None:
+    topic = unique()
+    cli_json(address, "add", "--topic", topic, "--delay", "1h")
+    stats = cli_json(address, "stats")
+    assert stats["topics"][topic] == {"delayed": 1}
+    result = cli(address, "stats")
+    assert result.exit_code == 0
+    assert "uptime:" in result.stdout and "slots:" in result.stdout
+    assert f"  {topic}:" in result.stdout
+
+
+# -- reserve, ack, release, touch, kick, ping ----------------------------------------------------
+
+
+def test_reserve_touch_release_ack(address: str) -> None:
+    topic, other = unique(), unique()
+    added = cli_json(
+        address, "add", "--topic", topic, "--body-file", "-", "--ttr", "30s", input=b"\xff\x00bytes"
+    )
+
+    task = cli_json(address, "reserve", other, topic)
+    assert (task["id"], task["state"]) == (added["id"], "reserved")
+    assert task["body"] == {"$bin": base64.b64encode(b"\xff\x00bytes").decode()}
+    assert task["deadline"] == pytest.approx(time.time() + 30, abs=10)
+
+    deadline = cli_json(address, "touch", added["id"])
+    assert deadline == pytest.approx(time.time() + 30, abs=10)
+    result = cli(address, "touch", added["id"])
+    assert result.exit_code == 0 and "deadline" in result.stdout and "(in " in result.stdout
+
+    result = cli(address, "release", added["id"], "--delay", "1h")
+    assert (result.exit_code, result.stdout.strip()) == (0, f"released {added['id']}, due in 1h")
+    assert cli_json(address, "get", added["id"])["state"] == "delayed"
+
+    cli_json(address, "update", added["id"], "--delay", "0")
+    task = cli_json(address, "reserve", topic, "--timeout", "5")
+    assert task["id"] == added["id"]
+    assert cli_json(address, "ack", added["id"]) is True
+    assert cli(address, "get", added["id"]).exit_code == 1
+
+
+def test_reserve_nothing_ready_exits_1_after_its_timeout(address: str) -> None:
+    topic = unique()
+    started = time.monotonic()
+    result = cli(address, "--timeout", "2", "reserve", topic, "--timeout", "0.3")
+    assert 0.25 < time.monotonic() - started < 5
+    assert result.exit_code == 1
+    assert one_line(result.stderr) == f"nothing ready in {topic}"
+
+
+def test_kick_makes_dead_tasks_ready(address: str) -> None:
+    topic = unique()
+    added = cli_json(address, "add", "--topic", topic, "--max-attempts", "1", "--ttr", "0.1")
+    assert cli_json(address, "reserve", topic)["id"] == added["id"]
+    deadline = time.monotonic() + 10
+    while cli_json(address, "get", added["id"])["state"] != "dead":
+        assert time.monotonic() < deadline, "task never went dead"
+        time.sleep(0.05)
+
+    result = cli(address, "kick", topic, "--count", "5")
+    assert (result.exit_code, result.stdout.strip()) == (0, f"kicked 1 task of {topic}")
+    assert cli_json(address, "reserve", topic, "--timeout", "5")["id"] == added["id"]
+    assert cli_json(address, "kick", topic) == 0
+
+
+def test_ping(address: str) -> None:
+    assert cli_json(address, "ping") == "pong"
+    result = cli(address, "ping")
+    assert result.exit_code == 0 and result.stdout.startswith(f"pong from {address} in ")
+
+
+# -- import --------------------------------------------------------------------------------------
+
+
+def test_import_batches_with_a_bad_line_in_the_middle(address: str, tmp_path: Path) -> None:
+    topic = unique()
+    lines = [json.dumps({"topic": topic, "delay": "1h", "body": i}) for i in range(2000)]
+    lines[1233] = '{"topic": "broken", '  # line 1234, in the third batch of 500
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    result = cli(address, "import", str(path), "--batch-size", "500")
+    assert result.exit_code == 2
+    line = one_line(result.stderr)
+    assert line.startswith("line 1234: not JSON")
+    assert "1000 tasks" in line and "resume from line 1001" in line
+    found = cli_json(address, "list", "--topic", topic, "--all", "--limit", "1000")["tasks"]
+    assert sorted(task["body"] for task in found) == list(range(1000))
+
+
+def test_import_line_refused_by_the_server_is_named(address: str, tmp_path: Path) -> None:
+    topic = unique()
+    lines = [json.dumps({"topic": topic, "delay": 3600}) for _ in range(7)]
+    lines[5] = json.dumps({"delay": 3600})  # no topic: the server refuses batch 2
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = cli(address, "import", str(path), "--batch-size", "3")
+    assert result.exit_code == 2
+    line = one_line(result.stderr)
+    assert line.startswith("line 6: bad request:"), line
+    assert "3 tasks" in line and "resume from line 4" in line
+    assert len(cli_json(address, "list", "--topic", topic)["tasks"]) == 3
+
+
+def test_import_from_stdin_with_durations_times_and_bytes(address: str) -> None:
+    topic = unique()
+    stdin = "\n".join(
+        [
+            json.dumps({"topic": topic, "id": unique("a"), "delay": "90s", "ttr": "2m"}),
+            "",
+            json.dumps({"topic": topic, "at": "2030-01-01T00:00:00Z", "body": {"$bin": "AP8="}}),
+            json.dumps({"topic": topic, "body": {"nested": [1, {"$bin": "AQ=="}]}}),
+        ]
+    )
+    report = cli_json(address, "import", "-", input=stdin)
+    assert (report["added"], report["batches"], len(report["ids"])) == (3, 1, 3)
+    first, second, third = (cli_json(address, "get", i) for i in report["ids"])
+    assert first["at"] == pytest.approx(time.time() + 90, abs=30) and first["ttr"] == 120
+    assert second["at"] == datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp()
+    assert second["body"] == {"$bin": "AP8="}
+    assert third["body"] == {"nested": [1, {"$bin": "AQ=="}]}
+
+    result = cli(address, "import", "-", input=json.dumps({"topic": topic}) + "\n")
+    assert (result.exit_code, result.stdout.strip()) == (0, "added 1 task from stdin in 1 batch")
+    result = cli(address, "import", "-", input='{"topic": "t", "delay": "soon"}\n')
+    assert result.exit_code == 2 and "line 1: bad duration 'soon'" in one_line(result.stderr)
+    result = cli(address, "import", "-", input="[1, 2]\n")
+    assert result.exit_code == 2 and "line 1: expected a task map" in one_line(result.stderr)
+
+
+# -- environment variables, token ----------------------------------------------------------------
+
+
+def test_env_vars_server_json_and_token() -> None:
+    secured = ServerProcess(env={"DELAYWHEEL_TOKEN": "s3cret"})  # serve reads it too
+    try:
+        address = f"{secured.host}:{secured.port}"
+        runner = CliRunner()
+        env = {"DELAYWHEEL_SERVER": address, "DELAYWHEEL_TOKEN": None}
+        result = runner.invoke(main, ["get", "x"], env=env)
+        assert result.exit_code == 2
+        assert one_line(result.stderr).startswith("unauthorized:")
+
+        result = runner.invoke(main, ["--token", "wrong", "get", "x"], env=env)
+        assert result.exit_code == 2
+
+        env = {"DELAYWHEEL_SERVER": address, "DELAYWHEEL_TOKEN": "s3cret", "DELAYWHEEL_JSON": "1"}
+        result = runner.invoke(main, ["add", "--topic", "t", "--id", "env-task"], env=env)
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["id"] == "env-task"
+        result = runner.invoke(main, ["get", "env-task"], env=env)
+        assert json.loads(result.stdout)["id"] == "env-task"
+
+        done = proc(
+            "--json",
+            "get",
+            "env-task",
+            env={"DELAYWHEEL_SERVER": address, "DELAYWHEEL_TOKEN": "s3cret"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["id"] == "env-task"
+    finally:
+        secured.stop()
