@@ -29,7 +29,7 @@ bench: install
 	$(BIN)/python -m bench
 
 run: install
-	$(BIN)/delaywheel serve --store memory://
+	$(BIN)/delaywheel serve --store sqlite:///delaywheel.db
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache
