@@ -1,3 +1,63 @@
-"""Client library for the delaywheel delay-queue server."""
+"""Client library for the delaywheel delay-queue server.
+
+Quick start::
+
+    from delaywheel_client import Client, Worker
+
+    dw = Client("127.0.0.1", 3450)        # or Client.from_url("delaywheel://TOKEN@host:3450")
+    dw.add("orders", {"order": 42}, delay=1800, id="close-order-42")  # due in 30 min
+
+    worker = Worker(dw)
+
+    @worker.handler("orders")
+    def close_order(task: dict) -> None:  # return: acked; raise: retried with backoff
+        print("closing", task["body"]["order"])
+
+    worker.run()                          # until Ctrl-C / SIGTERM
+
+``AsyncClient`` (``await AsyncClient.connect(...)``) has the same methods as coroutines;
+``Client.pipeline()`` batches many calls into one write. Errors are in ``errors``: one
+class per protocol error code under ``DelaywheelError``.
+"""
+
+from delaywheel_client.aio import AsyncClient
+from delaywheel_client.client import Client, Pipeline
+from delaywheel_client.errors import (
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    DelaywheelError,
+    Exists,
+    Internal,
+    NoMethod,
+    NotFound,
+    ServerClosed,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    error_from,
+)
+from delaywheel_client.worker import Worker
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "ConnectionFailed",
+    "DelaywheelError",
+    "Exists",
+    "Internal",
+    "NoMethod",
+    "NotFound",
+    "Pipeline",
+    "ServerClosed",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "Worker",
+    "__version__",
+    "error_from",
+]
