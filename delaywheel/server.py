@@ -153,6 +153,7 @@ class Server:
             names, optional, _ = METHODS[method]
             return handler(*validate.params(method, params, *names, optional=optional), now_s)
         if method == "ping":
+            validate.params("ping", params)
             return "pong"
         if method == "auth":
             return self._auth(conn, params)

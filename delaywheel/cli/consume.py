@@ -1,0 +1,97 @@
+"""The worker's side: ``reserve``, ``ack``, ``release``, ``touch`` and ``kick``; and the
+two that ask about the server itself, ``ping`` and ``stats``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from delaywheel.cli.env import Env, client_command, task_id_argument
+from delaywheel.cli.errors import EXIT_FAILED, cli_error, missing_is
+from delaywheel.cli.output import plural, seconds_text, stats_text, task_text, when_text
+from delaywheel.cli.params import DURATION
+
+
+@click.command()
+@click.argument("topics", nargs=-1, required=True)
+@click.option(
+    "--timeout",
+    "wait_s",
+    type=DURATION,
+    default=0.0,
+    help="How long to wait for a task (duration; default 0: do not wait).",
+)
+@client_command
+def reserve(env: Env, topics: tuple[str, ...], wait_s: float) -> None:
+    """Take the oldest ready task of TOPICS and print it, body included.
+
+    The task is then reserved for its ttr: ack it when done, or release it. Exits 1
+    when no task was ready within --timeout.
+    """
+    task = env.client().reserve(list(topics), wait_s)
+    if task is None:
+        raise cli_error(f"nothing ready in {', '.join(topics)}", EXIT_FAILED)
+    env.emit(task, lambda: task_text(task))
+
+
+@click.command()
+@task_id_argument
+@client_command
+def ack(env: Env, task_id: str) -> None:
+    """Finish a reserved task: it is removed."""
+    with missing_is(task_id):
+        result = env.client().ack(task_id)
+    env.emit(result, f"acked {task_id}")
+
+
+@click.command()
+@task_id_argument
+@click.option("--delay", type=DURATION, default=0.0, help="Due again after this long.")
+@client_command
+def release(env: Env, task_id: str, delay: float) -> None:
+    """Give a reserved task back, due again after --delay."""
+    with missing_is(task_id):
+        result = env.client().release(task_id, delay)
+    due = "now" if not delay else "in " + seconds_text(delay)
+    env.emit(result, f"released {task_id}, due {due}")
+
+
+@click.command()
+@task_id_argument
+@client_command
+def touch(env: Env, task_id: str) -> None:
+    """Extend a reserved task's deadline by its ttr. Prints the new deadline."""
+    with missing_is(task_id):
+        deadline = env.client().touch(task_id)
+    env.emit(deadline, lambda: f"{task_id}: deadline {when_text(deadline, time.time())}")
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
+@client_command
+def kick(env: Env, topic: str, count: int) -> None:
+    """Make up to --count dead tasks of TOPIC due again."""
+    kicked = env.client().kick(topic, count)
+    env.emit(kicked, f"kicked {plural(kicked, 'task')} of {topic}")
+
+
+@click.command()
+@client_command
+def ping(env: Env) -> None:
+    """Check that the server answers."""
+    client = env.client()
+    started = time.perf_counter()
+    result = client.ping()
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    env.emit(result, f"{result} from {env.host}:{env.port} in {elapsed_ms:.1f} ms")
+
+
+@click.command()
+@client_command
+def stats(env: Env) -> None:
+    """Show server statistics: tasks by state and topic, the wheel, the store."""
+    result = env.client().stats()
+    env.emit(result, lambda: stats_text(result))

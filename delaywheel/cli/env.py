@@ -1,0 +1,85 @@
+"""The global options, the client made from them, and the decorator client commands share."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from delaywheel.cli.errors import cli_error, server_error
+from delaywheel.cli.output import dumps
+from delaywheel.config import DEFAULT_HOST, DEFAULT_PORT
+
+if TYPE_CHECKING:
+    from delaywheel_client import Client
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Env:
+    """The global options, and the client made from them on first use."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    as_json: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    _clients: list[Client] = field(default_factory=list)
+
+    def client(self) -> Client:
+        """A ``delaywheel_client.Client`` for the global options (it connects on first use)."""
+        from delaywheel_client import Client
+
+        made = Client(
+            self.host,
+            self.port,
+            token=self.token,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=min(5.0, self.timeout_s),
+        )
+        self._clients.append(made)
+        return made
+
+    def close(self) -> None:
+        for made in self._clients:
+            with suppress(Exception):  # best effort: the process is ending anyway
+                made.close()
+        self._clients.clear()
+
+    def emit(self, result: Any, text: str | Callable[[], str]) -> None:
+        """Print ``result`` as JSON with ``--json``, else ``text``."""
+        if self.as_json:
+            click.echo(dumps(result))
+        else:
+            click.echo(text() if callable(text) else text)
+
+
+pass_env = click.make_pass_decorator(Env)
+
+# The ID argument of the commands that act on one task.
+task_id_argument = click.argument("task_id", metavar="ID")
+
+
+def client_command(func: Callable[..., None]) -> Callable[..., None]:
+    """Pass the ``Env`` first, and turn client errors (and any surprise) into one-line failures."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        # Imported here so that ``serve`` never depends on the client's network code.
+        from delaywheel_client import errors
+
+        try:
+            func(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise  # click reports these itself (a closed pipe exits quietly)
+        except errors.DelaywheelError as exc:
+            raise server_error(exc) from None
+        except Exception as exc:
+            raise cli_error(f"unexpected error: {type(exc).__name__}: {exc}") from None
+
+    return pass_env(wrapper)

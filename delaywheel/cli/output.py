@@ -1,0 +1,185 @@
+"""What commands print: JSON with the ``$bin`` wrapper for bytes, or readable text.
+
+``to_json`` and ``from_json`` are inverses: bytes become ``{"$bin": "<base64>"}`` on
+the way out, and a map whose only key is ``"$bin"`` becomes bytes on the way in
+(``--json-body`` and ``import``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+from typing import Any
+
+from delaywheel.durations import format_duration, format_relative, format_time
+
+# -- JSON --------------------------------------------------------------------------
+
+
+def to_json(value: Any) -> Any:
+    """``value`` with bytes wrapped as ``{"$bin": base64}``, ready for ``json.dumps``."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bin": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {_json_key(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key).decode("utf-8", "backslashreplace")
+    if isinstance(key, str):
+        return key
+    return json.dumps(to_json(key))
+
+
+def from_json(value: Any) -> Any:
+    """The inverse of ``to_json``: a map whose only key is ``"$bin"`` becomes bytes."""
+    if isinstance(value, dict):
+        if len(value) == 1 and "$bin" in value:
+            encoded = value["$bin"]
+            if not isinstance(encoded, str):
+                raise ValueError(f'"$bin" must hold a base64 string, got {encoded!r}')
+            try:
+                return base64.b64decode(encoded, validate=True)
+            except ValueError:
+                raise ValueError(f'"$bin" holds bad base64: {encoded[:40]!r}') from None
+        return {k: from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json(v) for v in value]
+    return value
+
+
+def dumps(value: Any, indent: int | None = None) -> str:
+    return json.dumps(to_json(value), ensure_ascii=False, indent=indent)
+
+
+# -- readable text -----------------------------------------------------------------
+
+
+def when_text(unix_s: Any, now_s: float | None = None) -> str:
+    """A local ISO 8601 time, with ``(in 1h30m)`` when ``now_s`` is given; else as it is."""
+    if not isinstance(unix_s, (int, float)) or not math.isfinite(unix_s):
+        return str(unix_s)
+    try:
+        text = format_time(unix_s)
+        return text if now_s is None else f"{text} ({format_relative(unix_s, now_s)})"
+    except (OverflowError, OSError, ValueError):
+        return str(unix_s)
+
+
+def seconds_text(value: Any) -> str:
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return format_duration(value)
+    return str(value)
+
+
+def plural(count: object, word: str, words: str | None = None) -> str:
+    """``1 task``, ``2 tasks``; ``words`` where adding an s is wrong (``batches``)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
+def _body_text(body: Any) -> tuple[str, str]:
+    """(label, text) for a task body."""
+    if isinstance(body, str):
+        return "body (str)", body
+    if isinstance(body, (bytes, bytearray)):
+        raw = bytes(body)
+        try:
+            return f"body (bin, {len(raw)} bytes)", raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"body (bin, {len(raw)} bytes, base64)", base64.b64encode(raw).decode()
+    return "body (json)", dumps(body, indent=2)
+
+
+def _target_text(target: Any) -> str:
+    if not isinstance(target, dict):
+        return str(target)
+    kind = target.get("type", "queue")
+    if kind == "http":
+        return f"http {target.get('method', 'POST')} {target.get('url')}"
+    if kind == "redis":
+        return f"redis {target.get('mode', 'list')} {target.get('key')}"
+    return str(kind)
+
+
+# Fields task_text shows in rows of their own; the rest are listed as JSON after them.
+_SHOWN = {"id", "topic", "state", "at", "deadline", "attempts", "max_attempts", "ttr"}
+_SHOWN |= {"target", "created", "cycle", "slot", "body"}
+
+
+def task_text(task: dict[str, Any]) -> str:
+    """A task as ``name: value`` rows, its body last."""
+    now = time.time()
+    rows: list[tuple[str, str]] = [
+        ("id", str(task.get("id"))),
+        ("topic", str(task.get("topic"))),
+        ("state", str(task.get("state"))),
+        ("due", when_text(task.get("at"), now)),
+    ]
+    if task.get("deadline") is not None:
+        rows.append(("deadline", when_text(task["deadline"], now)))
+    rows.append(("attempts", f"{task.get('attempts', 0)} of {task.get('max_attempts', '?')}"))
+    if "ttr" in task:
+        rows.append(("ttr", seconds_text(task["ttr"])))
+    if "target" in task:
+        rows.append(("target", _target_text(task["target"])))
+    if "created" in task:
+        rows.append(("created", when_text(task["created"], now)))
+    if "cycle" in task or "slot" in task:
+        rows.append(("wheel", f"cycle {task.get('cycle')}, slot {task.get('slot')}"))
+    rows.extend((key, dumps(value)) for key, value in task.items() if key not in _SHOWN)
+    width = max(len(key) for key, _ in rows) + 1
+    lines = [f"{key + ':':<{width}} {value}" for key, value in rows]
+    label, text = _body_text(task.get("body"))
+    lines.append(f"{label}:")
+    lines.append(text)
+    return "\n".join(lines)
+
+
+def task_table(tasks: list[dict[str, Any]]) -> str:
+    header = ("ID", "TOPIC", "STATE", "DUE", "ATTEMPTS")
+    rows = [
+        (
+            str(t.get("id")),
+            str(t.get("topic")),
+            str(t.get("state")),
+            when_text(t.get("at")),
+            f"{t.get('attempts', 0)}/{t.get('max_attempts', '?')}",
+        )
+        for t in tasks
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def stats_text(stats: Any, indent: int = 0) -> str:
+    """Server statistics as indented ``name: value`` lines, one level a nested map."""
+    if not isinstance(stats, dict):
+        return " " * indent + str(to_json(stats))
+    lines = []
+    pad = " " * indent
+    for key, value in stats.items():
+        name = _json_key(key)
+        if isinstance(value, dict):
+            if value:
+                lines.append(f"{pad}{name}:")
+                lines.append(stats_text(value, indent + 2))
+            else:
+                lines.append(f"{pad}{name}: none")
+        elif name in ("uptime", "uptime_s") and isinstance(value, (int, float)):
+            lines.append(f"{pad}{name}: {seconds_text(value)}")
+        elif name in ("tick", "tick_s") and isinstance(value, (int, float)):
+            lines.append(f"{pad}{name}: {value * 1000:g} ms")
+        else:
+            lines.append(f"{pad}{name}: {to_json(value)}")
+    return "\n".join(lines)

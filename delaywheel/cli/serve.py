@@ -1,0 +1,109 @@
+"""``delaywheel serve``: every setting an option, and a ``DELAYWHEEL_<OPTION>`` variable."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
+
+from delaywheel.cli.errors import EXIT_UNREACHABLE
+from delaywheel.config import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_PORT,
+    DEFAULT_STORE,
+    ConfigError,
+    Settings,
+)
+from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
+    """A ``serve`` option read also from ``DELAYWHEEL_<OPTION>``, shown in --help."""
+    flag = next(name for name in names if name.startswith("--"))
+    envvar = "DELAYWHEEL_" + flag[2:].upper().replace("-", "_")
+    return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+@click.command()
+@_serve_option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
+@_serve_option(
+    "--port", default=DEFAULT_PORT, show_default=True, type=int, help="0 picks a free port."
+)
+@_serve_option(
+    "--store",
+    "store_url",
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="redis://host:port/db, sqlite:///path or memory://",
+)
+@_serve_option(
+    "--redis-prefix", default="delaywheel", show_default=True, help="Key prefix in Redis."
+)
+@_serve_option("--slots", default=DEFAULT_SLOTS, show_default=True, type=int, help="Wheel slots.")
+@_serve_option(
+    "--tick",
+    "tick_s",
+    default=DEFAULT_TICK_S,
+    show_default=True,
+    type=float,
+    help="Seconds per tick (0.001 or more).",
+)
+@_serve_option(
+    "--token",
+    default=None,
+    help="Clients must send auth [token] first (the same variable as the client's --token).",
+)
+@_serve_option(
+    "--max-message",
+    "max_message_bytes",
+    default=DEFAULT_MAX_MESSAGE_BYTES,
+    show_default=True,
+    type=int,
+    help="Largest message, in bytes.",
+)
+@_serve_option(
+    "--max-body",
+    "max_body_bytes",
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    type=int,
+    help="Largest packed task body, in bytes.",
+)
+@_serve_option(
+    "--max-connections",
+    default=DEFAULT_MAX_CONNECTIONS,
+    show_default=True,
+    type=int,
+    help="Connections served at once.",
+)
+@_serve_option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def serve(log_level: str, **options: object) -> None:
+    """Run the server in the foreground until SIGINT or SIGTERM."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = Settings(**options)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    from delaywheel.app import run
+    from delaywheel.store.base import StoreError
+
+    try:
+        run(settings)
+    except StoreError as exc:
+        click.echo(f"delaywheel: {exc}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
