@@ -45,8 +45,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import hiredis
 from redis.asyncio import Redis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -106,8 +107,10 @@ class RedisStore(Store):
 
     async def open(self) -> None:
         self._start_open()
+        tls = self._raw_url.startswith("rediss://")
         client = Redis.from_url(
             self._raw_url,
+            connection_class=_HiredisSSLConnection if tls else _HiredisConnection,
             socket_connect_timeout=self._connect_timeout_s,
             socket_timeout=self._timeout_s,
             retry=Retry(NoBackoff(), retries=1, supported_errors=(RedisConnectionError,)),
@@ -252,3 +255,28 @@ def _task_id(url: str, key: str, field: bytes) -> str:
 async def _close_quietly(client: Redis) -> None:
     with contextlib.suppress(RedisError, OSError):  # the connections are gone either way
         await client.aclose()
+
+
+class _HiredisPacking:
+    """Pack commands with hiredis's C packer instead of redis-py's Python one.
+
+    redis-py's asyncio connection packs every argument in Python, about 7 us
+    per task in a write of a few hundred (measured): more than the rest of
+    the server's work on an add. hiredis is already a dependency for parsing.
+    """
+
+    def pack_command(self, *args: EncodableT) -> list[bytes]:
+        first = args[0]
+        # As redis-py does: a command name given with its subcommand
+        # ("CONFIG GET") goes out as separate arguments.
+        if isinstance(first, str) and " " in first:
+            args = (*first.split(), *args[1:])
+        return [hiredis.pack_command(cast(Any, args))]
+
+
+class _HiredisConnection(_HiredisPacking, Connection):
+    pass
+
+
+class _HiredisSSLConnection(_HiredisPacking, SSLConnection):
+    pass
