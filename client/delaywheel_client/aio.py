@@ -79,6 +79,9 @@ class _Protocol(asyncio.Protocol):
         self.closed_by: tuple[str, str] | None = None
         self.paused = False
         self.drained: asyncio.Future[None] | None = None
+        # Requests made in this loop turn, written together at its end: one
+        # syscall for a whole burst of concurrent calls instead of one each.
+        self.outbox: list[bytes] = []
 
     # -- transport events ------------------------------------------------------
 
@@ -147,9 +150,15 @@ class _Protocol(asyncio.Protocol):
         self.msgid = (msgid + 1) & MAX_MSGID
         future: asyncio.Future[Response] = self.loop.create_future()
         self.pending[msgid] = future
-        assert self.transport is not None
-        self.transport.write(payload)
+        self.outbox.append(payload)
+        if len(self.outbox) == 1:
+            self.loop.call_soon(self._write_outbox)
         return msgid, future
+
+    def _write_outbox(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        if self.transport is not None and not self.lost:
+            self.transport.write(b"".join(outbox))
 
     def time_out(self, msgid: int, method: str, timeout_s: float) -> None:
         future = self.pending.pop(msgid, None)
