@@ -1,0 +1,93 @@
+"""Journaled adds: how many acknowledged adds per second each store sustains.
+
+A real server process per store (memory, SQLite, a private Redis with AOF)
+takes adds from the project's AsyncClient with many requests in flight on one
+connection: the way a producer pipelines. Every add is acknowledged only once
+it is in the store, so this measures group commit end to end. The server's
+own ``stats`` then tells how many changes each store round trip carried.
+Target: >= 50,000 journaled adds per second on Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from delaywheel_client import AsyncClient
+
+from bench import Figure, Report, Target, progress
+from bench._procs import private_redis, running_server
+
+ADDS = 100_000
+IN_FLIGHT = 2_000  # requests outstanding at once on the one connection
+BODY = {"order": 42, "action": "close-if-unpaid"}
+
+
+async def _drive(address: tuple[str, int]) -> tuple[float, dict[str, object]]:
+    client = await AsyncClient.connect(*address)
+    remaining = iter(range(ADDS))
+
+    async def producer() -> None:
+        # Each producer awaits its own adds one after another; together they
+        # keep IN_FLIGHT requests outstanding, a steady pipeline.
+        for i in remaining:
+            await client.add("bench", BODY, delay=3600 + i % 600)
+
+    try:
+        await client.add("warmup", BODY)
+        started = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(IN_FLIGHT)))
+        elapsed = time.perf_counter() - started
+        return ADDS / elapsed, await client.stats()
+    finally:
+        await client.close()
+
+
+def run() -> Report:
+    started = time.perf_counter()
+    figures: list[Figure] = []
+    directory = Path(tempfile.mkdtemp(prefix="delaywheel-bench-"))
+    try:
+        with private_redis(directory) as redis_url:
+            stores = [
+                ("memory", "memory://", None),
+                ("sqlite", f"sqlite:///{directory / 'journal.db'}", None),
+                ("redis", redis_url, Target(">=", 50_000)),
+            ]
+            for name, url, target in stores:
+                progress(f"{ADDS:,} adds through the server on {name}")
+                with running_server(url) as address:
+                    rate, stats = asyncio.run(_drive(address))
+                flushes = int(stats["flushes"])  # type: ignore[call-overload]
+                mean = (ADDS + 1) / max(flushes, 1)
+                figures.append(
+                    Figure(
+                        f"adds_{name}",
+                        f"journaled adds, {name}",
+                        rate,
+                        "/s",
+                        target,
+                        note=f"{flushes:,} store writes",
+                    )
+                )
+                figures.append(
+                    Figure(
+                        f"batch_mean_{name}",
+                        f"  changes per write, {name}",
+                        mean,
+                        "",
+                        note=f"largest {stats['max_flush_size']}",
+                    )
+                )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return Report(
+        "journal",
+        f"Journaled adds: AsyncClient, {IN_FLIGHT:,} in flight on one connection, {ADDS:,} adds",
+        figures,
+        params={"adds": ADDS, "in_flight": IN_FLIGHT},
+        elapsed_s=time.perf_counter() - started,
+    )
