@@ -671,3 +671,15 @@ def test_async_timeout_keeps_the_connection(fixed_port_server: ServerProcess) ->
             assert dw._protocol is protocol
 
     asyncio.run(main())
+
+
+def test_async_client_runs_on_uvloop(server: ServerProcess, topic: str) -> None:
+    """uvloop's transports are not asyncio.Transport subclasses; the client must not care."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> None:
+        async with AsyncClient(*server.address) as client:
+            added = await asyncio.gather(*(client.add(topic, i) for i in range(50)))
+            assert [(await client.get(a["id"]))["body"] for a in added] == list(range(50))  # type: ignore[index]
+
+    uvloop.run(main())

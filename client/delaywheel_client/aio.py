@@ -21,7 +21,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from delaywheel_client.client import (
     DEFAULT_HOST,
@@ -86,8 +86,8 @@ class _Protocol(asyncio.Protocol):
     # -- transport events ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports do not subclass asyncio.Transport, so no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
