@@ -65,6 +65,28 @@ METHODS: dict[str, tuple[tuple[str, ...], int, bool]] = {
 OPEN_METHODS = frozenset({"ping", "auth"})  # allowed before auth
 
 
+Route = Callable[["Connection", list[Any], float], Any]
+
+
+def _positional(
+    method: str, handler: Callable[..., Any], names: tuple[str, ...], optional: int
+) -> Route:
+    """A route calling ``handler(*params, now_s)``, with the arity checked."""
+    most = len(names)
+
+    def run(conn: Connection, params: list[Any], now_s: float) -> Any:
+        if len(params) == most:  # the common case, without building a new list
+            return handler(*params, now_s)
+        return handler(*validate.params(method, params, *names, optional=optional), now_s)
+
+    return run
+
+
+def _ping(conn: Connection, params: list[Any], now_s: float) -> str:
+    validate.params("ping", params)
+    return "pong"
+
+
 class Server:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
@@ -74,7 +96,7 @@ class Server:
         self._timer: asyncio.TimerHandle | None = None
         self._armed_s: float | None = None
         self._sweeper: asyncio.TimerHandle | None = None
-        self._handlers: dict[str, Callable[..., Any]] = {
+        handlers: dict[str, Callable[..., Any]] = {
             "add": engine.add,
             "add_many": engine.add_many,
             "update": engine.update,
@@ -86,6 +108,14 @@ class Server:
             "touch": engine.touch,
             "kick": engine.kick,
         }
+        # method -> (run(conn, params, now_s), mutating): one lookup per request.
+        self.routes: dict[str, tuple[Route, bool]] = {
+            method: (_positional(method, handlers[method], names, optional), mutating)
+            for method, (names, optional, mutating) in METHODS.items()
+        }
+        self.routes["ping"] = (_ping, False)
+        self.routes["auth"] = (self._auth, False)
+        self.routes["stats"] = (self._stats, False)
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
@@ -143,28 +173,13 @@ class Server:
 
     # -- requests ----------------------------------------------------------------
 
-    def call(self, conn: Connection, request: Request, now_s: float) -> Any:
-        """Run one request; returns its result or raises RequestError."""
-        method, params = request.method, request.params
-        if not conn.authed and method not in OPEN_METHODS:
-            raise RequestError("unauthorized", f"{method} needs auth first (send auth [token])")
-        handler = self._handlers.get(method)
-        if handler is not None:
-            names, optional, _ = METHODS[method]
-            return handler(*validate.params(method, params, *names, optional=optional), now_s)
-        if method == "ping":
-            validate.params("ping", params)
-            return "pong"
-        if method == "auth":
-            return self._auth(conn, params)
-        if method == "stats":
-            validate.params("stats", params)
-            stats = self.engine.stats(now_s)
-            stats["connections"] = len(self.connections)
-            return stats
-        raise RequestError("no_method", f"no method named {validate.show(method)}")
+    def _stats(self, conn: Connection, params: list[Any], now_s: float) -> dict[str, Any]:
+        validate.params("stats", params)
+        stats = self.engine.stats(now_s)
+        stats["connections"] = len(self.connections)
+        return stats
 
-    def _auth(self, conn: Connection, params: list[Any]) -> bool:
+    def _auth(self, conn: Connection, params: list[Any], now_s: float) -> bool:
         (token,) = validate.params("auth", params, "token")
         expected = self.settings.token
         if expected is None:
@@ -254,18 +269,21 @@ class Connection(asyncio.Protocol):
         if request.method == "reserve":
             self._reserve(request, now_s)
             return
+        method = request.method
+        route = self.server.routes.get(method)
+        mutating = False
         try:
-            result = self.server.call(self, request, now_s)
-            payload = self.encoder.response(msgid, result)
+            if route is None:
+                raise RequestError("no_method", f"no method named {validate.show(method)}")
+            if not self.authed and method not in OPEN_METHODS:
+                raise RequestError("unauthorized", f"{method} needs auth first (send auth [token])")
+            run, mutating = route
+            payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
             payload = self.encoder.error_response(msgid, exc.code, exc.message)
         except Exception as exc:
-            payload = self._internal(msgid, request.method, exc)
-        batch = None
-        spec = METHODS.get(request.method)
-        if spec is not None and spec[2]:
-            batch = self.engine.journal.pending()
-        self._queue(msgid, payload, batch)
+            payload = self._internal(msgid, method, exc)
+        self._queue(msgid, payload, self.engine.journal.pending() if mutating else None)
 
     def _internal(self, msgid: int, method: str, exc: Exception) -> bytes:
         log.exception("internal error in %s", method, exc_info=exc)

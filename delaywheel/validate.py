@@ -53,16 +53,24 @@ def params(method: str, values: list[Any], *names: str, optional: int = 0) -> li
     return values + [None] * (len(names) - len(values))
 
 
+def _fits(value: Any, max_bytes: int) -> bool:
+    """A non-empty str of at most ``max_bytes`` UTF-8 bytes."""
+    if type(value) is not str or not value:
+        return False
+    # A char is at most 4 bytes in UTF-8: short strings need no encoding.
+    return len(value) * 4 <= max_bytes or len(value.encode()) <= max_bytes
+
+
 def task_id(value: Any, field: str = "id") -> str:
-    if type(value) is not str or not 1 <= len(value.encode()) <= MAX_ID_BYTES:
+    if not _fits(value, MAX_ID_BYTES):
         raise bad(f"{field} must be a str of 1 to {MAX_ID_BYTES} bytes, got {show(value)}")
-    return value
+    return value  # type: ignore[no-any-return]
 
 
 def topic(value: Any) -> str:
-    if type(value) is not str or not 1 <= len(value.encode()) <= MAX_TOPIC_BYTES:
+    if not _fits(value, MAX_TOPIC_BYTES):
         raise bad(f"topic must be a str of 1 to {MAX_TOPIC_BYTES} bytes, got {show(value)}")
-    return value
+    return value  # type: ignore[no-any-return]
 
 
 def number(field: str, value: Any, *, low: float = 0.0, high: float = math.inf) -> float:
@@ -122,14 +130,14 @@ def due_time(fields: dict[str, Any], now_s: float, limits: Limits) -> float | No
 def known_fields(what: str, value: Any, allowed: frozenset[str]) -> dict[str, Any]:
     if type(value) is not dict:
         raise bad(f"{what} must be a map, got {show(value)}")
-    unknown = [key for key in value if key not in allowed]
-    if unknown:
+    if not allowed.issuperset(value):
+        unknown = [key for key in value if key not in allowed]
         names = ", ".join(sorted(allowed))
         raise bad(f"{what} has unknown field {show(unknown[0])}; allowed: {names}")
     return value
 
 
-@dataclass
+@dataclass(slots=True)
 class NewTask:
     id: str | None
     topic: str
