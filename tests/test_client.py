@@ -683,3 +683,24 @@ def test_async_client_runs_on_uvloop(server: ServerProcess, topic: str) -> None:
             assert [(await client.get(a["id"]))["body"] for a in added] == list(range(50))  # type: ignore[index]
 
     uvloop.run(main())
+
+
+def test_async_pipeline_sends_many_calls_at_once(server: ServerProcess, topic: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(*server.address) as client:
+            async with client.pipeline() as pipe:
+                for i in range(1000):
+                    pipe.add(topic, i, id=f"{topic}-{i}")
+                pipe.get(f"{topic}-999")
+            assert len(pipe.results) == 1001
+            assert pipe.results[-1]["body"] == 999
+            again = client.pipeline()
+            again.add(topic, id=f"{topic}-0")  # exists
+            again.ping()
+            results = await again.execute(raise_on_error=False)
+            assert isinstance(results[0], Exists) and results[1] == "pong"
+            again.add(topic, id=f"{topic}-0")
+            with pytest.raises(Exists):
+                await again.execute()
+
+    asyncio.run(main())

@@ -20,7 +20,7 @@ Quick start::
 class per protocol error code under ``DelaywheelError``.
 """
 
-from delaywheel_client.aio import AsyncClient
+from delaywheel_client.aio import AsyncClient, AsyncPipeline
 from delaywheel_client.client import Client, Pipeline
 from delaywheel_client.errors import (
     BadRequest,
@@ -43,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncPipeline",
     "BadRequest",
     "Client",
     "Conflict",

@@ -24,14 +24,23 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any
 
+from delaywheel_client.calls import (
+    Task,
+    TaskList,
+    Topics,
+    list_query,
+    reply_timeout_s,
+    task_fields,
+    topic_list,
+)
 from delaywheel_client.errors import (
     ConnectionFailed,
-    DelaywheelError,
     ServerClosed,
     error_from_reply,
 )
+from delaywheel_client.pipeline import QueuedCalls
 from delaywheel_client.protocol import (
     MAX_MSGID,
     Decoder,
@@ -71,72 +80,10 @@ PIPELINE_CHUNK_BYTES = 256 * 1024
 RETRY_BASE_S = 0.05
 RETRY_CAP_S = 1.0
 
-Task: TypeAlias = dict[str, Any]
-TaskList: TypeAlias = list[dict[str, Any]]
-Topics: TypeAlias = str | Sequence[str]
-
-
-def reply_timeout_s(method: str, params: Sequence[Any], timeout_s: float) -> float:
-    """How long to wait for a reply: ``timeout_s``, plus the wait of a blocking reserve."""
-    if method == "reserve" and len(params) > 1:
-        wait_s = params[1]
-        if type(wait_s) in (int, float) and wait_s > 0:
-            return float(timeout_s + wait_s)
-    return timeout_s
-
 
 def retry_delay_s(attempt: int) -> float:
     """Backoff before retry number ``attempt`` (0-based) of a request that was not sent."""
     return float(min(RETRY_BASE_S * 2**attempt, RETRY_CAP_S))
-
-
-# -- request params, shared by Client, Pipeline and AsyncClient --------------------------------
-
-
-def task_fields(
-    topic: str,
-    body: Any,
-    delay: float | None,
-    at: float | None,
-    id: str | None,
-    ttr: float | None,
-    max_attempts: int | None,
-    target: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The task map for ``add``: only the keys that were given."""
-    task: dict[str, Any] = {"topic": topic}
-    if id is not None:
-        task["id"] = id
-    if body is not None:
-        task["body"] = body
-    if delay is not None:
-        task["delay"] = delay
-    if at is not None:
-        task["at"] = at
-    if ttr is not None:
-        task["ttr"] = ttr
-    if max_attempts is not None:
-        task["max_attempts"] = max_attempts
-    if target is not None:
-        task["target"] = dict(target)
-    return task
-
-
-def list_query(topic: str | None, state: str | None, limit: int | None, cursor: Any) -> Task:
-    query: dict[str, Any] = {}
-    if topic is not None:
-        query["topic"] = topic
-    if state is not None:
-        query["state"] = state
-    if limit is not None:
-        query["limit"] = limit
-    if cursor is not None:
-        query["cursor"] = cursor
-    return query
-
-
-def topic_list(topics: Topics) -> str | list[str]:
-    return topics if isinstance(topics, str) else list(topics)
 
 
 def parse_url(url: str) -> tuple[str, int, str | None]:
@@ -617,7 +564,7 @@ class Client:
         return result
 
 
-class Pipeline:
+class Pipeline(QueuedCalls):
     """Queued calls sent together by ``execute()``; see ``Client.pipeline()``.
 
     Each method has ``Client``'s name and params, queues the call and returns None.
@@ -628,34 +575,15 @@ class Pipeline:
     """
 
     def __init__(self, client: Client) -> None:
+        super().__init__(client.timeout_s)
         self._client = client
-        self._calls: list[tuple[str, Sequence[Any]]] = []
-        self._timeout_s = client.timeout_s
-        self.results: list[Any] = []
-
-    def __len__(self) -> int:
-        return len(self._calls)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
-        calls, self._calls = self._calls, []
-        timeout_s, self._timeout_s = self._timeout_s, self._client.timeout_s
+        calls, timeout_s = self._take()
         if not calls:
             self.results = []
             return self.results
-        results: list[Any] = []
-        first_error: DelaywheelError | None = None
-        for reply in self._client._call_many(calls, timeout_s):
-            if reply.error is None:
-                results.append(reply.result)
-            else:
-                error = error_from_reply(reply.error)
-                if first_error is None:
-                    first_error = error
-                results.append(error)
-        self.results = results
-        if raise_on_error and first_error is not None:
-            raise first_error
-        return results
+        return self._collect(self._client._call_many(calls, timeout_s), raise_on_error)
 
     def __enter__(self) -> Pipeline:
         return self
@@ -669,74 +597,7 @@ class Pipeline:
         if exc_type is None:
             self.execute()
         else:
-            self._calls = []
-
-    def _queue(self, method: str, params: Sequence[Any]) -> None:
-        self._calls.append((method, params))
-
-    def call(self, method: str, *params: Any) -> None:
-        timeout_s = reply_timeout_s(method, params, self._client.timeout_s)
-        self._timeout_s = max(self._timeout_s, timeout_s)
-        self._queue(method, params)
-
-    def ping(self) -> None:
-        self._queue("ping", ())
-
-    def add(
-        self,
-        topic: str,
-        body: Any = None,
-        *,
-        delay: float | None = None,
-        at: float | None = None,
-        id: str | None = None,
-        ttr: float | None = None,
-        max_attempts: int | None = None,
-        target: Mapping[str, Any] | None = None,
-    ) -> None:
-        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
-        self._calls.append(("add", (fields,)))
-
-    def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> None:
-        self._queue("add_many", ([dict(t) for t in tasks],))
-
-    def update(self, id: str, **changes: Any) -> None:
-        self._queue("update", (id, changes))
-
-    def delete(self, id: str) -> None:
-        self._queue("delete", (id,))
-
-    def get(self, id: str) -> None:
-        self._queue("get", (id,))
-
-    def reserve(self, topics: Topics, timeout: float = 0) -> None:
-        self._timeout_s = max(self._timeout_s, timeout + self._client.timeout_s)
-        self._queue("reserve", (topic_list(topics), timeout))
-
-    def ack(self, id: str) -> None:
-        self._queue("ack", (id,))
-
-    def release(self, id: str, delay: float = 0) -> None:
-        self._queue("release", (id, delay))
-
-    def touch(self, id: str) -> None:
-        self._queue("touch", (id,))
-
-    def kick(self, topic: str, count: int) -> None:
-        self._queue("kick", (topic, count))
-
-    def stats(self) -> None:
-        self._queue("stats", ())
-
-    def list(
-        self,
-        *,
-        topic: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> None:
-        self._queue("list", (list_query(topic, state, limit, cursor),))
+            self._take()
 
 
 __all__ = ["Client", "Pipeline", "parse_url"]

@@ -1,0 +1,65 @@
+"""How each call's params are built: shared by Client, AsyncClient and their pipelines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+Task: TypeAlias = dict[str, Any]
+TaskList: TypeAlias = list[dict[str, Any]]
+Topics: TypeAlias = str | Sequence[str]
+
+
+def reply_timeout_s(method: str, params: Sequence[Any], timeout_s: float) -> float:
+    """How long to wait for a reply: ``timeout_s``, plus the wait of a blocking reserve."""
+    if method == "reserve" and len(params) > 1:
+        wait_s = params[1]
+        if type(wait_s) in (int, float) and wait_s > 0:
+            return float(timeout_s + wait_s)
+    return timeout_s
+
+
+def task_fields(
+    topic: str,
+    body: Any,
+    delay: float | None,
+    at: float | None,
+    id: str | None,
+    ttr: float | None,
+    max_attempts: int | None,
+    target: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The task map for ``add``: only the keys that were given."""
+    task: dict[str, Any] = {"topic": topic}
+    if id is not None:
+        task["id"] = id
+    if body is not None:
+        task["body"] = body
+    if delay is not None:
+        task["delay"] = delay
+    if at is not None:
+        task["at"] = at
+    if ttr is not None:
+        task["ttr"] = ttr
+    if max_attempts is not None:
+        task["max_attempts"] = max_attempts
+    if target is not None:
+        task["target"] = dict(target)
+    return task
+
+
+def list_query(topic: str | None, state: str | None, limit: int | None, cursor: Any) -> Task:
+    query: dict[str, Any] = {}
+    if topic is not None:
+        query["topic"] = topic
+    if state is not None:
+        query["state"] = state
+    if limit is not None:
+        query["limit"] = limit
+    if cursor is not None:
+        query["cursor"] = cursor
+    return query
+
+
+def topic_list(topics: Topics) -> str | list[str]:
+    return topics if isinstance(topics, str) else list(topics)

@@ -1,0 +1,118 @@
+"""Pipelines: calls queued, then sent in one write and answered together.
+
+``QueuedCalls`` holds what the blocking and the asyncio pipelines share: one
+queuing method per protocol method (the client's names and params) and the
+turning of replies into results. ``Client.pipeline()`` and
+``AsyncClient.pipeline()`` add the sending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from delaywheel_client.calls import Topics, list_query, reply_timeout_s, task_fields, topic_list
+from delaywheel_client.errors import DelaywheelError, error_from_reply
+from delaywheel_client.protocol import Response
+
+
+class QueuedCalls:
+    """The queuing half of a pipeline: every method queues a call and returns None."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._base_timeout_s = timeout_s
+        self._timeout_s = timeout_s  # the longest reply wait any queued call needs
+        self._calls: list[tuple[str, Sequence[Any]]] = []
+        self.results: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def _take(self) -> tuple[list[tuple[str, Sequence[Any]]], float]:
+        """The queued calls and their reply timeout; the queue starts afresh."""
+        calls, self._calls = self._calls, []
+        timeout_s, self._timeout_s = self._timeout_s, self._base_timeout_s
+        return calls, timeout_s
+
+    def _collect(self, replies: Iterable[Response], raise_on_error: bool) -> list[Any]:
+        results: list[Any] = []
+        first_error: DelaywheelError | None = None
+        for reply in replies:
+            if reply.error is None:
+                results.append(reply.result)
+            else:
+                error = error_from_reply(reply.error)
+                if first_error is None:
+                    first_error = error
+                results.append(error)
+        self.results = results
+        if raise_on_error and first_error is not None:
+            raise first_error
+        return results
+
+    def _queue(self, method: str, params: Sequence[Any]) -> None:
+        self._calls.append((method, params))
+
+    def call(self, method: str, *params: Any) -> None:
+        wait_s = reply_timeout_s(method, params, self._base_timeout_s)
+        self._timeout_s = max(self._timeout_s, wait_s)
+        self._queue(method, params)
+
+    def ping(self) -> None:
+        self._queue("ping", ())
+
+    def add(
+        self,
+        topic: str,
+        body: Any = None,
+        *,
+        delay: float | None = None,
+        at: float | None = None,
+        id: str | None = None,
+        ttr: float | None = None,
+        max_attempts: int | None = None,
+        target: Mapping[str, Any] | None = None,
+    ) -> None:
+        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
+        self._calls.append(("add", (fields,)))
+
+    def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> None:
+        self._queue("add_many", ([dict(t) for t in tasks],))
+
+    def update(self, id: str, **changes: Any) -> None:
+        self._queue("update", (id, changes))
+
+    def delete(self, id: str) -> None:
+        self._queue("delete", (id,))
+
+    def get(self, id: str) -> None:
+        self._queue("get", (id,))
+
+    def reserve(self, topics: Topics, timeout: float = 0) -> None:
+        self._timeout_s = max(self._timeout_s, timeout + self._base_timeout_s)
+        self._queue("reserve", (topic_list(topics), timeout))
+
+    def ack(self, id: str) -> None:
+        self._queue("ack", (id,))
+
+    def release(self, id: str, delay: float = 0) -> None:
+        self._queue("release", (id, delay))
+
+    def touch(self, id: str) -> None:
+        self._queue("touch", (id,))
+
+    def kick(self, topic: str, count: int) -> None:
+        self._queue("kick", (topic, count))
+
+    def stats(self) -> None:
+        self._queue("stats", ())
+
+    def list(
+        self,
+        *,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> None:
+        self._queue("list", (list_query(topic, state, limit, cursor),))
