@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 # Stop reading from a connection with this many replies waiting for the store:
 # enough for a deep pipeline, small enough to bound the memory it can pin.
 MAX_QUEUED_REPLIES = 10_000
+# Requests handled per connection per loop turn before the rest wait a turn:
+# small enough that replies flow while a big pipeline is still being read,
+# large enough that the per-turn overhead is noise.
+MAX_REQUESTS_PER_TURN = 256
 # The driver wakes at least this often even with nothing due, so a forward
 # jump of the wall clock is noticed without waiting out a long sleep.
 MAX_DRIVER_SLEEP_S = 1.0
@@ -207,6 +211,7 @@ class Connection(asyncio.Protocol):
         self.reading_paused = False
         # When the message now half-received started to be waited for, or None.
         self.partial_since: float | None = None
+        self.busy = False  # more requests are buffered; _work is scheduled for them
 
     # -- transport events ----------------------------------------------------------
 
@@ -240,10 +245,28 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        try:
+            self.decoder.feed(data)
+        except ProtocolError as exc:
+            self.refuse(exc.code, exc.message)
+            return
+        if not self.busy:
+            self._work()
+
+    def _work(self) -> None:
+        """Handle what has arrived, at most MAX_REQUESTS_PER_TURN; the rest next turn.
+
+        Stopping after a slice lets the journal write it and its replies go out
+        while the next slice is handled, so a pipelining client and the server
+        work at the same time instead of taking turns, and one client's huge
+        pipeline cannot hold the loop against everyone else.
+        """
+        self.busy = False
+        if self.transport is None:
+            return
         decoder = self.decoder
         handled = 0
         try:
-            decoder.feed(data)
             now_s = time.time()
             for message in decoder:
                 handled += 1
@@ -251,11 +274,16 @@ class Connection(asyncio.Protocol):
                     self._handle(message, now_s)
                 # Notifications from clients are ignored (pynvim sends one to
                 # announce itself); a response from a client has no meaning.
+                if handled == MAX_REQUESTS_PER_TURN:
+                    self.busy = True
+                    break
         except ProtocolError as exc:
             self._flush()
             self.refuse(exc.code, exc.message)
             return
-        if decoder.buffered_bytes == 0:
+        if self.busy:
+            asyncio.get_running_loop().call_soon(self._work)
+        elif decoder.buffered_bytes == 0:
             self.partial_since = None
         elif handled or self.partial_since is None:
             self.partial_since = time.monotonic()
@@ -321,7 +349,9 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None:
             return
-        should_pause = self.writing_paused or len(self.replies) > MAX_QUEUED_REPLIES
+        should_pause = (
+            self.writing_paused or self.busy or len(self.replies) > MAX_QUEUED_REPLIES
+        )
         if should_pause and not self.reading_paused:
             self.transport.pause_reading()
             self.reading_paused = True
