@@ -177,28 +177,43 @@ class RedisStore(Store):
         assert client is not None
         seen: set[str] = set()
         pending: list[tuple[str, bytes]] = []
-        cursor = 0
-        while True:
-            try:
-                cursor, reply = await client.hscan(self.key, cursor, count=batch_size)
-            except (RedisError, OSError) as exc:
-                raise unavailable(self.url, "load", exc, self._secrets) from exc
-            # decode_responses is off: a dict of bytes field -> bytes record.
-            fields = cast("dict[bytes, bytes]", reply)
-            for field, record in fields.items():
-                task_id = _task_id(self.url, self.key, field)
-                if task_id not in seen:
-                    seen.add(task_id)
-                    pending.append((task_id, record))
-            if len(pending) >= batch_size:
-                full = len(pending) - len(pending) % batch_size
-                for start in range(0, full, batch_size):
-                    yield pending[start : start + batch_size]
-                pending = pending[full:]
-            if cursor == 0:
-                break
+        scan = asyncio.ensure_future(self._scan(client, 0, batch_size))
+        try:
+            while True:
+                cursor, fields = await scan
+                if cursor != 0:
+                    # Ask for the next batch now: Redis scans it while the
+                    # caller works on this one.
+                    scan = asyncio.ensure_future(self._scan(client, cursor, batch_size))
+                # HSCAN may return a field twice (while Redis rehashes the hash).
+                ids = _task_ids(self.url, self.key, fields)
+                fresh = [(i, r) for i, r in zip(ids, fields.values(), strict=True) if i not in seen]
+                seen.update(ids)
+                pending += fresh
+                if len(pending) >= batch_size:
+                    full = len(pending) - len(pending) % batch_size
+                    for start in range(0, full, batch_size):
+                        yield pending[start : start + batch_size]
+                    pending = pending[full:]
+                if cursor == 0:
+                    break
+        finally:
+            if not scan.done():
+                scan.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StoreError):
+                    await scan
         if pending:
             yield pending
+
+    async def _scan(
+        self, client: Redis, cursor: int, batch_size: int
+    ) -> tuple[int, dict[bytes, bytes]]:
+        try:
+            cursor, reply = await client.hscan(self.key, cursor, count=batch_size)
+        except (RedisError, OSError) as exc:
+            raise unavailable(self.url, "load", exc, self._secrets) from exc
+        # decode_responses is off: a dict of bytes field -> bytes record.
+        return cursor, cast("dict[bytes, bytes]", reply)
 
     async def write(self, changes: Changes) -> None:
         self._check_open("write")
@@ -243,13 +258,22 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _task_id(url: str, key: str, field: bytes) -> str:
+def _task_ids(url: str, key: str, fields: dict[bytes, bytes]) -> list[str]:
     try:
-        return field.decode("utf-8")
+        return [field.decode("utf-8") for field in fields]
     except UnicodeDecodeError:
+        bad = next(f for f in fields if not _is_utf8(f))
         raise StoreError(
-            f"store {url}: hash {key} holds a field that is not a UTF-8 task id: {field!r}"
+            f"store {url}: hash {key} holds a field that is not a UTF-8 task id: {bad!r}"
         ) from None
+
+
+def _is_utf8(field: bytes) -> bool:
+    try:
+        field.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _close_quietly(client: Redis) -> None:
