@@ -15,6 +15,7 @@ from delaywheel.config import (
     DEFAULT_HOST,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MESSAGE_TIMEOUT_S,
     DEFAULT_PORT,
     DEFAULT_STORE,
     ConfigError,
@@ -83,6 +84,14 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     show_default=True,
     type=int,
     help="Connections served at once.",
+)
+@_serve_option(
+    "--message-timeout",
+    "message_timeout_s",
+    default=DEFAULT_MESSAGE_TIMEOUT_S,
+    show_default=True,
+    type=float,
+    help="Seconds a peer may take to finish a message it has started.",
 )
 @_serve_option(
     "--log-level",
