@@ -3,7 +3,7 @@
 FROM python:3.11-slim
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY delaywheel ./delaywheel
 COPY client ./client
 # [fast] brings uvloop: about twice the round trips per second of asyncio.
