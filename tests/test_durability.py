@@ -265,3 +265,32 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
         await store.close()
 
     asyncio.run(scenario())
+
+
+def test_serve_without_redis_exits_with_one_line_suggesting_sqlite() -> None:
+    """The default store is Redis; when it is not there, say so and what to do instead.
+
+    An explicit URL on a dead port stands in for the default one: the default
+    (127.0.0.1:6379) is a shared Redis on our machines, which tests never touch.
+    """
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    done = subprocess.run(
+        [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 3, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert url in lines[0] and "--store sqlite:///delaywheel.db" in lines[0]
+    assert "Traceback" not in done.stderr
+    help_text = subprocess.run(
+        [sys.executable, "-m", "delaywheel", "serve", "--help"], capture_output=True, text=True
+    ).stdout
+    assert "redis://127.0.0.1:6379/0" in help_text
