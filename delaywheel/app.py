@@ -28,8 +28,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     except StoreUnavailable as exc:
         if store.url.startswith("redis"):
             raise StoreUnavailable(
-                f"{exc}. Is Redis running there? Without Redis, use the embedded store: "
-                "--store sqlite:///delaywheel.db"
+                f"{str(exc).rstrip('.')}. Is Redis running there? Without Redis, use the "
+                "embedded store: --store sqlite:///delaywheel.db"
             ) from None
         raise
     try:
