@@ -15,10 +15,8 @@ ready; handing it over is itself a journaled change.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
-from collections import Counter
 from collections.abc import AsyncIterator
 from itertools import count
 from typing import Any
@@ -27,6 +25,7 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from delaywheel import __version__, validate
 from delaywheel.errors import RequestError
+from delaywheel.index import TaskCounts, TaskIndex
 from delaywheel.journal import Journal
 from delaywheel.queues import Queues, Waiter
 from delaywheel.store.base import Store
@@ -37,7 +36,6 @@ from delaywheel.task import (
     NEW,
     READY,
     RESERVED,
-    STATES,
     Task,
     TransitionError,
     check_transition,
@@ -71,11 +69,8 @@ class Engine:
         self.queues = Queues()
         self.journal = Journal(store, self._rollback)
         self.started_s = now_s
-        self._tasks: dict[str, Task] = {}
-        self._order: list[Task] = []  # creation order, for list paging
-        self._seq = count(1)
-        self._counts: Counter[str] = Counter()
-        self._topic_counts: dict[str, Counter[str]] = {}
+        self._tasks = TaskIndex()
+        self._counts = TaskCounts()
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make).
         self._id_prefix = os.urandom(6).hex()
@@ -85,7 +80,7 @@ class Engine:
 
     def _place(self, task: Task) -> None:
         if self._locate(task):
-            self._count(task.topic, task.state)
+            self._counts.add(task.topic, task.state)
 
     def _locate(self, task: Task) -> bool:
         """Put a task where its state keeps it; False for states kept nowhere."""
@@ -100,13 +95,6 @@ class Engine:
             return False
         return True
 
-    def _count(self, topic: str, state: str, n: int = 1) -> None:
-        self._counts[state] += n
-        topic_counts = self._topic_counts.get(topic)
-        if topic_counts is None:
-            topic_counts = self._topic_counts[topic] = Counter()
-        topic_counts[state] += n
-
     def _unplace(self, task: Task) -> None:
         state = task.state
         if state in (DELAYED, RESERVED):
@@ -118,11 +106,7 @@ class Engine:
             self.queues.drop_dead(task)
         else:
             return
-        self._counts[state] -= 1
-        topic_counts = self._topic_counts[task.topic]
-        topic_counts[state] -= 1
-        if not +topic_counts:
-            del self._topic_counts[task.topic]
+        self._counts.remove(task.topic, state)
 
     def _move(self, task: Task, event: str, to: str, **fields: Any) -> None:
         """The one way task state changes: check, unplace, change, place, journal."""
@@ -133,8 +117,7 @@ class Engine:
             setattr(task, name, value)
         task.state = to
         if to == GONE:
-            if self._tasks.get(task.id) is task:
-                del self._tasks[task.id]
+            self._tasks.remove(task)
         else:
             self._place(task)
         self.journal.record(task, before)
@@ -144,11 +127,11 @@ class Engine:
             self._unplace(task)
             if snap[0] == NEW:
                 task.state = GONE
-                if self._tasks.get(task.id) is task:
-                    del self._tasks[task.id]
+                self._tasks.remove(task)
                 continue
+            if task.state == GONE:
+                self._tasks.restore(task)
             task.restore_fields(snap)
-            self._tasks[task.id] = task
             self._place(task)
         self._serve_waiters(self.wheel.now_s)
 
@@ -194,16 +177,9 @@ class Engine:
             max_attempts=new.max_attempts,
             created_s=now_s,
         )
-        self._index(task)
+        self._tasks.add(task)
         self._move(task, "add", DELAYED if new.at_s > now_s else READY)
         return task
-
-    def _index(self, task: Task) -> None:
-        task.seq = next(self._seq)
-        self._tasks[task.id] = task
-        self._order.append(task)
-        if len(self._order) > 2 * len(self._tasks) + 1024:
-            self._order = [t for t in self._order if self._tasks.get(t.id) is t]
 
     def _added(self, task: Task) -> dict[str, Any]:
         cycle, slot = self._place_of(task)
@@ -244,22 +220,14 @@ class Engine:
 
     def list_tasks(self, query: Any, now_s: float) -> dict[str, Any]:
         q = validate.list_query(query)
-        order = self._order
-        start = bisect.bisect_right(order, q.cursor, key=_seq_of)
-        found: list[dict[str, Any]] = []
-        index = start
-        end = min(len(order), start + LIST_SCAN_BUDGET)
-        while index < end and len(found) < q.limit:
-            task = order[index]
-            index += 1
-            if self._tasks.get(task.id) is not task:
-                continue
-            if (q.topic is None or task.topic == q.topic) and (
+
+        def wanted(task: Task) -> bool:
+            return (q.topic is None or task.topic == q.topic) and (
                 q.state is None or task.state == q.state
-            ):
-                found.append(self.describe(task))
-        more = index < len(order)
-        return {"tasks": found, "next": order[index - 1].seq if more and index > start else None}
+            )
+
+        tasks, cursor = self._tasks.page(q.cursor, wanted, q.limit, LIST_SCAN_BUDGET)
+        return {"tasks": [self.describe(task) for task in tasks], "next": cursor}
 
     def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
         """Reserve the oldest ready task of ``topics`` now, or return None."""
@@ -324,11 +292,8 @@ class Engine:
             "version": __version__,
             "uptime": now_s - self.started_s,
             "tasks": len(self._tasks),
-            "states": {state: self._counts[state] for state in STATES},
-            "topics": {
-                topic: {state: n for state, n in counts.items() if n}
-                for topic, counts in self._topic_counts.items()
-            },
+            "states": self._counts.by_state(),
+            "topics": self._counts.by_topic(),
             "slots": self.wheel.slots,
             "tick": self.wheel.tick_s,
             "cursor": wheel.cursor_slot,
@@ -419,33 +384,28 @@ class Engine:
         """Rebuild every task from store records; corrupt ones are logged and skipped."""
         loaded = 0
         next_report = LOAD_PROGRESS_EVERY
-        tasks, order, seq, locate = self._tasks, self._order, self._seq, self._locate
+        index, locate = self._tasks, self._locate
         async for batch in batches:
             for task_id, record in batch:
+                if task_id in index:  # a store may list a record twice
+                    continue
                 try:
                     task = Task.from_record(record)
                     if task.id != task_id:
                         raise ValueError(f"record holds id {task.id!r}")
-                    task.seq = next(seq)
-                    locate(task)
+                    locate(task)  # before indexing: a task it refuses is not loaded
                 except ValueError as exc:
                     log.error("skipping corrupt record for task %r: %s", task_id, exc)
                     continue
-                tasks[task_id] = task
-                order.append(task)
+                index.add(task)
                 loaded += 1
             if loaded >= next_report:
                 log.info("loaded %d tasks so far", loaded)
                 next_report += LOAD_PROGRESS_EVERY
-        # Counted in one pass at the end: a Counter over an iterator runs in C,
-        # a third of the cost of counting task by task while placing them.
-        for (topic, state), n in Counter((t.topic, t.state) for t in tasks.values()).items():
-            self._count(topic, state, n)
+        # Counted in one pass at the end: a third of the cost of counting
+        # task by task while placing them.
+        self._counts.add_all(iter(index.values()))
         return loaded
-
-
-def _seq_of(task: Task) -> int:
-    return task.seq
 
 
 __all__ = ["Engine", "RequestError", "TransitionError", "Waiter"]

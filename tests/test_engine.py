@@ -287,3 +287,40 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
         assert code_of(lambda: engine.kick("t", 1, T0) or engine.touch("d", T0)) == "conflict"
 
     run(scenario)
+
+
+def test_index_restores_a_task_dropped_by_compaction_in_its_place() -> None:
+    from delaywheel.index import TaskIndex
+    from delaywheel.task import Task
+
+    index = TaskIndex()
+    tasks = [
+        Task(f"t{i}", "t", 0.0, body_packed=b"\xc0", ttr_s=1, max_attempts=1, created_s=0)
+        for i in range(3000)
+    ]
+    for task in tasks[:2000]:
+        index.add(task)
+    for task in tasks[:1900]:
+        index.remove(task)
+    for task in tasks[2000:]:
+        index.add(task)  # compacts: the removed ones leave the order list
+    index.restore(tasks[5])  # an undone delete
+    page, _ = index.page(0, lambda task: True, 3, 10_000)
+    assert [task.id for task in page] == ["t5", "t1900", "t1901"]
+
+
+def test_list_shows_a_task_whose_delete_was_undone() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "a", "topic": "t"}, T0)
+        engine.add({"id": "b", "topic": "t"}, T0)
+        await durable(engine)
+        batch_before = engine.journal.pending()
+        assert batch_before is None
+        engine.delete("a", T0)
+        batch = engine.journal.pending()
+        assert batch is not None
+        engine._rollback(list(reversed(batch.undo)))  # as the journal does when a write fails
+        assert [t["id"] for t in engine.list_tasks({}, T0)["tasks"]] == ["a", "b"]
+        assert engine.stats(T0)["states"]["ready"] == 2
+
+    run(scenario)

@@ -1,0 +1,118 @@
+"""The engine's bookkeeping of live tasks: by id, in creation order, and counted.
+
+``TaskIndex`` finds a task by id and pages through tasks in the order they
+were created (for ``list``); ``TaskCounts`` keeps the per-state and per-topic
+counts that ``stats`` reports, updated as tasks move, so ``stats`` never scans.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from itertools import count
+
+from delaywheel.task import STATES, Task
+
+
+def _seq_of(task: Task) -> int:
+    return task.seq
+
+
+class TaskIndex:
+    """Live tasks by id, and every task ever indexed in creation order.
+
+    The order list keeps removed tasks until they are more than half of it
+    (then it is compacted), so removal stays O(1) and paging skips the dead.
+    """
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Task] = {}
+        self._order: list[Task] = []  # sorted by seq
+        self._seq = count(1)
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def __contains__(self, task_id: str) -> bool:
+        return task_id in self.by_id
+
+    def get(self, task_id: str) -> Task | None:
+        return self.by_id.get(task_id)
+
+    def values(self) -> Iterable[Task]:
+        return self.by_id.values()
+
+    def add(self, task: Task) -> None:
+        """Index a new task: it gets the next sequence number."""
+        task.seq = next(self._seq)
+        self.by_id[task.id] = task
+        self._order.append(task)
+        if len(self._order) > 2 * len(self.by_id) + 1024:
+            self._order = [t for t in self._order if self.by_id.get(t.id) is t]
+
+    def remove(self, task: Task) -> None:
+        if self.by_id.get(task.id) is task:
+            del self.by_id[task.id]
+
+    def restore(self, task: Task) -> None:
+        """Index again a task that was removed (an undone delete), at its old place."""
+        self.by_id[task.id] = task
+        at = bisect.bisect_left(self._order, task.seq, key=_seq_of)
+        if at == len(self._order) or self._order[at] is not task:
+            self._order.insert(at, task)  # compaction had dropped it
+
+    def page(
+        self, after_seq: int, wanted: Callable[[Task], bool], limit: int, budget: int
+    ) -> tuple[list[Task], int | None]:
+        """Up to ``limit`` live tasks created after ``after_seq`` that are ``wanted``,
+        looking at no more than ``budget`` entries; also the cursor to go on from
+        (None when the end was reached)."""
+        order, by_id = self._order, self.by_id
+        start = bisect.bisect_right(order, after_seq, key=_seq_of)
+        end = min(len(order), start + budget)
+        found: list[Task] = []
+        index = start
+        while index < end and len(found) < limit:
+            task = order[index]
+            index += 1
+            if by_id.get(task.id) is task and wanted(task):
+                found.append(task)
+        more = index < len(order)
+        return found, (order[index - 1].seq if more and index > start else None)
+
+
+class TaskCounts:
+    """How many tasks are in each state, overall and per topic."""
+
+    def __init__(self) -> None:
+        self._states: Counter[str] = Counter()
+        self._topics: dict[str, Counter[str]] = {}
+
+    def add(self, topic: str, state: str, n: int = 1) -> None:
+        self._states[state] += n
+        counts = self._topics.get(topic)
+        if counts is None:
+            counts = self._topics[topic] = Counter()
+        counts[state] += n
+
+    def remove(self, topic: str, state: str) -> None:
+        self._states[state] -= 1
+        counts = self._topics[topic]
+        counts[state] -= 1
+        if not +counts:  # no task of this topic left in any state
+            del self._topics[topic]
+
+    def add_all(self, tasks: Iterator[Task]) -> None:
+        """Count many tasks at once (after a load): one C-level pass."""
+        for (topic, state), n in Counter((t.topic, t.state) for t in tasks).items():
+            self.add(topic, state, n)
+
+    def by_state(self) -> dict[str, int]:
+        return {state: self._states[state] for state in STATES}
+
+    def by_topic(self) -> dict[str, dict[str, int]]:
+        return {
+            topic: {state: n for state, n in counts.items() if n}
+            for topic, counts in self._topics.items()
+        }
