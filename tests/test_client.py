@@ -34,7 +34,7 @@ from delaywheel_client import (
     Unavailable,
     error_from,
 )
-from delaywheel_client.client import PIPELINE_CHUNK_BYTES, parse_url
+from delaywheel_client.connection import PIPELINE_CHUNK_BYTES, parse_url
 from serverproc import ServerProcess
 
 TASK_KEYS = {"id", "topic", "state", "at", "body", "ttr", "max_attempts", "attempts", "created"}

@@ -1,28 +1,26 @@
 """The asyncio client: many requests in flight on one connection.
 
-How it works. One ``asyncio.Protocol`` per connection: a call encodes its request, writes
-it and waits on a future kept under its msgid; ``data_received`` decodes the replies and
-resolves the futures by msgid, so replies may come back in any order (a blocked
-``reserve`` is answered after later requests). There is no reader task and no task per
-call: a call costs one future and one timer.
+How it works. One ``ClientProtocol`` (see _aio_protocol.py) carries every call: a call
+writes its request and waits on a future that the protocol resolves when the reply with
+its msgid arrives. A call costs one future and one timer.
 
 Failures. When the connection drops, every pending call fails with ``ConnectionFailed``
 (``ServerClosed`` when the server said why), and the next call connects again. The retry
-rules are the blocking client's: requests that were never written are retried up to
-``retries`` times, and one that was written is sent again only for read-only methods. A
-call that gets no reply within ``timeout_s`` raises ``ConnectionFailed`` and leaves the
-connection open; its late reply is dropped (a late ``reserve`` reply leaves that task
-reserved until its ttr runs out).
+rules are the blocking client's (``ClientBase`` in connection.py): requests that were never
+written are retried up to ``retries`` times, and one that was written is sent again only for
+read-only methods. A call that gets no reply within ``timeout_s`` raises ``ConnectionFailed``
+and leaves the connection open; its late reply is dropped (a late ``reserve`` reply leaves
+that task reserved until its ttr runs out).
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
+from delaywheel_client._aio_protocol import ClientProtocol
 from delaywheel_client.calls import (
     Task,
     TaskList,
@@ -32,148 +30,20 @@ from delaywheel_client.calls import (
     task_fields,
     topic_list,
 )
-from delaywheel_client.client import (
+from delaywheel_client.connection import (
     DEFAULT_HOST,
     DEFAULT_PORT,
-    MAX_REPLY_BYTES,
-    MAX_REPLY_CONTAINER_LEN,
     READ_ONLY_METHODS,
-    closed_by,
-    parse_url,
-    retry_delay_s,
+    ClientBase,
+    Dropped,
+    describe,
 )
-from delaywheel_client.errors import ConnectionFailed, ServerClosed, error_from_reply
+from delaywheel_client.errors import ConnectionFailed, error_from_reply
 from delaywheel_client.pipeline import QueuedCalls
-from delaywheel_client.protocol import (
-    MAX_MSGID,
-    Decoder,
-    Encoder,
-    Notification,
-    ProtocolError,
-    Response,
-)
+from delaywheel_client.protocol import Response
 
 
-class _Dropped(Exception):
-    """The connection failed; ``sent`` says whether the request may have reached the server.
-    ``closed_by`` is the server's ``(code, message)`` when it said why it closed."""
-
-    def __init__(self, reason: str, sent: bool, closed_by: tuple[str, str] | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.sent = sent
-        self.closed_by = closed_by
-
-
-class _Protocol(asyncio.Protocol):
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.loop = asyncio.get_running_loop()
-        self.decoder = Decoder(
-            max_message_bytes=MAX_REPLY_BYTES, max_container_len=MAX_REPLY_CONTAINER_LEN
-        )
-        self.encoder = Encoder()
-        self.transport: asyncio.Transport | None = None
-        self.pending: dict[int, asyncio.Future[Response]] = {}
-        self.msgid = 0
-        self.lost = False
-        self.closed = self.loop.create_future()  # set by connection_lost
-        self.why: str | None = None  # what went wrong, when we know better than the OS
-        self.closed_by: tuple[str, str] | None = None
-        self.paused = False
-        self.drained: asyncio.Future[None] | None = None
-        # Requests made in this loop turn, written together at its end: one
-        # syscall for a whole burst of concurrent calls instead of one each.
-        self.outbox: list[bytes] = []
-
-    # -- transport events ------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport, so no isinstance.
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        pending = self.pending
-        try:
-            self.decoder.feed(data)
-            for message in self.decoder:
-                if type(message) is Response:
-                    future = pending.pop(message.msgid, None)
-                    if future is not None and not future.done():
-                        future.set_result(message)
-                elif type(message) is Notification and message.method == "error":
-                    self.closed_by = closed_by(message.params)
-        except ProtocolError as exc:
-            self.why = f"undecodable reply: {exc}"
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if self.closed_by is not None:
-            reason = f"the server closed the connection: {self.closed_by[1]}"
-        elif self.why is not None:
-            reason = self.why
-        else:
-            reason = "connection lost" + (f": {type(exc).__name__}: {exc}" if exc else "")
-        pending, self.pending = self.pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(_Dropped(reason, True, self.closed_by))
-        if not self.closed.done():
-            self.closed.set_result(None)
-        self._wake_writers()
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        self._wake_writers()
-
-    def _wake_writers(self) -> None:
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-        self.drained = None
-
-    # -- requests ----------------------------------------------------------------
-
-    async def wait_drained(self) -> None:
-        """Wait while the transport's buffer is over its high-water mark."""
-        while self.paused and not self.lost:
-            if self.drained is None:
-                self.drained = self.loop.create_future()
-            await self.drained
-
-    def send(self, method: str, params: Sequence[Any]) -> tuple[int, asyncio.Future[Response]]:
-        msgid = self.msgid
-        payload = self.encoder.request(msgid, method, params)  # TypeError: the caller's value
-        self.msgid = (msgid + 1) & MAX_MSGID
-        future: asyncio.Future[Response] = self.loop.create_future()
-        self.pending[msgid] = future
-        self.outbox.append(payload)
-        if len(self.outbox) == 1:
-            self.loop.call_soon(self.write_outbox)
-        return msgid, future
-
-    def write_outbox(self) -> None:
-        outbox, self.outbox = self.outbox, []
-        if self.transport is not None and not self.lost:
-            self.transport.write(b"".join(outbox))
-
-    def time_out(self, msgid: int, method: str, timeout_s: float) -> None:
-        future = self.pending.pop(msgid, None)
-        if future is not None and not future.done():
-            future.set_exception(_Dropped(f"no reply to {method} within {timeout_s:g} s", True))
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-class AsyncClient:
+class AsyncClient(ClientBase):
     """An asyncio delaywheel client; every ``Client`` method, as a coroutine.
 
     Example::
@@ -188,26 +58,10 @@ class AsyncClient:
     ``ConnectionFailed`` for the calls in flight and the next call reconnects.
     """
 
-    def __init__(
-        self,
-        host: str = DEFAULT_HOST,
-        port: int = DEFAULT_PORT,
-        *,
-        token: str | None = None,
-        timeout_s: float = 10.0,
-        connect_timeout_s: float = 5.0,
-        retries: int = 3,
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.token = token
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.retries = retries
-        self._label = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-        self._protocol: _Protocol | None = None
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._protocol: ClientProtocol | None = None
         self._connecting: asyncio.Lock | None = None
-        self._closed = False
 
     @classmethod
     async def connect(
@@ -232,19 +86,12 @@ class AsyncClient:
         await client._ready()
         return client
 
-    @classmethod
-    def from_url(cls, url: str, **kw: Any) -> AsyncClient:
-        """As ``Client.from_url``; the connection opens on the first call."""
-        host, port, token = parse_url(url)
-        kw.setdefault("token", token)
-        return cls(host, port, **kw)
-
     def __repr__(self) -> str:
         return f"<AsyncClient {self._label}>"
 
     # -- the connection ----------------------------------------------------------
 
-    async def _open(self) -> _Protocol:
+    async def _open(self) -> ClientProtocol:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
@@ -254,45 +101,33 @@ class AsyncClient:
             if self._closed:
                 raise ConnectionFailed(f"{self._label}: the client is closed")
             loop = asyncio.get_running_loop()
-            label = self._label
             try:
                 _, opened = await asyncio.wait_for(
-                    loop.create_connection(lambda: _Protocol(label), self.host, self.port),
+                    loop.create_connection(ClientProtocol, self.host, self.port),
                     self.connect_timeout_s,
                 )
             except (OSError, asyncio.TimeoutError) as exc:
-                cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                raise _Dropped(f"cannot connect: {cause}", False) from exc
+                raise Dropped(f"cannot connect: {describe(exc)}", False) from exc
             if self.token is not None:
                 await self._auth(opened, self.token)
             self._protocol = opened
             return opened
 
-    async def _auth(self, protocol: _Protocol, token: str) -> None:
+    async def _auth(self, protocol: ClientProtocol, token: str) -> None:
         _, future = protocol.send("auth", (token,))
         try:
             reply = await asyncio.wait_for(future, self.timeout_s)
-        except _Dropped as exc:
+        except Dropped as exc:
             exc.sent = False  # only auth was sent; the caller's request was not
             raise
         except asyncio.TimeoutError as exc:
             protocol.close()
-            raise _Dropped(f"no reply to auth within {self.timeout_s:g} s", False) from exc
+            raise Dropped(f"no reply to auth within {self.timeout_s:g} s", False) from exc
         if reply.error is not None:
             protocol.close()
             raise error_from_reply(reply.error)
 
-    async def _failed(self, exc: _Dropped, read_only: bool, attempt: int) -> None:
-        """After a drop: returns (having slept) to retry, else raises ConnectionFailed."""
-        if exc.closed_by is not None:
-            raise ServerClosed(f"{self._label}: {exc.reason}", exc.closed_by[0]) from exc
-        if (read_only or not exc.sent) and attempt < self.retries and not self._closed:
-            await asyncio.sleep(retry_delay_s(attempt))
-            return
-        maybe = " (it was sent and may have been applied)" if exc.sent and not read_only else ""
-        raise ConnectionFailed(f"{self._label}: {exc.reason}{maybe}") from exc
-
-    async def _ready(self) -> _Protocol:
+    async def _ready(self) -> ClientProtocol:
         attempt = 0
         while True:
             protocol = self._protocol
@@ -300,8 +135,8 @@ class AsyncClient:
                 return protocol
             try:
                 return await self._open()
-            except _Dropped as exc:
-                await self._failed(exc, True, attempt)
+            except Dropped as exc:
+                await asyncio.sleep(self._backoff_s(exc, True, attempt))
                 attempt += 1
 
     async def _call(self, method: str, params: Sequence[Any], timeout_s: float) -> Any:
@@ -311,8 +146,8 @@ class AsyncClient:
             if protocol is None or protocol.lost:
                 try:
                     protocol = await self._open()
-                except _Dropped as exc:
-                    await self._failed(exc, True, attempt)
+                except Dropped as exc:
+                    await asyncio.sleep(self._backoff_s(exc, True, attempt))
                     attempt += 1
                     continue
             if protocol.paused:
@@ -323,8 +158,8 @@ class AsyncClient:
             timer = protocol.loop.call_later(timeout_s, protocol.time_out, msgid, method, timeout_s)
             try:
                 reply = await future
-            except _Dropped as exc:
-                await self._failed(exc, method in READ_ONLY_METHODS, attempt)
+            except Dropped as exc:
+                await asyncio.sleep(self._backoff_s(exc, method in READ_ONLY_METHODS, attempt))
                 attempt += 1
                 continue
             finally:
@@ -355,8 +190,10 @@ class AsyncClient:
         self, calls: Sequence[tuple[str, Sequence[Any]]], timeout_s: float
     ) -> list[Response]:
         protocol = await self._ready()
-        if protocol.paused:
+        while protocol.paused:
             await protocol.wait_drained()
+            if protocol.lost:  # lost while we waited: nothing was written, so reconnect
+                protocol = await self._ready()
         sent = [protocol.send(method, params) for method, params in calls]
         # Out now, as its own write: pipelines in flight overlap with the
         # server's work instead of being merged into one lock-step burst.
@@ -370,9 +207,8 @@ class AsyncClient:
                 f"{self._label}: no reply to a pipeline of {len(calls)} within {timeout_s:g} s "
                 "(it was sent and may have been applied)"
             ) from None
-        except _Dropped as exc:
-            await self._failed(exc, False, self.retries)  # raises: never retried blindly
-            raise AssertionError("unreachable") from exc
+        except Dropped as exc:
+            raise self._failure(exc, False) from exc  # never retried blindly
         finally:
             for msgid, _ in sent:
                 protocol.pending.pop(msgid, None)
@@ -486,9 +322,6 @@ class AsyncClient:
         return result
 
 
-__all__ = ["AsyncClient"]
-
-
 class AsyncPipeline(QueuedCalls):
     """Queued calls for ``AsyncClient``; see ``AsyncClient.pipeline()``.
 
@@ -517,3 +350,6 @@ class AsyncPipeline(QueuedCalls):
             await self.execute()
         else:
             self._take()
+
+
+__all__ = ["AsyncClient", "AsyncPipeline"]

@@ -1,0 +1,143 @@
+"""The asyncio client's connection: an ``asyncio.Protocol`` with many requests in flight.
+
+How it works. A call encodes its request with ``send()``, which queues it for one write at
+the end of the loop turn and returns a future kept under its msgid; ``data_received``
+decodes the replies and resolves the futures by msgid, so replies may come back in any
+order (a blocked ``reserve`` is answered after later requests). There is no reader task
+and no task per call. When the connection drops, every pending future fails with
+``Dropped``, carrying the server's ``(code, message)`` when it said why it closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import Any, cast
+
+from delaywheel_client.connection import (
+    MAX_REPLY_BYTES,
+    MAX_REPLY_CONTAINER_LEN,
+    Dropped,
+    closed_by,
+)
+from delaywheel_client.protocol import (
+    MAX_MSGID,
+    Decoder,
+    Encoder,
+    Notification,
+    ProtocolError,
+    Response,
+)
+
+
+class ClientProtocol(asyncio.Protocol):
+    """One connection of an ``AsyncClient``: requests out, replies to their futures."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.decoder = Decoder(
+            max_message_bytes=MAX_REPLY_BYTES, max_container_len=MAX_REPLY_CONTAINER_LEN
+        )
+        self.encoder = Encoder()
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future[Response]] = {}
+        self.msgid = 0
+        self.lost = False
+        self.closed = self.loop.create_future()  # set by connection_lost
+        self.why: str | None = None  # what went wrong, when we know better than the OS
+        self.closed_by: tuple[str, str] | None = None
+        self.paused = False
+        self.drained: asyncio.Future[None] | None = None
+        # Requests made in this loop turn, written together at its end: one
+        # syscall for a whole burst of concurrent calls instead of one each.
+        self.outbox: list[bytes] = []
+
+    # -- transport events ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport, so no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        pending = self.pending
+        try:
+            self.decoder.feed(data)
+            for message in self.decoder:
+                if type(message) is Response:
+                    future = pending.pop(message.msgid, None)
+                    if future is not None and not future.done():
+                        future.set_result(message)
+                elif type(message) is Notification and message.method == "error":
+                    self.closed_by = closed_by(message.params)
+        except ProtocolError as exc:
+            self.why = f"undecodable reply: {exc}"
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.closed_by is not None:
+            reason = f"the server closed the connection: {self.closed_by[1]}"
+        elif self.why is not None:
+            reason = self.why
+        else:
+            reason = "connection lost" + (f": {type(exc).__name__}: {exc}" if exc else "")
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(Dropped(reason, True, self.closed_by))
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._wake_writers()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self.drained = None
+
+    # -- requests ----------------------------------------------------------------
+
+    async def wait_drained(self) -> None:
+        """Wait while the transport's buffer is over its high-water mark."""
+        while self.paused and not self.lost:
+            if self.drained is None:
+                self.drained = self.loop.create_future()
+            await self.drained
+
+    def send(self, method: str, params: Sequence[Any]) -> tuple[int, asyncio.Future[Response]]:
+        msgid = self.msgid
+        payload = self.encoder.request(msgid, method, params)  # TypeError: the caller's value
+        self.msgid = (msgid + 1) & MAX_MSGID
+        future: asyncio.Future[Response] = self.loop.create_future()
+        self.pending[msgid] = future
+        self.outbox.append(payload)
+        if len(self.outbox) == 1:
+            self.loop.call_soon(self.write_outbox)
+        return msgid, future
+
+    def write_outbox(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        if self.transport is not None and not self.lost:
+            self.transport.write(b"".join(outbox))
+
+    def time_out(self, msgid: int, method: str, timeout_s: float) -> None:
+        future = self.pending.pop(msgid, None)
+        if future is not None and not future.done():
+            future.set_exception(Dropped(f"no reply to {method} within {timeout_s:g} s", True))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+__all__ = ["ClientProtocol"]
