@@ -10,33 +10,64 @@ moves it to the last tick that has started by ``now`` and returns every timer
 whose fire tick it passed. So a timer never fires early and at most one tick
 late.
 
-The ring has ``slots`` slots, each a circular doubly linked list (the entries
-are the list nodes, so unlinking is O(1) with no search). Ticks are grouped in
-*laps* of ``slots`` ticks (lap ``L`` holds ticks ``L*slots .. L*slots+slots-1``).
-The ring holds only the timers of laps the cursor has reached; a timer further
-out waits above the ring in a bucket keyed by its lap, and the whole bucket
-cascades into the ring when the cursor is about to enter that lap. Each ring
-slot therefore holds timers of exactly one fire tick, and a tick never walks
-past far-future timers that happen to share its slot: the work of an advance
-is proportional to the timers it fires plus the laps it crosses.
+The ring has ``slots`` slots, each a circular doubly linked list whose nodes
+are the entries themselves, so unlinking is O(1) with no search (see
+``_wheel_lists``). The ring holds only timers whose fire tick is within its
+*reach*, ``(cursor, cursor + slots]``: each slot holds timers of exactly one
+fire tick, and a tick never walks past far-future timers that share its slot.
+A timer further out waits above the ring in a *bucket* keyed by its *span*:
+``span = max(1, slots // 60)`` ticks (a minute of the default hour-long lap),
+so bucket ``b`` holds the timers that fire on ticks ``b*span .. b*span+span-1``.
+
+Buckets move into the ring a few hundred entries at a time. Bucket ``b`` may
+move once all its ticks are within reach (cursor ``>= (b+1)*span - 1 - slots``)
+and must be moved before the cursor processes tick ``b*span``, its deadline.
+An advance first fires the ring up to ``now``, in tick order; a bucket whose
+deadline comes up first is moved whole there and then, so a jump over many
+ticks moves what it must, in order, and costs what it fires plus what it
+moves. Then the advance moves a *budget* of entries from buckets within
+reach, earliest deadline first, resuming a half-moved bucket where it
+stopped. The budget is ``MOVE_BUDGET`` (256) or, if more, the least rate that
+moves every reachable bucket by its deadline if advances come once a tick
+(``_move_budget``; served that way, no bucket's rate ever rises). A bucket
+has ``slots - span + 1`` such advances (59 minutes by default), so with the
+driver waking every tick, an advance that fires nothing moves at most
+``max(256, timers due within one lap / (slots - span + 1))`` entries whatever
+is pending further out: 283 (~0.2 ms) for a million due in one minute.
+
+A timer inserted into a span whose bucket still exists joins the end of that
+bucket even when its tick is within reach: the bucket may hold earlier timers
+due at the same instant, and ties fire in scheduling order. Otherwise a timer
+within reach goes straight to its slot.
 
 Two small heaps say where to look next: the fire ticks of ring slots that hold
-something, and the laps that have a bucket. An advance jumps from one to the
-next instead of stepping over empty ticks, so catching up after a long stall
-(or a clock jump of years) costs only the timers it fires, and
-``next_fire_s()`` tells the driver how long it may sleep. Both heaps are lazy:
+something, and the keys of the buckets. An advance jumps from one to the next
+instead of stepping over empty ticks, so catching up after a long stall (or a
+clock jump of years) costs only what it fires and moves. Both heaps are lazy:
 an entry whose slot or bucket has since emptied is dropped when it surfaces,
 and a heap that has grown well past what it can refer to is rebuilt.
+``next_fire_s()`` is the earlier of the next ring tick and the tick at which
+the earliest bucket comes within reach; while a reachable bucket is not yet
+all moved, it is the next tick (never sooner), so the driver wakes once a
+tick until the move is done, and such an advance may return nothing.
 
 A timer due at or before the wheel's ``now`` (set by the last advance) goes to
 the *overdue* list and fires at the very next advance. Time going backwards
 changes nothing: ``now`` only grows, so the cursor holds until the clock
 catches up.
 
-Assumptions and weak spots: tick arithmetic is float (``tick_s`` may be 0.001),
-so the two rounding helpers re-check each product to stay on the safe side
-(late by a tick rather than early). An entry sits in at most one wheel, and the
-wheel trusts callers not to link an entry elsewhere behind its back.
+Assumptions and weak spots. The tick bound assumes an advance about once a
+tick: a driver late by ``k`` ticks does ``k`` ticks' moving at once, and one
+that first wakes at a deadline moves the whole bucket then (a jump costs what
+it moves). It grows with what is due within one lap, so ten million timers in
+one minute would mean ~2,800 moves (~1-2 ms) a tick. Each timer is relinked
+twice on its way (bucket, then slot), at ~0.3-0.7 us a move. Buckets are per
+span, not per lap: sparse far-future timers (say one a minute for months)
+cost a bucket each, ~155 bytes on top of the entry. Tick arithmetic is float
+(``tick_s`` may be 0.001), so the rounding helpers re-check each product to
+stay on the safe side (late by a tick rather than early). An entry sits in at
+most one wheel, and the wheel trusts callers not to link an entry elsewhere
+behind its back.
 """
 
 from __future__ import annotations
@@ -46,6 +77,10 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
+
+from delaywheel._wheel_lists import Entry as Entry  # re-exported: subclass it
+from delaywheel._wheel_lists import _Head, append, move_front
 
 DEFAULT_SLOTS = 3600
 DEFAULT_TICK_S = 1.0
@@ -53,73 +88,23 @@ DEFAULT_TICK_S = 1.0
 # schedule reliably; the issue asks for 1 ms as the finest setting.
 MIN_TICK_S = 0.001
 MAX_SLOTS = 1 << 24
+# A bucket above the ring holds one span of max(1, slots // SPANS_PER_LAP) ticks.
+SPANS_PER_LAP = 60
+# The fewest entries an advance moves from buckets into the ring when it has to.
+MOVE_BUDGET = 256
 
 _by_due = attrgetter("due_s")
-
-
-class _Node:
-    """A link in a circular doubly linked list (entries and list heads alike)."""
-
-    __slots__ = ("_next", "_prev")
-
-    _prev: _Node
-    _next: _Node
-
-
-class _Head(_Node):
-    """The head of one list: a ring slot, a lap bucket, or the overdue list.
-
-    ``lap`` is the bucket's lap, or -1 for ring slots and the overdue list.
-    """
-
-    __slots__ = ("lap",)
-
-    def __init__(self, lap: int = -1) -> None:
-        self._prev = self._next = self
-        self.lap = lap
-
-    def is_empty(self) -> bool:
-        return self._next is self
-
-    def drain(self) -> list[Entry]:
-        """Unlink every entry, in list order, and return them."""
-        out: list[Entry] = []
-        node = self._next
-        while node is not self:
-            assert isinstance(node, Entry)
-            out.append(node)
-            node._home = None
-            node = node._next
-        self._prev = self._next = self
-        return out
-
-
-class Entry(_Node):
-    """A timer. Subclass it (with ``__slots__``) to hang your own data on it.
-
-    ``due_s`` is set by the wheel on insert; read it, do not write it while the
-    entry is scheduled.
-    """
-
-    __slots__ = ("_home", "due_s")
-
-    def __init__(self) -> None:
-        self.due_s = 0.0
-        self._home: _Head | None = None
-
-    @property
-    def scheduled(self) -> bool:
-        return self._home is not None
 
 
 @dataclass(frozen=True)
 class WheelStats:
     pending: int  # every scheduled timer
     in_ring: int  # timers in the ring or the overdue list
-    above_ring: int  # timers waiting in lap buckets
-    buckets: int  # lap buckets in use
+    above_ring: int  # timers waiting in span buckets
+    buckets: int  # span buckets in use
     cursor_tick: int  # absolute tick number last processed
     cursor_slot: int  # the same, as a ring position
+    moved_last_advance: int = 0  # timers the last advance moved from buckets into the ring
 
 
 class TimingWheel:
@@ -135,16 +120,18 @@ class TimingWheel:
         _check_time("now_s", now_s)
         self.slots = slots
         self.tick_s = float(tick_s)
+        self._span = max(1, slots // SPANS_PER_LAP)  # ticks per bucket
+        self._budget = MOVE_BUDGET  # tests lower it to exercise partial moves
         self._now_s = float(now_s)
         self._cursor = self.tick_floor(now_s)
-        self._ring_lap = (self._cursor + 1) // slots
         self._ring = [_Head() for _ in range(slots)]
         self._ring_ticks: list[int] = []  # fire ticks of non-empty slots (lazy)
         self._buckets: dict[int, _Head] = {}
-        self._bucket_laps: list[int] = []  # laps of self._buckets (lazy)
+        self._bucket_keys: list[int] = []  # keys of self._buckets (lazy)
         self._overdue = _Head()
         self._pending = 0
-        self._above_ring = 0
+        self._above_ring = 0  # entries in buckets
+        self._moved = 0  # by the last advance
 
     # -- time arithmetic ---------------------------------------------------
 
@@ -160,7 +147,7 @@ class TimingWheel:
 
     def tick_ceil(self, t_s: float) -> int:
         """The tick a timer due at ``t_s`` fires on: smallest n, n*tick_s >= t_s."""
-        tick_s = self.tick_s
+        tick_s = self.tick_s  # (inlined in _wheel_lists.move_front: keep them alike)
         n = math.ceil(t_s / tick_s)
         if n * tick_s < t_s:
             n += 1
@@ -194,10 +181,11 @@ class TimingWheel:
         nxt._prev = prev
         entry._home = None
         self._pending -= 1
-        if home.lap >= 0:
+        if home.key >= 0:
             self._above_ring -= 1
-            if home._next is home:
-                del self._buckets[home.lap]
+            home.count -= 1
+            if not home.count:
+                del self._buckets[home.key]
 
     def reschedule(self, entry: Entry, due_s: float) -> None:
         """Move a scheduled entry to a new due time. O(1)."""
@@ -207,31 +195,28 @@ class TimingWheel:
 
     def _link(self, entry: Entry, due_s: float) -> None:
         if due_s <= self._now_s:
-            self._append(self._overdue, entry)
+            append(self._overdue, entry)
             return
+        cursor = self._cursor
         tick = self.tick_ceil(due_s)
-        if tick <= self._cursor:  # float edge: never behind the cursor
-            tick = self._cursor + 1
-        self._link_tick(entry, tick)
-
-    def _link_tick(self, entry: Entry, tick: int) -> None:
-        lap = tick // self.slots
-        if lap <= self._ring_lap:
-            home = self._ring[tick % self.slots]
-            if home._next is home:
-                self._push_ring_tick(tick)
-        else:
-            bucket = self._buckets.get(lap)
-            if bucket is None:
-                bucket = self._buckets[lap] = _Head(lap)
-                self._push_bucket_lap(lap)
-            home = bucket
-            self._above_ring += 1
-        self._append(home, entry)
-
-    @staticmethod
-    def _append(home: _Head, entry: Entry) -> None:
-        last = home._prev
+        if tick <= cursor:  # float edge: never behind the cursor
+            tick = cursor + 1
+        key = tick // self._span
+        home = self._buckets.get(key)
+        if home is None:
+            if tick - cursor <= self.slots:
+                # Within the ring's reach, and no bucket holds earlier timers
+                # of this span (ties must keep their scheduling order).
+                home = self._ring[tick % self.slots]
+                if home._next is home:
+                    self._push_ring_tick(tick)
+                append(home, entry)
+                return
+            home = self._buckets[key] = _Head(key)
+            self._push_bucket_key(key)
+        home.count += 1
+        self._above_ring += 1
+        last = home._prev  # append(home, entry), inlined on the commonest path
         entry._prev = last
         entry._next = home
         last._next = entry
@@ -251,31 +236,17 @@ class TimingWheel:
         if now_s > self._now_s:
             self._now_s = now_s
         fired: list[Entry] = []
+        self._moved = 0
         target = self.tick_floor(self._now_s)
-        slots = self.slots
-        while True:
-            limit = target
-            lap = self._peek_bucket_lap()
-            if lap is not None:
-                # Stop just before the lap's first tick and cascade it then.
-                limit = min(limit, lap * slots - 1)
-            tick = self._peek_ring_tick()
-            if tick is not None and tick <= limit:
-                heapq.heappop(self._ring_ticks)
-                self._move_cursor(tick)
-                fired.extend(self._ring[tick % slots].drain())
-                continue
-            if limit > self._cursor:
-                self._move_cursor(limit)
-            if lap is not None and lap <= self._ring_lap:
-                self._cascade(lap)
-                continue
-            break
+        if target > self._cursor:
+            self._fire_through(target, fired)
         if self._overdue._next is not self._overdue:
             # After the ring's: of two timers due at the same instant, one in
             # the ring was scheduled before one in the overdue list (which was
             # scheduled once now had passed it), and the sort below is stable.
             fired.extend(self._overdue.drain())
+        if self._buckets:
+            self._move_some()
         count = len(fired)
         if count:
             self._pending -= count
@@ -283,47 +254,132 @@ class TimingWheel:
                 fired.sort(key=_by_due)  # runs are sorted: timsort merges them in O(n)
         return fired
 
-    def _move_cursor(self, tick: int) -> None:
-        self._cursor = tick
-        self._ring_lap = (tick + 1) // self.slots
+    def _fire_through(self, target: int, fired: list[Entry]) -> None:
+        """Fire the ring's ticks up to ``target`` in order; move the cursor there.
 
-    def _cascade(self, lap: int) -> None:
-        heapq.heappop(self._bucket_laps)
-        bucket = self._buckets.pop(lap)
-        moved = bucket.drain()
-        self._above_ring -= len(moved)
-        # Every moved timer fires at or after the lap's first tick, which is
-        # past the cursor, so it goes by tick (not to the overdue list).
-        for entry in moved:
-            self._link_tick(entry, self.tick_ceil(entry.due_s))
+        A bucket whose first tick comes before the next ring tick is finished
+        first (its deadline), with the cursor just short of that tick.
+        """
+        ring, ticks, slots = self._ring, self._ring_ticks, self.slots
+        heappop, append_fired = heapq.heappop, fired.append
+        cursor = self._cursor
+        deadline = self._next_deadline(target)
+        while True:
+            while ticks:  # the next live ring tick (the heap is lazy)
+                tick = ticks[0]
+                head = ring[tick % slots]
+                if tick > cursor and head._next is not head:
+                    break
+                heappop(ticks)
+            else:
+                tick = target + 1
+            if deadline <= tick and deadline <= target:
+                self._cursor = cursor = deadline - 1
+                self._finish_bucket()
+                deadline = self._next_deadline(target)
+                continue
+            if tick > target:
+                break
+            heappop(ticks)
+            cursor = tick
+            node: Any = head._next  # the slot's entries
+            while node is not head:
+                append_fired(node)
+                node._home = None
+                node = node._next
+            head._next = head._prev = head
+        self._cursor = target
+
+    def _next_deadline(self, target: int) -> int:
+        """The first tick of the earliest bucket, or ``target + 1`` if none."""
+        key = self._peek_bucket_key()
+        return target + 1 if key is None else key * self._span
+
+    def _finish_bucket(self) -> None:
+        """Move all of the earliest bucket into the ring (the cursor is just before it)."""
+        key = heapq.heappop(self._bucket_keys)  # live: _next_deadline peeked it
+        bucket = self._buckets.pop(key)
+        self._move(bucket, bucket.count)
+
+    def _move_some(self) -> None:
+        """Move up to a budget of entries from buckets the ring can reach, earliest first."""
+        cursor = self._cursor
+        last = (cursor + self.slots + 1) // self._span - 1  # all its ticks <= cursor + slots
+        key = self._peek_bucket_key()
+        if key is None or key > last:
+            return
+        budget = self._move_budget(key, last)
+        buckets = self._buckets
+        while True:
+            bucket = buckets[key]
+            n = min(bucket.count, budget)
+            self._move(bucket, n)
+            budget -= n
+            if bucket.count:
+                return  # budget spent
+            del buckets[key]
+            heapq.heappop(self._bucket_keys)
+            key = self._peek_bucket_key()
+            if not budget or key is None or key > last:
+                return
+
+    def _move_budget(self, first: int, last: int) -> int:
+        """Enough that advancing once a tick moves every bucket before its deadline.
+
+        Earliest deadline first, bucket ``k`` and all before it must be moved
+        by the advance that leaves the cursor just short of ``k``'s first tick:
+        that is ``k * span - cursor`` advances counting this one. Served at
+        this rate once a tick, no bucket's rate rises, so the budget rises
+        only when a bucket comes within reach or a timer joins one.
+        """
+        budget = self._budget
+        buckets, span, cursor = self._buckets, self._span, self._cursor
+        queued = 0
+        for key in range(first, last + 1):  # at most slots // span + 1 keys
+            bucket = buckets.get(key)
+            if bucket is not None:
+                queued += bucket.count
+                budget = max(budget, -(-queued // (key * span - cursor)))
+        return budget
+
+    def _move(self, bucket: _Head, n: int) -> None:
+        ticks = self._ring_ticks
+        if len(ticks) > 2 * self.slots + 64:
+            self._rebuild_ring_ticks()
+        move_front(bucket, n, self._ring, self.tick_s, self._cursor, ticks)
+        self._above_ring -= n
+        self._moved += n
 
     def next_fire_s(self) -> float | None:
         """When the next advance has work: a time to sleep until, or None if idle.
 
-        It may be a lap boundary where timers only cascade, so an advance at
-        that time can return nothing; the caller simply asks again.
+        That is the next tick with timers in the ring, or the tick at which the
+        earliest bucket comes within the ring's reach and starts moving into it.
+        While a bucket is moving (a few entries per advance) it is the next
+        tick, never sooner, so the driver wakes once a tick until the move is
+        done. An advance at such a time can return nothing; ask again.
         """
         if self._overdue._next is not self._overdue:
             return self._now_s
-        candidates = []
         tick = self._peek_ring_tick()
-        if tick is not None:
-            candidates.append(tick)
-        lap = self._peek_bucket_lap()
-        if lap is not None:
-            candidates.append(lap * self.slots)
-        if not candidates:
-            return None
-        return min(candidates) * self.tick_s
+        key = self._peek_bucket_key()
+        if key is not None:
+            reach = max((key + 1) * self._span - 1 - self.slots, self._cursor + 1)
+            if tick is None or reach < tick:
+                tick = reach
+        return None if tick is None else tick * self.tick_s
 
     # -- lazy heaps ------------------------------------------------------------
 
     def _push_ring_tick(self, tick: int) -> None:
+        if len(self._ring_ticks) > 2 * self.slots + 64:
+            self._rebuild_ring_ticks()
+        heapq.heappush(self._ring_ticks, tick)
+
+    def _rebuild_ring_ticks(self) -> None:
+        # Refill-after-empty left stale duplicates: rebuild from the slots.
         ticks = self._ring_ticks
-        if len(ticks) > 2 * self.slots + 64:
-            # Refill-after-empty left stale duplicates: rebuild from the slots.
-            ticks[:] = sorted({t for t in ticks if self._ring_tick_live(t)})
-        heapq.heappush(ticks, tick)
+        ticks[:] = sorted({t for t in ticks if self._ring_tick_live(t)})
 
     def _ring_tick_live(self, tick: int) -> bool:
         # A slot holds timers of one fire tick in (cursor, cursor + slots], so a
@@ -340,19 +396,19 @@ class TimingWheel:
             heapq.heappop(ticks)
         return None
 
-    def _push_bucket_lap(self, lap: int) -> None:
-        laps = self._bucket_laps
-        if len(laps) > 2 * len(self._buckets) + 64:
-            laps[:] = sorted(self._buckets)
-        heapq.heappush(laps, lap)
+    def _push_bucket_key(self, key: int) -> None:
+        keys = self._bucket_keys
+        if len(keys) > 2 * len(self._buckets) + 64:
+            keys[:] = sorted(self._buckets)
+        heapq.heappush(keys, key)
 
-    def _peek_bucket_lap(self) -> int | None:
-        laps = self._bucket_laps
-        while laps:
-            lap = laps[0]
-            if lap in self._buckets:
-                return lap
-            heapq.heappop(laps)
+    def _peek_bucket_key(self) -> int | None:
+        keys = self._bucket_keys
+        while keys:
+            key = keys[0]
+            if key in self._buckets:
+                return key
+            heapq.heappop(keys)
         return None
 
     # -- introspection -----------------------------------------------------------
@@ -391,6 +447,7 @@ class TimingWheel:
             buckets=len(self._buckets),
             cursor_tick=self._cursor,
             cursor_slot=self._cursor % self.slots,
+            moved_last_advance=self._moved,
         )
 
 

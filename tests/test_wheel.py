@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -13,10 +14,11 @@ from hypothesis.stateful import (
     consumes,
     initialize,
     invariant,
+    multiple,
     rule,
 )
 
-from delaywheel.wheel import Entry, TimingWheel
+from delaywheel.wheel import MOVE_BUDGET, Entry, TimingWheel
 
 YEAR_S = 365 * 24 * 3600.0
 
@@ -47,12 +49,16 @@ class WheelVersusOracle(RuleBasedStateMachine):
         self.seq = 0
 
     @initialize(
-        slots=st.sampled_from([1, 2, 3, 7, 60, 3600]),
+        # Spans of 1 tick (slots < 120), 2, 3, 10 and 60 ticks; 121 and 3601 leave
+        # a remainder, so spans do not tile the lap.
+        slots=st.sampled_from([1, 2, 3, 7, 60, 121, 180, 600, 3600, 3601]),
         tick_s=st.sampled_from([1.0, 0.5, 0.25, 3.0, 60.0, 0.01, 0.001]),
         start_s=st.one_of(st.just(0.0), st.floats(0, 2e9), st.integers(0, 2_000_000_000)),
+        budget=st.sampled_from([1, 3, MOVE_BUDGET]),  # small: buckets move over many ticks
     )
-    def start(self, slots: int, tick_s: float, start_s: float) -> None:
+    def start(self, slots: int, tick_s: float, start_s: float, budget: int) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=float(start_s))
+        self.wheel._budget = budget
         self.now_s = float(start_s)  # high-water mark, as the wheel keeps it
 
     def _delay(self, kind: int, fraction: float, laps: int) -> float:
@@ -81,6 +87,29 @@ class WheelVersusOracle(RuleBasedStateMachine):
         if due_s <= self.now_s:
             self.must_fire_next.add(timer)
         return timer
+
+    @rule(
+        target=timers,
+        laps=st.integers(0, 3),
+        offset=st.floats(0, 1),
+        quarters=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    )
+    def insert_burst(self, laps: int, offset: float, quarters: list[int]) -> object:
+        """Many timers in one far span, some due at the same instant."""
+        wheel = self.wheel
+        span_s = wheel._span * wheel.tick_s
+        base_s = self.now_s + (laps + offset) * wheel.slots * wheel.tick_s
+        burst = []
+        for quarter in quarters:
+            self.seq += 1
+            timer = Timer(f"b{self.seq}", self.seq)
+            due_s = base_s + quarter * span_s / 4
+            wheel.insert(timer, due_s)
+            self.due[timer] = due_s
+            if due_s <= self.now_s:
+                self.must_fire_next.add(timer)
+            burst.append(timer)
+        return multiple(*burst)
 
     @rule(timer=consumes(timers))
     def remove(self, timer: Timer) -> None:
@@ -116,6 +145,12 @@ class WheelVersusOracle(RuleBasedStateMachine):
     def advance(self, step: float) -> None:
         self._advance_to(self.now_s + step * self.wheel.tick_s)  # step is in ticks
 
+    @rule(count=st.integers(1, 70))
+    def tick_by_tick(self, count: int) -> None:
+        """One advance at the start of each of the next ``count`` ticks."""
+        for _ in range(count):
+            self._advance_to((self.wheel.stats().cursor_tick + 1) * self.wheel.tick_s)
+
     @rule(jump_s=st.floats(0, 20 * YEAR_S))
     def jump(self, jump_s: float) -> None:
         """A stall or a forward clock jump, up to twenty years at once."""
@@ -137,13 +172,22 @@ class WheelVersusOracle(RuleBasedStateMachine):
 
     def _advance_to(self, now_s: float) -> list[Timer]:
         fired = self.wheel.advance(now_s)
+        stats = self.wheel.stats()
+        if stats.moved_last_advance:  # what kind of moving the run exercised
+            event(
+                "moved more than the budget"
+                if stats.moved_last_advance > self.wheel._budget
+                else "moved part of the buckets in reach"
+                if self._in_reach()
+                else "moved every bucket in reach"
+            )
         self.now_s = max(self.now_s, now_s)
         tick_s = self.wheel.tick_s
         for timer in fired:
             assert isinstance(timer, Timer)
             assert timer in self.due, f"{timer.name} fired but is not scheduled"
             assert self.due[timer] <= self.now_s, f"{timer.name} fired early"
-        keys = [(self.due[t], t.seq) for t in fired]  # type: ignore[index]
+        keys = [(self.due[t], t.seq) for t in fired]  # type: ignore[index, attr-defined]
         assert keys == sorted(keys), "not in due order"
         for timer in fired:
             del self.due[timer]  # type: ignore[arg-type]
@@ -155,6 +199,11 @@ class WheelVersusOracle(RuleBasedStateMachine):
         assert not late, f"late by more than a tick: {late}"
         return fired  # type: ignore[return-value]
 
+    def _in_reach(self) -> bool:
+        wheel = self.wheel
+        last = (wheel.stats().cursor_tick + wheel.slots + 1) // wheel._span - 1
+        return any(key <= last for key in wheel._buckets)
+
     @invariant()
     def counts_agree(self) -> None:
         if not hasattr(self, "wheel"):
@@ -162,6 +211,30 @@ class WheelVersusOracle(RuleBasedStateMachine):
         stats = self.wheel.stats()
         assert len(self.wheel) == len(self.due) == stats.pending
         assert stats.in_ring + stats.above_ring == stats.pending
+
+    @invariant()
+    def ring_and_buckets_are_sound(self) -> None:
+        """Each ring slot holds one fire tick in (cursor, cursor + slots]; every
+        bucket is ahead of its deadline and holds only its span's timers."""
+        if not hasattr(self, "wheel"):
+            return
+        wheel = self.wheel
+        cursor, slots, span = wheel.stats().cursor_tick, wheel.slots, wheel._span
+        for index, head in enumerate(wheel._ring):
+            ticks = {wheel.tick_ceil(entry.due_s) for entry in _entries(head)}
+            ticks = {tick for tick in ticks if tick > cursor}  # else the float edge
+            assert len(ticks) <= 1, f"slot {index} holds ticks {sorted(ticks)}"
+            for tick in ticks:
+                assert tick <= cursor + slots and tick % slots == index
+        above = 0
+        for key, bucket in wheel._buckets.items():
+            entries = _entries(bucket)
+            assert entries and bucket.count == len(entries)
+            assert key * span > cursor, f"bucket {key} is past its deadline"
+            for entry in entries:
+                assert wheel.tick_ceil(entry.due_s) // span in (key, key - 1)  # or float edge
+            above += len(entries)
+        assert above == wheel.stats().above_ring
 
     @invariant()
     def never_oversleeps(self) -> None:
@@ -172,6 +245,15 @@ class WheelVersusOracle(RuleBasedStateMachine):
         earliest_s = min(self.due.values())
         fire_s = max(self.wheel.tick_ceil(earliest_s) * self.wheel.tick_s, self.now_s)
         assert next_s <= fire_s, f"next_fire_s {next_s} is after the earliest fire {fire_s}"
+
+
+def _entries(head: object) -> list[Entry]:
+    out = []
+    node = head._next  # type: ignore[attr-defined]
+    while node is not head:
+        out.append(node)
+        node = node._next
+    return out
 
 
 WheelVersusOracle.TestCase.settings = settings(
@@ -329,7 +411,7 @@ def test_heaps_stay_bounded_under_churn() -> None:
         wheel.insert(timer, 3.0 if i % 2 else 3600.0 * (i % 50 + 1))
         wheel.remove(timer)
     assert len(wheel._ring_ticks) <= 2 * 8 + 65
-    assert len(wheel._bucket_laps) <= 65
+    assert len(wheel._bucket_keys) <= 65
 
 
 @pytest.mark.parametrize(
@@ -363,3 +445,124 @@ def test_equal_due_times_keep_schedule_order_across_ring_and_overdue() -> None:
     wheel.advance(1.5)  # fires nothing: 1.5 fires on tick 2
     wheel.insert(overdue, 1.5)
     assert wheel.advance(2.5) == [ring, overdue]
+
+
+# -- buckets moving into the ring a little at a time -----------------------------
+
+
+def _burst(wheel: TimingWheel, first_s: float, count: int, seed: int = 7) -> list[Timer]:
+    """``count`` timers firing on the minute of ticks from ``first_s``, many equal."""
+    rng = random.Random(seed)
+    timers = [Timer(str(i), i) for i in range(count)]
+    for timer in timers:
+        wheel.insert(timer, first_s - 1 + rng.randrange(1, 241) / 4)
+    return timers
+
+
+def _in_due_order(fired: list[Entry]) -> bool:
+    keys = [(t.due_s, t.seq) for t in fired]  # type: ignore[attr-defined]
+    return keys == sorted(keys)
+
+
+def test_a_bucket_moved_over_several_ticks_still_fires_in_due_order() -> None:
+    wheel = wheel_at(0.0)
+    wheel._budget = 10
+    timers = _burst(wheel, 7200.0, 500)  # one span, two laps out
+    assert wheel.stats().buckets == 1
+    fired: list[Entry] = []
+    moving_ticks = []
+    for tick in range(1, 7261):
+        out = wheel.advance(float(tick))
+        moved = wheel.stats().moved_last_advance
+        if moved:
+            moving_ticks.append(tick)
+            assert moved <= 10
+        for timer in out:
+            assert wheel.tick_ceil(timer.due_s) == tick  # never early, never late
+        fired += out
+    assert len(moving_ticks) == 50  # 500 timers, 10 a tick
+    assert moving_ticks[0] == 7259 - 3600  # the tick its last tick came within reach
+    assert len(fired) == 500 and set(fired) == set(timers)
+    assert _in_due_order(fired)
+
+
+def test_next_fire_wakes_for_a_moving_bucket_then_once_a_tick() -> None:
+    wheel = wheel_at(0.0)
+    wheel._budget = 100
+    _burst(wheel, 7200.0, 250)
+    assert wheel.next_fire_s() == 7259.0 - 3600  # when the span comes within reach
+    assert wheel.advance(3659.0) == [] and wheel.stats().moved_last_advance == 100
+    assert wheel.next_fire_s() == 3660.0  # moving: the next tick, no sooner
+    wheel.advance(3660.0)
+    wheel.advance(3661.0)
+    assert wheel.stats().above_ring == 0
+    assert wheel.next_fire_s() == 7200.0  # moved: the first timer's tick
+
+
+def test_a_jump_past_a_half_moved_bucket() -> None:
+    wheel = wheel_at(0.0)
+    wheel._budget = 10
+    timers = _burst(wheel, 7200.0, 500)
+    tick = 3600
+    while wheel.stats().above_ring == 500:
+        tick += 1
+        assert wheel.advance(float(tick)) == []
+    for _ in range(20):
+        tick += 1
+        wheel.advance(float(tick))
+    assert 0 < wheel.stats().above_ring < 500  # half moved
+    # Late equal timers join the bucket's tail, behind their equals already moved.
+    late = [Timer(f"late{i}", 1000 + i) for i in range(50)]
+    for i, timer in enumerate(late):
+        wheel.insert(timer, 7200.0 + i % 8)
+    everyone = {*timers, *late}
+    fired = wheel.advance(7200.0 + 30)  # into the middle of the span at once
+    assert set(fired) == {t for t in everyone if wheel.tick_ceil(t.due_s) <= 7230}
+    assert _in_due_order(fired)
+    assert wheel.stats().moved_last_advance > 10  # its deadline forced the rest
+    rest = wheel.advance(7200.0 + 90)
+    assert _in_due_order(rest) and set(fired + rest) == everyone
+    assert len(wheel) == 0 and wheel.next_fire_s() is None
+
+
+def test_a_jump_over_many_buckets_moves_them_in_order() -> None:
+    wheel = wheel_at(0.0, slots=120)  # span 2
+    wheel._budget = 1
+    timers = [Timer(str(i), i) for i in range(300)]
+    for i, timer in enumerate(timers):
+        wheel.insert(timer, 200.0 + (i * 37) % 400)
+    wheel.advance(150.0)  # some buckets in reach, some half moved
+    fired = wheel.advance(10_000.0)
+    assert len(fired) == 300 and _in_due_order(fired)
+
+
+def test_a_burst_one_lap_out_never_moves_more_than_the_budget_a_tick() -> None:
+    wheel = wheel_at(0.0)
+    count = 100_000
+    timers = [Timer(str(i), i) for i in range(count)]
+    for i, timer in enumerate(timers):
+        wheel.insert(timer, 3700.0 + (i + 1) / (count + 1))  # all due in one second
+    most = moved = 0
+    for tick in range(1, 3701):
+        assert wheel.advance(float(tick)) == []
+        step = wheel.stats().moved_last_advance
+        most, moved = max(most, step), moved + step
+    assert most <= MOVE_BUDGET
+    assert moved == count and wheel.stats().above_ring == 0
+    fired = wheel.advance(3701.0)
+    assert fired == timers
+
+
+def test_the_budget_rises_just_enough_to_meet_the_deadline() -> None:
+    wheel = wheel_at(0.0, slots=10)  # span 1: a bucket per tick, 10 ticks to move it
+    wheel._budget = 1
+    timers = [Timer(str(i), i) for i in range(1000)]
+    for timer in timers:
+        wheel.insert(timer, 50.0)
+    moved = []
+    for tick in range(40, 50):
+        assert wheel.advance(float(tick)) == []
+        moved.append(wheel.stats().moved_last_advance)
+    assert moved == [100] * 10  # 1000 timers over the 10 advances in reach
+    assert wheel.advance(50.0) == timers
+    assert wheel.stats().moved_last_advance == 0  # nothing left for the deadline

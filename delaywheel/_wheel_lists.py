@@ -1,0 +1,117 @@
+"""The linked lists the time wheel is made of (see ``delaywheel.wheel``).
+
+Every ring slot, every bucket above the ring and the overdue list is a circular
+doubly linked list whose nodes are the timers themselves, so unlinking one is
+O(1) with no search. ``move_front`` is the wheel's one bulk operation: it moves
+timers from the front of a bucket to the ring slots of their fire ticks.
+"""
+
+from __future__ import annotations
+
+import math
+from heapq import heappush
+from typing import Any
+
+
+class _Node:
+    """A link in a circular doubly linked list (entries and list heads alike)."""
+
+    __slots__ = ("_next", "_prev")
+
+    _prev: _Node
+    _next: _Node
+
+
+class _Head(_Node):
+    """The head of one list: a ring slot, a bucket, or the overdue list.
+
+    ``key`` is a bucket's span number (its ticks are ``key * span`` to
+    ``key * span + span - 1``), or -1 for ring slots and the overdue list.
+    ``count`` is how many entries a bucket holds (kept for buckets only).
+    """
+
+    __slots__ = ("count", "key")
+
+    def __init__(self, key: int = -1) -> None:
+        self._prev = self._next = self
+        self.key = key
+        self.count = 0
+
+    def drain(self) -> list[Entry]:
+        """Unlink every entry, in list order, and return them."""
+        out: list[Entry] = []
+        node = self._next
+        while node is not self:
+            assert isinstance(node, Entry)
+            out.append(node)
+            node._home = None
+            node = node._next
+        self._prev = self._next = self
+        return out
+
+
+class Entry(_Node):
+    """A timer. Subclass it (with ``__slots__``) to hang your own data on it.
+
+    ``due_s`` is set by the wheel on insert; read it, do not write it while the
+    entry is scheduled.
+    """
+
+    __slots__ = ("_home", "due_s")
+
+    def __init__(self) -> None:
+        self.due_s = 0.0
+        self._home: _Head | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        return self._home is not None
+
+
+def append(home: _Head, entry: Entry) -> None:
+    """Link ``entry`` at the end of ``home``'s list."""
+    last = home._prev
+    entry._prev = last
+    entry._next = home
+    last._next = entry
+    home._prev = entry
+    entry._home = home
+
+
+def move_front(
+    bucket: _Head, n: int, ring: list[_Head], tick_s: float, cursor: int, ring_ticks: list[int]
+) -> None:
+    """Move the first ``n`` entries of ``bucket`` to the end of their ring slots.
+
+    Each goes to the slot of its fire tick (``tick_ceil(due_s)``, inlined here,
+    and never at or before ``cursor``); a slot that was empty gets its tick
+    pushed on the ``ring_ticks`` heap. The caller guarantees that every fire
+    tick is within ``(cursor, cursor + len(ring)]`` and keeps the counts.
+    """
+    slots = len(ring)
+    ceil = math.ceil
+    first = cursor + 1
+    node: Any = bucket._next  # Entry nodes, typed loosely to keep the loop lean
+    for _ in range(n):
+        nxt = node._next
+        due = node.due_s
+        tick = ceil(due / tick_s)  # TimingWheel.tick_ceil, re-checked the same way
+        if tick * tick_s < due:
+            tick += 1
+        elif (tick - 1) * tick_s >= due:
+            tick -= 1
+        if tick < first:  # float edge, as on insert
+            tick = first
+        home = ring[tick % slots]
+        last = home._prev
+        if last is home:
+            heappush(ring_ticks, tick)
+        node._prev = last
+        node._next = home
+        last._next = node
+        home._prev = node
+        node._home = home
+        node = nxt
+    bucket._next = node
+    node._prev = bucket
+    bucket.count -= n
