@@ -38,14 +38,23 @@ class _Head(_Node):
         self.count = 0
 
     def drain(self) -> list[Entry]:
-        """Unlink every entry, in list order, and return them."""
+        """Unlink every entry, in list order, and return them.
+
+        Each entry's links are dropped, not left pointing at its old
+        neighbours: entries still linked to each other would form reference
+        cycles, which only the cyclic collector frees, and the server freezes
+        the tasks it loads at start out of that collector's reach. Without
+        links, a task is freed the moment nothing else holds it.
+        """
         out: list[Entry] = []
         node = self._next
         while node is not self:
             assert isinstance(node, Entry)
             out.append(node)
             node._home = None
-            node = node._next
+            nxt = node._next
+            del node._prev, node._next
+            node = nxt
         self._prev = self._next = self
         return out
 

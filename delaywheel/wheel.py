@@ -179,6 +179,7 @@ class TimingWheel:
         prev, nxt = entry._prev, entry._next
         prev._next = nxt
         nxt._prev = prev
+        del entry._prev, entry._next
         entry._home = None
         self._pending -= 1
         if home.key >= 0:
@@ -286,7 +287,9 @@ class TimingWheel:
             while node is not head:
                 append_fired(node)
                 node._home = None
-                node = node._next
+                nxt = node._next
+                del node._prev, node._next  # no cycles left behind: see _Head.drain
+                node = nxt
             head._next = head._prev = head
         self._cursor = target
 

@@ -566,3 +566,33 @@ def test_the_budget_rises_just_enough_to_meet_the_deadline() -> None:
     assert moved == [100] * 10  # 1000 timers over the 10 advances in reach
     assert wheel.advance(50.0) == timers
     assert wheel.stats().moved_last_advance == 0  # nothing left for the deadline
+
+
+def test_fired_and_removed_timers_are_freed_without_the_cyclic_collector() -> None:
+    # The server freezes loaded tasks out of the cyclic collector's reach, so a
+    # task the wheel lets go of must hold no reference cycle: links are dropped.
+    import gc
+    import weakref
+
+    class Freeable(Entry):
+        __slots__ = ("__weakref__",)
+
+    wheel = wheel_at(0.0, slots=8)
+    timers = [Freeable() for _ in range(300)]
+    for i, timer in enumerate(timers):
+        wheel.insert(timer, 5.0 if i % 3 else 5000.0 + i)  # a shared slot, and buckets
+    refs = [weakref.ref(t) for t in timers]
+    gc.disable()
+    try:
+        for timer in timers[2::3][:50] + timers[0::3][:20]:  # from the slot and from buckets
+            wheel.remove(timer)
+        del timer, timers
+        fired = wheel.advance(6.0)
+        assert len(fired) == 150
+        del fired
+        later = wheel.advance(10_000.0)  # every bucket moves into the ring, then fires
+        assert len(later) == 80
+        del later
+        assert all(ref() is None for ref in refs), "a timer survives only through a cycle"
+    finally:
+        gc.enable()
