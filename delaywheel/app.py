@@ -71,8 +71,10 @@ async def recover(engine: Engine, store: Store) -> int:
     try:
         loaded = await engine.load(store.load())
     finally:
+        # Freeze before enabling: otherwise the first allocation afterwards
+        # sets off a full collection over everything just loaded.
+        gc.freeze()
         gc.enable()
-    gc.freeze()
     log.info("loaded %d tasks from %s in %.2f s", loaded, store.url, time.perf_counter() - started)
     return loaded
 

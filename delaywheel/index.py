@@ -51,6 +51,16 @@ class TaskIndex:
         if len(self._order) > 2 * len(self.by_id) + 1024:
             self._order = [t for t in self._order if self.by_id.get(t.id) is t]
 
+    def add_loaded(self, tasks: list[Task]) -> None:
+        """Index a batch of tasks loaded from the store, already in ``by_id``:
+        number them and append them to the creation order in one go."""
+        first = next(self._seq)
+        for seq, task in enumerate(tasks, first):
+            task.seq = seq
+        if tasks:
+            self._seq = count(first + len(tasks))
+        self._order += tasks
+
     def remove(self, task: Task) -> None:
         if self.by_id.get(task.id) is task:
             del self.by_id[task.id]
