@@ -183,8 +183,12 @@ class RedisStore(Store):
                 cursor, fields = await scan
                 if cursor != 0:
                     # Ask for the next batch now: Redis scans it while the
-                    # caller works on this one.
+                    # caller works on this one. The task must get as far as
+                    # sending before we hand the batch out (the caller works
+                    # without giving the loop a turn), hence the yields.
                     scan = asyncio.ensure_future(self._scan(client, cursor, batch_size))
+                    for _ in range(_TURNS_TO_SEND):
+                        await asyncio.sleep(0)
                 # HSCAN may return a field twice (while Redis rehashes the hash).
                 ids = _task_ids(self.url, self.key, fields)
                 fresh = [(i, r) for i, r in zip(ids, fields.values(), strict=True) if i not in seen]
@@ -279,6 +283,12 @@ def _is_utf8(field: bytes) -> bool:
 async def _close_quietly(client: Redis) -> None:
     with contextlib.suppress(RedisError, OSError):  # the connections are gone either way
         await client.aclose()
+
+
+# Loop turns a freshly started HSCAN needs to get its request onto the socket
+# (redis-py takes a connection from the pool, then writes). Measured on a
+# 1,000,000-task load: one turn overlapped nothing, two did; three for margin.
+_TURNS_TO_SEND = 3
 
 
 class _HiredisPacking:
