@@ -92,7 +92,11 @@ def run() -> Report:
     try:
         stores = [("sqlite", f"sqlite:///{directory / 'bench.db'}")]
         with private_redis(directory) as url:
-            for name, store_url in [("redis", url), *stores]:
+            if url is None:
+                progress("no redis-server installed: Redis skipped")
+            else:
+                stores.insert(0, ("redis", url))
+            for name, store_url in stores:
                 progress(f"writing {TASKS:,} records to {name}, then loading them")
                 elapsed, loaded = asyncio.run(measure(store_url))
                 figures.append(
