@@ -13,6 +13,7 @@ size and to journal it, and most tasks are never read before they are due.
 from __future__ import annotations
 
 import sys
+from operator import attrgetter
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
@@ -47,6 +48,20 @@ TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
     (DEAD, "update"): frozenset({DELAYED, READY, DEAD}),
     **{(state, "delete"): frozenset({GONE}) for state in STATES},
 }
+
+
+# The fields a request can change, state first (the journal's undo reads it).
+CHANGEABLE = (
+    "state",
+    "topic",
+    "at_s",
+    "body_packed",
+    "ttr_s",
+    "max_attempts",
+    "attempts",
+    "deadline_s",
+)
+_snapshot = attrgetter(*CHANGEABLE)
 
 
 class TransitionError(RequestError):
@@ -116,29 +131,13 @@ class Task(Entry):
         self.queue_seq = -1  # ready-queue membership ticket; -1 when not queued
 
     def snapshot(self) -> tuple[Any, ...]:
-        """Every field a request can change, for undo after a failed store write."""
-        return (
-            self.state,
-            self.topic,
-            self.at_s,
-            self.body_packed,
-            self.ttr_s,
-            self.max_attempts,
-            self.attempts,
-            self.deadline_s,
-        )
+        """Every field a request can change (``CHANGEABLE``, state first), for
+        undo after a failed store write."""
+        return _snapshot(self)
 
     def restore_fields(self, snap: tuple[Any, ...]) -> None:
-        (
-            self.state,
-            self.topic,
-            self.at_s,
-            self.body_packed,
-            self.ttr_s,
-            self.max_attempts,
-            self.attempts,
-            self.deadline_s,
-        ) = snap
+        for name, value in zip(CHANGEABLE, snap, strict=True):
+            setattr(self, name, value)
 
     @property
     def timer_s(self) -> float:
