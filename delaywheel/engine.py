@@ -21,8 +21,6 @@ from collections.abc import AsyncIterator
 from itertools import count
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped, unused-ignore]
-
 from delaywheel import __version__, validate
 from delaywheel.errors import RequestError
 from delaywheel.index import TaskCounts, TaskIndex
@@ -37,15 +35,15 @@ from delaywheel.task import (
     READY,
     RESERVED,
     Task,
-    TransitionError,
     check_transition,
+    describe,
+    place_of,
 )
 from delaywheel.validate import Limits, bad
 from delaywheel.wheel import TimingWheel
 
 log = logging.getLogger(__name__)
 
-_QUEUE_TARGET = {"type": "queue"}
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
@@ -182,24 +180,16 @@ class Engine:
         return task
 
     def _added(self, task: Task) -> dict[str, Any]:
-        cycle, slot = self._place_of(task)
+        cycle, slot = place_of(task, self.wheel)
         return {"id": task.id, "at": task.at_s, "cycle": cycle, "slot": slot}
 
     def update(self, task_id: Any, fields: Any, now_s: float) -> dict[str, Any]:
         task = self._find(task_id)
         changes = validate.changes(fields, now_s, self.limits)
-        new: dict[str, Any] = {}
-        if changes.topic is not None:
-            new["topic"] = changes.topic
-        if changes.body_packed is not None:
-            new["body_packed"] = changes.body_packed
-        if changes.ttr_s is not None:
-            new["ttr_s"] = changes.ttr_s
-        if changes.max_attempts is not None:
-            new["max_attempts"] = changes.max_attempts
+        # Changes' fields are named as the task's: the ones given become them.
+        new = {name: value for name, value in vars(changes).items() if value is not None}
         to = task.state
         if changes.at_s is not None:
-            new["at_s"] = changes.at_s
             to = DELAYED if changes.at_s > now_s else READY
             if task.state == DEAD:
                 new["attempts"] = 0  # a dead task given a new time starts afresh
@@ -351,32 +341,8 @@ class Engine:
             raise RequestError("not_found", f"no task with id {task_id!r}")
         return task
 
-    def _place_of(self, task: Task) -> tuple[int | None, int | None]:
-        if task.scheduled:
-            return self.wheel.place(task)
-        if task.state in (READY, RESERVED):
-            return 0, self.wheel.stats().cursor_slot
-        return None, None
-
     def describe(self, task: Task) -> dict[str, Any]:
-        cycle, slot = self._place_of(task)
-        info: dict[str, Any] = {
-            "id": task.id,
-            "topic": task.topic,
-            "state": task.state if task.state != GONE else "gone",
-            "at": task.at_s,
-            "body": msgpack.unpackb(task.body_packed, raw=False, strict_map_key=False),
-            "ttr": task.ttr_s,
-            "max_attempts": task.max_attempts,
-            "attempts": task.attempts,
-            "created": task.created_s,
-            "target": _QUEUE_TARGET,
-            "cycle": cycle,
-            "slot": slot,
-        }
-        if task.state == RESERVED:
-            info["deadline"] = task.deadline_s
-        return info
+        return describe(task, self.wheel)
 
     # -- recovery ----------------------------------------------------------------
 
@@ -428,5 +394,3 @@ class Engine:
         self._counts.add_all(iter(index.values()))
         return loaded
 
-
-__all__ = ["Engine", "RequestError", "TransitionError", "Waiter"]

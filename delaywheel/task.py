@@ -19,7 +19,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from delaywheel.errors import RequestError
-from delaywheel.wheel import Entry
+from delaywheel.wheel import Entry, TimingWheel
 
 NEW = "new"
 DELAYED = "delayed"
@@ -233,3 +233,38 @@ def _unpack_record(record: bytes) -> tuple[Any, ...]:
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes.
 RECORD_VERSION = 1
+
+
+_QUEUE_TARGET = {"type": "queue"}
+
+
+def place_of(task: Task, wheel: TimingWheel) -> tuple[int | None, int | None]:
+    """``(cycle, slot)`` as the protocol reports them: a scheduled task's place in
+    the wheel, the cursor for a ready one, nothing for a dead one."""
+    if task.scheduled:
+        return wheel.place(task)
+    if task.state in (READY, RESERVED):
+        return 0, wheel.stats().cursor_slot
+    return None, None
+
+
+def describe(task: Task, wheel: TimingWheel) -> dict[str, Any]:
+    """The task as the protocol returns it (``get``, ``list``, ``reserve``...)."""
+    cycle, slot = place_of(task, wheel)
+    info: dict[str, Any] = {
+        "id": task.id,
+        "topic": task.topic,
+        "state": task.state,
+        "at": task.at_s,
+        "body": msgpack.unpackb(task.body_packed, raw=False, strict_map_key=False),
+        "ttr": task.ttr_s,
+        "max_attempts": task.max_attempts,
+        "attempts": task.attempts,
+        "created": task.created_s,
+        "target": _QUEUE_TARGET,
+        "cycle": cycle,
+        "slot": slot,
+    }
+    if task.state == RESERVED:
+        info["deadline"] = task.deadline_s
+    return info
