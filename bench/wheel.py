@@ -52,6 +52,9 @@ The targets printed beside the figures: insert, remove and fire each at least
 500,000 entries/s; one tick with nothing due under 1 ms (whatever is pending,
 so the burst's ticks too); at most 150 bytes per pending entry. The section
 takes about 40-70 s.
+
+Items 1-4 are measured here; the burst in ``bench/wheel_burst.py``, memory in
+``bench/wheel_memory.py``, and the setup above is in ``bench/wheel_common.py``.
 """
 
 from __future__ import annotations
@@ -59,43 +62,29 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import sys
-import time
-import tracemalloc
 from dataclasses import dataclass
 
-from bench import Figure, Report, Target, paused_gc, progress
-from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, Entry, TimingWheel
-
-ENTRIES = 1_000_000
-REPEATS = 3
-SEED = 20240601
-SLOTS = DEFAULT_SLOTS
-TICK_S = DEFAULT_TICK_S
-HOUR_S = 3600.0
-WEEK_S = 7 * 24 * HOUR_S
-FIRE_STEP_S = 60.0  # one advance per simulated minute in the fire run
-LAP_S = SLOTS * TICK_S
-# A fixed start on a lap boundary: the idle-tick run then crosses into a full lap.
-NOW_S = math.floor(1_700_000_000 / LAP_S) * LAP_S
-
-RATE_TARGET = Target(">=", 500_000)
-TICK_TARGET_US = Target("<", 1_000)
-BYTES_TARGET = Target("<=", 150)
-
-perf_counter = time.perf_counter
-
-
-def new_wheel() -> TimingWheel:
-    return TimingWheel(slots=SLOTS, tick_s=TICK_S, now_s=NOW_S)
-
-
-def random_dues(rng: random.Random, n: int, lo_s: float, hi_s: float) -> list[float]:
-    """``n`` due times uniform in ``(NOW_S + lo_s, NOW_S + hi_s]``."""
-    rand = rng.random
-    span = hi_s - lo_s
-    return [NOW_S + lo_s + span * (1.0 - rand()) for _ in range(n)]
-
+from bench import Figure, Report, paused_gc, progress
+from bench.wheel_burst import burst_figures
+from bench.wheel_common import (
+    ENTRIES,
+    FIRE_STEP_S,
+    HOUR_S,
+    NOW_S,
+    RATE_TARGET,
+    REPEATS,
+    SEED,
+    SLOTS,
+    TICK_S,
+    TICK_TARGET_US,
+    WEEK_S,
+    filled_wheel,
+    new_wheel,
+    perf_counter,
+    random_dues,
+)
+from bench.wheel_memory import memory_figures
+from delaywheel.wheel import Entry
 
 # -- 1 and 2: insert and remove ---------------------------------------------------
 
@@ -147,10 +136,7 @@ def measure_fire(
     rates: list[float] = []
     for run in range(repeats):
         progress(f"fire, {len(targets):,} advance(s) of {step_s:g} s, run {run + 1}/{repeats}")
-        wheel = new_wheel()
-        insert = wheel.insert
-        for entry, due in zip(entries, dues, strict=True):
-            insert(entry, due)
+        wheel = filled_wheel(entries, dues)
         advance = wheel.advance
         fired = 0
         spent_s = 0.0
@@ -190,10 +176,7 @@ def measure_idle_ticks(entries: list[Entry], dues: list[float], passes: int) -> 
     results: list[TickPass] = []
     for run in range(passes):
         progress(f"idle ticks, {ticks:,} one-tick advances, pass {run + 1}/{passes}")
-        wheel = new_wheel()
-        insert = wheel.insert
-        for entry, due in zip(entries, dues, strict=True):
-            insert(entry, due)
+        wheel = filled_wheel(entries, dues)
         advance = wheel.advance
         stats = wheel.stats
         plain: list[float] = []
@@ -234,132 +217,17 @@ def measure_idle_ticks(entries: list[Entry], dues: list[float], passes: int) -> 
     return results
 
 
-# -- 6: a burst due in one minute a week out ----------------------------------------
+# -- the figures ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BurstPass:
-    """One pass of one-tick advances over the hour before a burst falls due."""
-
-    jump_us: float  # the one advance from NOW_S to an hour before the burst
-    max_us: float
-    median_us: float
-    most_moved: int  # most entries one advance moved into the ring
-    moved: int  # entries moved in the hour (the rest fire on the next span's ticks)
-
-
-def measure_burst(entries: list[Entry], dues: list[float], passes: int) -> list[BurstPass]:
-    """Per pass: fill a fresh wheel with the burst, jump to an hour before it, tick on."""
-    first_tick = math.ceil(min(dues) / TICK_S)
-    ticks = round(HOUR_S / TICK_S)
-    start_s = (first_tick - 1 - ticks) * TICK_S
-    targets = [start_s + TICK_S * i for i in range(1, ticks + 1)]  # the last: first_tick - 1
-    results: list[BurstPass] = []
-    for run in range(passes):
-        progress(f"burst, {ticks:,} one-tick advances before it, pass {run + 1}/{passes}")
-        wheel = new_wheel()
-        insert = wheel.insert
-        for entry, due in zip(entries, dues, strict=True):
-            insert(entry, due)
-        advance = wheel.advance
-        stats = wheel.stats
-        every: list[float] = []
-        moved = most_moved = fired = 0
-        with paused_gc():
-            started = perf_counter()
-            fired += len(advance(start_s))
-            jump_s = perf_counter() - started
-            for target in targets:
-                started = perf_counter()
-                out = advance(target)
-                every.append(perf_counter() - started)
-                fired += len(out)
-                del out
-                step = stats().moved_last_advance
-                moved += step
-                most_moved = max(most_moved, step)
-        if fired:
-            raise RuntimeError(f"{fired} entries fired before the burst was due")
-        remove = wheel.remove
-        for entry in entries:
-            remove(entry)
-        results.append(
-            BurstPass(
-                jump_us=jump_s * 1e6,
-                max_us=max(every) * 1e6,
-                median_us=statistics.median(every) * 1e6,
-                most_moved=most_moved,
-                moved=moved,
-            )
-        )
-    return results
-
-
-# -- 5: memory --------------------------------------------------------------------
-
-
-def measure_memory(n: int, rng: random.Random) -> tuple[int, int]:
-    """Bytes traced for an empty wheel, and for the wheel plus ``n`` scheduled entries.
-
-    Both are net of the baseline read right after ``tracemalloc.start()``.
-    """
-    keep: list[Entry | None] = [None] * n  # allocated before tracing: not counted
-    rand = rng.random
-    with paused_gc():
-        tracemalloc.start()
-        try:
-            baseline, _ = tracemalloc.get_traced_memory()
-            wheel = new_wheel()
-            ring, _ = tracemalloc.get_traced_memory()
-            insert = wheel.insert
-            for i in range(n):
-                entry = Entry()
-                insert(entry, NOW_S + WEEK_S * (1.0 - rand()))
-                keep[i] = entry
-            del entry
-            total, _ = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-    if len(wheel) != n:
-        raise RuntimeError(f"expected {n} pending, found {len(wheel)}")
-    return ring - baseline, total - baseline
-
-
-# -- the section ------------------------------------------------------------------
-
-
-def run() -> Report:
-    started = perf_counter()
-    n = ENTRIES
-    rng = random.Random(SEED)
-    progress(f"creating {n:,} entries")
-    entries = [Entry() for _ in range(n)]
-    dues = random_dues(rng, n, 0.0, WEEK_S)
+def insert_remove_figures(
+    entries: list[Entry], dues: list[float], rng: random.Random
+) -> list[Figure]:
+    """Insert, then remove in an order ``rng`` shuffles once: items 1 and 2."""
     order = entries[:]
     rng.shuffle(order)
-
     insert_rates, remove_rates = measure_insert_remove(entries, dues, order, REPEATS)
-    del order
-    fire_rates = measure_fire(entries, dues, REPEATS, FIRE_STEP_S)
-    (fire_once,) = measure_fire(entries, dues, 1, WEEK_S)
-
-    far_dues = random_dues(rng, n, HOUR_S, WEEK_S)
-    del dues
-    passes = measure_idle_ticks(entries, far_dues, REPEATS)
-    burst_dues = random_dues(rng, n, WEEK_S, WEEK_S + 60.0)
-    del far_dues
-    bursts = measure_burst(entries, burst_dues, REPEATS)
-    del entries, burst_dues
-
-    progress("memory (tracemalloc)")
-    ring_bytes, total_bytes = measure_memory(n, rng)
-    entry_bytes = sys.getsizeof(Entry())  # includes the GC header
-    float_bytes = sys.getsizeof(1.5)
-    per_entry = total_bytes / n
-    rest = per_entry - entry_bytes - float_bytes
-
-    best_tick = min(passes, key=lambda p: p.max_us)
-    figures = [
+    return [
         Figure(
             "insert_rate",
             "insert",
@@ -378,6 +246,14 @@ def run() -> Report:
             tuple(remove_rates),
             "entries/s, all of them",
         ),
+    ]
+
+
+def fire_figures(entries: list[Entry], dues: list[float]) -> list[Figure]:
+    """Fire a week of timers a minute at a time, then in one advance: item 3."""
+    fire_rates = measure_fire(entries, dues, REPEATS, FIRE_STEP_S)
+    (fire_once,) = measure_fire(entries, dues, 1, WEEK_S)
+    return [
         Figure(
             "fire_rate",
             "fire (1 advance per sim. minute)",
@@ -396,6 +272,14 @@ def run() -> Report:
             (fire_once,),
             "one run, for comparison",
         ),
+    ]
+
+
+def idle_tick_figures(entries: list[Entry], dues: list[float]) -> list[Figure]:
+    """An hour of one-tick advances with nothing due: item 4."""
+    passes = measure_idle_ticks(entries, dues, REPEATS)
+    best = min(passes, key=lambda p: p.max_us)
+    return [
         Figure(
             "idle_tick_max_us",
             "idle tick: longest",
@@ -404,7 +288,7 @@ def run() -> Report:
             TICK_TARGET_US,
             tuple(p.max_us for p in passes),
             "a tick that moved a bucket into the ring"
-            if best_tick.cascade_us >= best_tick.max_plain_us
+            if best.cascade_us >= best.max_plain_us
             else "a tick that moved nothing",
         ),
         Figure(
@@ -440,57 +324,29 @@ def run() -> Report:
             "us",
             TICK_TARGET_US,
             tuple(p.cascade_us for p in passes),
-            f"once a minute, up to {best_tick.most_moved:,} entries; "
-            f"{best_tick.cascaded:,} moved in the hour",
-        ),
-        Figure(
-            "burst_tick_max_us",
-            "burst: longest tick, hour before",
-            min(p.max_us for p in bursts),
-            "us",
-            TICK_TARGET_US,
-            tuple(p.max_us for p in bursts),
-            f"{n:,} due in one minute a week out; "
-            f"up to {max(p.most_moved for p in bursts):,} moved a tick",
-        ),
-        Figure(
-            "burst_tick_median_us",
-            "burst: median tick, hour before",
-            min(p.median_us for p in bursts),
-            "us",
-            TICK_TARGET_US,
-            tuple(p.median_us for p in bursts),
-            f"{round(HOUR_S / TICK_S):,} one-tick advances; "
-            f"{min(p.moved for p in bursts):,} moved in all",
-        ),
-        Figure(
-            "burst_jump_us",
-            "burst: jump to an hour before",
-            min(p.jump_us for p in bursts),
-            "us",
-            None,
-            tuple(p.jump_us for p in bursts),
-            "one advance over ~1 week with nothing due",
-        ),
-        Figure(
-            "bytes_per_entry",
-            "bytes per pending entry",
-            per_entry,
-            "B",
-            BYTES_TARGET,
-            (per_entry,),
-            f"Entry {entry_bytes} + due_s float {float_bytes} + wheel share {rest:.1f}",
-        ),
-        Figure(
-            "ring_bytes",
-            "ring alone (empty wheel)",
-            float(ring_bytes),
-            "B",
-            None,
-            (float(ring_bytes),),
-            f"{ring_bytes / SLOTS:.1f} B per slot; {ring_bytes / n:.2f} B per entry at {n:,}",
+            f"once a minute, up to {best.most_moved:,} entries; "
+            f"{best.cascaded:,} moved in the hour",
         ),
     ]
+
+
+# -- the section ------------------------------------------------------------------
+
+
+def run() -> Report:
+    started = perf_counter()
+    n = ENTRIES
+    rng = random.Random(SEED)  # draws, in order: dues, remove order, far, burst, memory
+    progress(f"creating {n:,} entries")
+    entries = [Entry() for _ in range(n)]
+    dues = random_dues(rng, n, 0.0, WEEK_S)
+    figures = insert_remove_figures(entries, dues, rng)
+    figures += fire_figures(entries, dues)
+    del dues
+    figures += idle_tick_figures(entries, random_dues(rng, n, HOUR_S, WEEK_S))
+    figures += burst_figures(entries, random_dues(rng, n, WEEK_S, WEEK_S + 60.0), REPEATS)
+    del entries
+    figures += memory_figures(n, rng)
     title = (
         f"TimingWheel, {n:,} entries due uniformly over one week; "
         f"{SLOTS} slots x {TICK_S:g} s tick; best of {REPEATS}"

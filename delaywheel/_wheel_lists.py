@@ -3,7 +3,8 @@
 Every ring slot, every bucket above the ring and the overdue list is a circular
 doubly linked list whose nodes are the timers themselves, so unlinking one is
 O(1) with no search. ``move_front`` is the wheel's one bulk operation: it moves
-timers from the front of a bucket to the ring slots of their fire ticks.
+timers from the front of a bucket to the ring slots of their fire ticks, and
+``move_budget`` says how many an advance moves.
 """
 
 from __future__ import annotations
@@ -124,3 +125,25 @@ def move_front(
     bucket._next = node
     node._prev = bucket
     bucket.count -= n
+
+
+def move_budget(
+    buckets: dict[int, _Head], span: int, cursor: int, first: int, last: int, least: int
+) -> int:
+    """Enough that advancing once a tick moves every bucket before its deadline.
+
+    Buckets ``first`` to ``last`` are within the ring's reach. Earliest
+    deadline first, bucket ``k`` and all before it must be moved by the advance
+    that leaves the cursor just short of ``k``'s first tick: that is
+    ``k * span - cursor`` advances counting this one. Served at this rate once
+    a tick, no bucket's rate rises, so the budget (never below ``least``)
+    rises only when a bucket comes within reach or a timer joins one.
+    """
+    budget = least
+    queued = 0
+    for key in range(first, last + 1):  # at most slots // span + 1 keys
+        bucket = buckets.get(key)
+        if bucket is not None:
+            queued += bucket.count
+            budget = max(budget, -(-queued // (key * span - cursor)))
+    return budget

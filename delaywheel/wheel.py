@@ -7,8 +7,7 @@ Time is cut into ticks of ``tick_s`` seconds, numbered from the Unix epoch
 first tick that starts at or after it: the smallest ``n`` with
 ``n * tick_s >= due_s``. The cursor is the last tick processed; ``advance(now)``
 moves it to the last tick that has started by ``now`` and returns every timer
-whose fire tick it passed. So a timer never fires early and at most one tick
-late.
+whose fire tick it passed: never early, and at most one tick late.
 
 The ring has ``slots`` slots, each a circular doubly linked list whose nodes
 are the entries themselves, so unlinking is O(1) with no search (see
@@ -29,9 +28,9 @@ moves. Then the advance moves a *budget* of entries from buckets within
 reach, earliest deadline first, resuming a half-moved bucket where it
 stopped. The budget is ``MOVE_BUDGET`` (256) or, if more, the least rate that
 moves every reachable bucket by its deadline if advances come once a tick
-(``_move_budget``; served that way, no bucket's rate ever rises). A bucket
-has ``slots - span + 1`` such advances (59 minutes by default), so with the
-driver waking every tick, an advance that fires nothing moves at most
+(``_wheel_lists.move_budget``; served that way, no bucket's rate ever rises).
+A bucket has ``slots - span + 1`` such advances (59 minutes by default), so
+with the driver waking every tick, an advance that fires nothing moves at most
 ``max(256, timers due within one lap / (slots - span + 1))`` entries whatever
 is pending further out: 283 (~0.2 ms) for a million due in one minute.
 
@@ -40,16 +39,15 @@ bucket even when its tick is within reach: the bucket may hold earlier timers
 due at the same instant, and ties fire in scheduling order. Otherwise a timer
 within reach goes straight to its slot.
 
-Two small heaps say where to look next: the fire ticks of ring slots that hold
-something, and the keys of the buckets. An advance jumps from one to the next
-instead of stepping over empty ticks, so catching up after a long stall (or a
-clock jump of years) costs only what it fires and moves. Both heaps are lazy:
-an entry whose slot or bucket has since emptied is dropped when it surfaces,
-and a heap that has grown well past what it can refer to is rebuilt.
-``next_fire_s()`` is the earlier of the next ring tick and the tick at which
-the earliest bucket comes within reach; while a reachable bucket is not yet
-all moved, it is the next tick (never sooner), so the driver wakes once a
-tick until the move is done, and such an advance may return nothing.
+Two small heaps (``_wheel_heaps``) say where to look next: the fire ticks of
+ring slots that hold something, and the keys of the buckets. An advance jumps
+from one to the next instead of stepping over empty ticks, so catching up
+after a long stall (or a clock jump of years) costs only what it fires and
+moves. Both heaps are lazy: an entry whose slot or bucket has since emptied is
+dropped when it surfaces, and a heap grown well past what it can refer to is
+rebuilt. ``next_fire_s()`` is the earlier of the next ring tick and the tick
+at which the earliest bucket comes within reach, or, while a reachable bucket
+is not all moved, the next tick (such an advance may return nothing).
 
 A timer due at or before the wheel's ``now`` (set by the last advance) goes to
 the *overdue* list and fires at the very next advance. Time going backwards
@@ -79,8 +77,9 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+from delaywheel._wheel_heaps import BucketKeys, RingTicks
 from delaywheel._wheel_lists import Entry as Entry  # re-exported: subclass it
-from delaywheel._wheel_lists import _Head, append, move_front
+from delaywheel._wheel_lists import _Head, append, move_budget, move_front
 
 DEFAULT_SLOTS = 3600
 DEFAULT_TICK_S = 1.0
@@ -125,9 +124,11 @@ class TimingWheel:
         self._now_s = float(now_s)
         self._cursor = self.tick_floor(now_s)
         self._ring = [_Head() for _ in range(slots)]
-        self._ring_ticks: list[int] = []  # fire ticks of non-empty slots (lazy)
+        self._ticks = RingTicks(self._ring)  # fire ticks of non-empty slots
+        self._ring_ticks = self._ticks.heap  # the same list, read on the hot path
         self._buckets: dict[int, _Head] = {}
-        self._bucket_keys: list[int] = []  # keys of self._buckets (lazy)
+        self._keys = BucketKeys(self._buckets)
+        self._bucket_keys = self._keys.heap
         self._overdue = _Head()
         self._pending = 0
         self._above_ring = 0  # entries in buckets
@@ -210,11 +211,11 @@ class TimingWheel:
                 # of this span (ties must keep their scheduling order).
                 home = self._ring[tick % self.slots]
                 if home._next is home:
-                    self._push_ring_tick(tick)
+                    self._ticks.push(tick, cursor)
                 append(home, entry)
                 return
             home = self._buckets[key] = _Head(key)
-            self._push_bucket_key(key)
+            self._keys.push(key)
         home.count += 1
         self._above_ring += 1
         last = home._prev  # append(home, entry), inlined on the commonest path
@@ -295,12 +296,12 @@ class TimingWheel:
 
     def _next_deadline(self, target: int) -> int:
         """The first tick of the earliest bucket, or ``target + 1`` if none."""
-        key = self._peek_bucket_key()
+        key = self._keys.peek()
         return target + 1 if key is None else key * self._span
 
     def _finish_bucket(self) -> None:
         """Move all of the earliest bucket into the ring (the cursor is just before it)."""
-        key = heapq.heappop(self._bucket_keys)  # live: _next_deadline peeked it
+        key = self._keys.pop()  # live: _next_deadline peeked it
         bucket = self._buckets.pop(key)
         self._move(bucket, bucket.count)
 
@@ -308,10 +309,10 @@ class TimingWheel:
         """Move up to a budget of entries from buckets the ring can reach, earliest first."""
         cursor = self._cursor
         last = (cursor + self.slots + 1) // self._span - 1  # all its ticks <= cursor + slots
-        key = self._peek_bucket_key()
+        key = self._keys.peek()
         if key is None or key > last:
             return
-        budget = self._move_budget(key, last)
+        budget = move_budget(self._buckets, self._span, cursor, key, last, self._budget)
         buckets = self._buckets
         while True:
             bucket = buckets[key]
@@ -321,35 +322,14 @@ class TimingWheel:
             if bucket.count:
                 return  # budget spent
             del buckets[key]
-            heapq.heappop(self._bucket_keys)
-            key = self._peek_bucket_key()
+            self._keys.pop()
+            key = self._keys.peek()
             if not budget or key is None or key > last:
                 return
 
-    def _move_budget(self, first: int, last: int) -> int:
-        """Enough that advancing once a tick moves every bucket before its deadline.
-
-        Earliest deadline first, bucket ``k`` and all before it must be moved
-        by the advance that leaves the cursor just short of ``k``'s first tick:
-        that is ``k * span - cursor`` advances counting this one. Served at
-        this rate once a tick, no bucket's rate rises, so the budget rises
-        only when a bucket comes within reach or a timer joins one.
-        """
-        budget = self._budget
-        buckets, span, cursor = self._buckets, self._span, self._cursor
-        queued = 0
-        for key in range(first, last + 1):  # at most slots // span + 1 keys
-            bucket = buckets.get(key)
-            if bucket is not None:
-                queued += bucket.count
-                budget = max(budget, -(-queued // (key * span - cursor)))
-        return budget
-
     def _move(self, bucket: _Head, n: int) -> None:
-        ticks = self._ring_ticks
-        if len(ticks) > 2 * self.slots + 64:
-            self._rebuild_ring_ticks()
-        move_front(bucket, n, self._ring, self.tick_s, self._cursor, ticks)
+        self._ticks.trim(self._cursor)
+        move_front(bucket, n, self._ring, self.tick_s, self._cursor, self._ring_ticks)
         self._above_ring -= n
         self._moved += n
 
@@ -364,55 +344,13 @@ class TimingWheel:
         """
         if self._overdue._next is not self._overdue:
             return self._now_s
-        tick = self._peek_ring_tick()
-        key = self._peek_bucket_key()
+        tick = self._ticks.peek(self._cursor)
+        key = self._keys.peek()
         if key is not None:
             reach = max((key + 1) * self._span - 1 - self.slots, self._cursor + 1)
             if tick is None or reach < tick:
                 tick = reach
         return None if tick is None else tick * self.tick_s
-
-    # -- lazy heaps ------------------------------------------------------------
-
-    def _push_ring_tick(self, tick: int) -> None:
-        if len(self._ring_ticks) > 2 * self.slots + 64:
-            self._rebuild_ring_ticks()
-        heapq.heappush(self._ring_ticks, tick)
-
-    def _rebuild_ring_ticks(self) -> None:
-        # Refill-after-empty left stale duplicates: rebuild from the slots.
-        ticks = self._ring_ticks
-        ticks[:] = sorted({t for t in ticks if self._ring_tick_live(t)})
-
-    def _ring_tick_live(self, tick: int) -> bool:
-        # A slot holds timers of one fire tick in (cursor, cursor + slots], so a
-        # non-empty slot and a tick past the cursor identify each other.
-        head = self._ring[tick % self.slots]
-        return tick > self._cursor and head._next is not head
-
-    def _peek_ring_tick(self) -> int | None:
-        ticks = self._ring_ticks
-        while ticks:
-            tick = ticks[0]
-            if self._ring_tick_live(tick):
-                return tick
-            heapq.heappop(ticks)
-        return None
-
-    def _push_bucket_key(self, key: int) -> None:
-        keys = self._bucket_keys
-        if len(keys) > 2 * len(self._buckets) + 64:
-            keys[:] = sorted(self._buckets)
-        heapq.heappush(keys, key)
-
-    def _peek_bucket_key(self) -> int | None:
-        keys = self._bucket_keys
-        while keys:
-            key = keys[0]
-            if key in self._buckets:
-                return key
-            heapq.heappop(keys)
-        return None
 
     # -- introspection -----------------------------------------------------------
 
