@@ -20,6 +20,7 @@ from delaywheel.store import Store, StoreUnavailable, open_store
 
 log = logging.getLogger("delaywheel")
 
+
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
     store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)

@@ -205,9 +205,7 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None:
             return
-        should_pause = (
-            self.writing_paused or self.busy or len(self.replies) > MAX_QUEUED_REPLIES
-        )
+        should_pause = self.writing_paused or self.busy or len(self.replies) > MAX_QUEUED_REPLIES
         if should_pause and not self.reading_paused:
             self.transport.pause_reading()
             self.reading_paused = True

@@ -393,4 +393,3 @@ class Engine:
         # task by task while placing them.
         self._counts.add_all(iter(index.values()))
         return loaded
-
