@@ -56,6 +56,7 @@ class Queues:
         self._ready: dict[str, ReadyQueue] = {}
         self._dead: dict[str, dict[str, Task]] = {}  # insertion order = order of death
         self._waiters: dict[str, deque[Waiter]] = {}
+        self._woken: set[str] = set()  # see waiting_topics
         self._seq = count(1)
 
     # -- ready -------------------------------------------------------------
@@ -67,6 +68,8 @@ class Queues:
         task.queue_seq = seq = next(self._seq)
         heapq.heappush(queue.heap, (task.at_s, seq, task))
         queue.live += 1
+        if task.topic in self._waiters:
+            self._woken.add(task.topic)
 
     def drop_ready(self, task: Task) -> None:
         task.queue_seq = -1
@@ -140,8 +143,12 @@ class Queues:
         return None
 
     def waiting_topics(self) -> list[str]:
-        """Topics that have both a live waiter and a ready task."""
-        return [name for name in self._waiters if name in self._ready]
+        """Topics that got a ready task while a reserve waited on them, since
+        the last call: only those can have a waiter to serve. (Scanning every
+        topic with a waiter would cost each add as much as there are idle
+        consumers.)"""
+        woken, self._woken = self._woken, set()
+        return [name for name in woken if name in self._waiters and name in self._ready]
 
     def next_waiter(self, topic: str) -> Waiter | None:
         return self._first_waiter(topic)

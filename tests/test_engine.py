@@ -324,3 +324,30 @@ def test_list_shows_a_task_whose_delete_was_undone() -> None:
         assert engine.stats(T0)["states"]["ready"] == 2
 
     run(scenario)
+
+
+def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
+    # With many idle consumers, an add must not scan every waiting topic.
+    from delaywheel.queues import Queues
+    from delaywheel.task import READY, Task
+
+    queues = Queues()
+    for i in range(1000):
+        queues.add_waiter(Waiter([f"t{i}"], lambda task: None))
+    task = Task(
+        "x", "t5", 0.0, body_packed=b"\xc0", ttr_s=1, max_attempts=1, created_s=0, state=READY
+    )
+    queues.push_ready(task)
+    other = Task(
+        "y",
+        "nobody-waits",
+        0.0,
+        body_packed=b"\xc0",
+        ttr_s=1,
+        max_attempts=1,
+        created_s=0,
+        state=READY,
+    )
+    queues.push_ready(other)
+    assert queues.waiting_topics() == ["t5"]
+    assert queues.waiting_topics() == []  # reported once
