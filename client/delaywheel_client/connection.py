@@ -225,25 +225,9 @@ class Connection:
         return self._read_reply(msgid, method)
 
     def _read_reply(self, msgid: int, method: str) -> Response:
-        sock, decoder = self.sock, self.decoder
-        try:
-            while True:
-                data = sock.recv(READ_CHUNK_BYTES)
-                if not data:
-                    raise self._dropped(f"the server closed the connection during {method}")
-                decoder.feed(data)
-                for message in decoder:
-                    if type(message) is Response:
-                        if message.msgid == msgid:
-                            return message
-                    elif type(message) is Notification:
-                        self._notified(message)
-        except TimeoutError as exc:
-            raise self._dropped(f"no reply to {method} within {self.timeout_s:g} s") from exc
-        except OSError as exc:
-            raise self._dropped(f"reading the reply to {method} failed: {describe(exc)}") from exc
-        except ProtocolError as exc:
-            raise self._dropped(f"undecodable reply to {method}: {exc}") from exc
+        reply: list[Response | None] = [None]
+        self._read_replies(msgid, 0, 1, reply, method)
+        return reply[0]  # type: ignore[return-value]  # the slot was filled
 
     def exchange_many(
         self, calls: Sequence[tuple[str, Sequence[Any]]], timeout_s: float
@@ -268,20 +252,22 @@ class Connection:
                 raise self._dropped(
                     f"sending a pipeline failed: {describe(exc)}", sent=start > 0
                 ) from exc
-            self._read_replies(first, start, end, replies)
+            self._read_replies(first, start, end, replies, "a pipeline")
             start = end
         return replies  # type: ignore[return-value]  # every slot was filled
 
     def _read_replies(
-        self, first: int, start: int, end: int, replies: list[Response | None]
+        self, first: int, start: int, end: int, replies: list[Response | None], what: str
     ) -> None:
+        """Read until ``replies[start:end]`` are filled: the reply with msgid
+        ``first + i`` goes to slot ``i``. ``what`` names the call in errors."""
         sock, decoder = self.sock, self.decoder
         waiting = end - start
         try:
             while waiting:
                 data = sock.recv(READ_CHUNK_BYTES)
                 if not data:
-                    raise self._dropped("the server closed the connection during a pipeline")
+                    raise self._dropped(f"the server closed the connection during {what}")
                 decoder.feed(data)
                 for message in decoder:
                     if type(message) is Response:
@@ -289,14 +275,16 @@ class Connection:
                         if start <= index < end and replies[index] is None:
                             replies[index] = message
                             waiting -= 1
+                            if not waiting:
+                                return  # anything after it stays buffered for later
                     elif type(message) is Notification:
                         self._notified(message)
         except TimeoutError as exc:
-            raise self._dropped(f"no reply to a pipeline within {self.timeout_s:g} s") from exc
+            raise self._dropped(f"no reply to {what} within {self.timeout_s:g} s") from exc
         except OSError as exc:
-            raise self._dropped(f"reading pipeline replies failed: {describe(exc)}") from exc
+            raise self._dropped(f"reading the reply to {what} failed: {describe(exc)}") from exc
         except ProtocolError as exc:
-            raise self._dropped(f"undecodable reply in a pipeline: {exc}") from exc
+            raise self._dropped(f"undecodable reply to {what}: {exc}") from exc
 
     def _notified(self, message: Notification) -> None:
         """The server's parting ``[2, "error", [code, message]]``; other notifications are
