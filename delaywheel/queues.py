@@ -43,12 +43,11 @@ class ReadyQueue:
 class Waiter:
     """A blocked reserve. ``deliver`` is called once, with the reserved task's map."""
 
-    __slots__ = ("deliver", "done", "topics")
+    __slots__ = ("deliver", "topics")
 
     def __init__(self, topics: list[str], deliver: Callable[[dict[str, Any]], None]) -> None:
         self.topics = topics
         self.deliver = deliver
-        self.done = False
 
 
 class Queues:
@@ -122,7 +121,6 @@ class Queues:
         O(waiters on its topics): lines are as long as the consumers of a
         topic, and leaving it behind a long-lived waiter would leak it.
         """
-        waiter.done = True
         for name in waiter.topics:
             line = self._waiters.get(name)
             if line is None:
@@ -131,16 +129,6 @@ class Queues:
                 line.remove(waiter)
             if not line:
                 del self._waiters[name]
-
-    def _first_waiter(self, topic: str) -> Waiter | None:
-        line = self._waiters.get(topic)
-        while line:
-            if not line[0].done:
-                return line[0]
-            line.popleft()
-        if line is not None:
-            del self._waiters[topic]
-        return None
 
     def waiting_topics(self) -> list[str]:
         """Topics that got a ready task while a reserve waited on them, since
@@ -151,7 +139,9 @@ class Queues:
         return [name for name in woken if name in self._waiters and name in self._ready]
 
     def next_waiter(self, topic: str) -> Waiter | None:
-        return self._first_waiter(topic)
+        """The longest-waiting reserve on ``topic`` (lines never hold cancelled ones)."""
+        line = self._waiters.get(topic)
+        return line[0] if line else None
 
     def waiter_count(self) -> int:
         return len({id(w) for line in self._waiters.values() for w in line})
