@@ -149,18 +149,19 @@ class Connection(asyncio.Protocol):
     # -- handling ----------------------------------------------------------------
 
     def _handle(self, request: Request, now_s: float) -> None:
-        msgid = request.msgid
-        if request.method == "reserve":
+        msgid, method = request.msgid, request.method
+        if not self.authed and method not in OPEN_METHODS:
+            message = f"{method} needs auth first (send auth [token])"
+            self._queue(msgid, self.encoder.error_response(msgid, "unauthorized", message), None)
+            return
+        if method == "reserve":
             self._reserve(request, now_s)
             return
-        method = request.method
         route = self.server.routes.get(method)
         mutating = False
         try:
             if route is None:
                 raise RequestError("no_method", f"no method named {validate.show(method)}")
-            if not self.authed and method not in OPEN_METHODS:
-                raise RequestError("unauthorized", f"{method} needs auth first (send auth [token])")
             run, mutating = route
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
@@ -218,8 +219,6 @@ class Connection(asyncio.Protocol):
     def _reserve(self, request: Request, now_s: float) -> None:
         msgid = request.msgid
         try:
-            if not self.authed:
-                raise RequestError("unauthorized", "reserve needs auth first (send auth [token])")
             topics, timeout = validate.params(
                 "reserve", request.params, "topics", "timeout", optional=1
             )
