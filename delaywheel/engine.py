@@ -349,40 +349,27 @@ class Engine:
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and skipped.
 
-        This is the start-up path for millions of tasks, so the loop places
-        each task inline (what ``_locate`` does) and indexes a batch at once.
+        This is the start-up path for millions of tasks, so each batch is
+        indexed at once and counts are taken in one pass at the end.
         """
         loaded = 0
         next_report = LOAD_PROGRESS_EVERY
-        index, by_id = self._tasks, self._tasks.by_id
-        insert, push_ready, push_dead = (
-            self.wheel.insert,
-            self.queues.push_ready,
-            self.queues.push_dead,
-        )
+        index = self._tasks
+        locate = self._locate
         from_record = Task.from_record
         async for batch in batches:
             fresh: list[Task] = []
             for task_id, record in batch:
-                if task_id in by_id:  # a store may list a record twice
+                if task_id in index:  # a store may list a record twice
                     continue
                 try:
                     task = from_record(record)
                     if task.id != task_id:
                         raise ValueError(f"record holds id {task.id!r}")
-                    state = task.state
-                    if state == DELAYED:
-                        insert(task, task.at_s)
-                    elif state == READY:
-                        push_ready(task)
-                    elif state == RESERVED:
-                        insert(task, task.deadline_s)
-                    elif state == DEAD:
-                        push_dead(task)
+                    locate(task)
                 except ValueError as exc:
                     log.error("skipping corrupt record for task %r: %s", task_id, exc)
                     continue
-                by_id[task_id] = task
                 fresh.append(task)
             index.add_loaded(fresh)
             loaded += len(fresh)

@@ -52,13 +52,14 @@ class TaskIndex:
             self._order = [t for t in self._order if self.by_id.get(t.id) is t]
 
     def add_loaded(self, tasks: list[Task]) -> None:
-        """Index a batch of tasks loaded from the store, already in ``by_id``:
-        number them and append them to the creation order in one go."""
+        """Index a batch of tasks loaded from the store (distinct ids, none
+        indexed yet) in one go: the bulk form of ``add``."""
         first = next(self._seq)
         for seq, task in enumerate(tasks, first):
             task.seq = seq
         if tasks:
             self._seq = count(first + len(tasks))
+        self.by_id.update((task.id, task) for task in tasks)
         self._order += tasks
 
     def remove(self, task: Task) -> None:
