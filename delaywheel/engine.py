@@ -360,8 +360,6 @@ class Engine:
         async for batch in batches:
             fresh: list[Task] = []
             for task_id, record in batch:
-                if task_id in index:  # a store may list a record twice
-                    continue
                 try:
                     task = from_record(record)
                     if task.id != task_id:
