@@ -244,7 +244,7 @@ def place_of(task: Task, wheel: TimingWheel) -> tuple[int | None, int | None]:
     if task.scheduled:
         return wheel.place(task)
     if task.state in (READY, RESERVED):
-        return 0, wheel.stats().cursor_slot
+        return 0, wheel.cursor_slot
     return None, None
 
 

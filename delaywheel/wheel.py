@@ -56,16 +56,14 @@ catches up.
 
 Assumptions and weak spots. The tick bound assumes an advance about once a
 tick: a driver late by ``k`` ticks does ``k`` ticks' moving at once, and one
-that first wakes at a deadline moves the whole bucket then (a jump costs what
-it moves). It grows with what is due within one lap, so ten million timers in
-one minute would mean ~2,800 moves (~1-2 ms) a tick. Each timer is relinked
-twice on its way (bucket, then slot), at ~0.3-0.7 us a move. Buckets are per
-span, not per lap: sparse far-future timers (say one a minute for months)
-cost a bucket each, ~155 bytes on top of the entry. Tick arithmetic is float
+that first wakes at a deadline moves the whole bucket then. It grows with what
+is due within one lap: ten million timers in one minute would mean ~2,800
+moves (~1-2 ms) a tick. Each timer is relinked twice (bucket, then slot), at
+~0.3-0.7 us a move. Sparse far-future timers (one a minute for months) cost a
+bucket each, ~155 bytes on top of the entry. Tick arithmetic is float
 (``tick_s`` may be 0.001), so the rounding helpers re-check each product to
-stay on the safe side (late by a tick rather than early). An entry sits in at
-most one wheel, and the wheel trusts callers not to link an entry elsewhere
-behind its back.
+stay late by a tick rather than early. An entry belongs to one wheel at a
+time; nothing checks that.
 """
 
 from __future__ import annotations
@@ -160,6 +158,11 @@ class TimingWheel:
     def now_s(self) -> float:
         """The latest time the wheel has been advanced to."""
         return self._now_s
+
+    @property
+    def cursor_slot(self) -> int:
+        """The ring position of the last tick processed."""
+        return self._cursor % self.slots
 
     # -- scheduling --------------------------------------------------------
 
@@ -387,7 +390,7 @@ class TimingWheel:
             above_ring=self._above_ring,
             buckets=len(self._buckets),
             cursor_tick=self._cursor,
-            cursor_slot=self._cursor % self.slots,
+            cursor_slot=self.cursor_slot,
             moved_last_advance=self._moved,
         )
 
