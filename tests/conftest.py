@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from delaywheel_client import Client
+from serverproc import ServerProcess
 
 # ---------------------------------------------------------------------------
 # Redis: one private redis-server per test session (owner: store)
@@ -157,3 +159,27 @@ def redis_url(redis_server: RedisServer) -> str:
     with redis_server.client(db) as client:
         client.flushdb()
     return f"redis://127.0.0.1:{redis_server.port}/{db}"
+
+
+# -- the delaywheel server -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """One real server per test module (memory store, 0.05 s tick); modules that
+    need other settings define their own ``server``."""
+    proc = ServerProcess()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[Client]:
+    with Client(*server.address) as dw:
+        yield dw
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic no other test uses, so tests can share a server."""
+    return f"topic-{request.node.name}"

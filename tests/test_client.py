@@ -49,24 +49,6 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> Iterator[Client]:
-    with Client(*server.address) as dw:
-        yield dw
-
-
-@pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
-    return f"topic-{request.node.name}"
-
-
 # -- every method, shaped as PROTOCOL.md says ----------------------------------------------------
 
 

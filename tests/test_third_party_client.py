@@ -7,18 +7,10 @@ sends method names as bin, announces itself with a notification, and packs its o
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import pytest
 from pynvim import msgpack_rpc
 from serverproc import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess()
-    yield proc
-    proc.stop()
 
 
 # pynvim's Session.close() closes its event loop in the same breath as its transport, so

@@ -8,30 +8,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from delaywheel_client import Client, Worker
 from serverproc import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> Iterator[Client]:
-    with Client(*server.address) as dw:
-        yield dw
-
-
-@pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
-    return f"topic-{request.node.name}"
 
 
 def test_success_acks(client: Client, topic: str) -> None:
