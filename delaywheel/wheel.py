@@ -45,9 +45,7 @@ from one to the next instead of stepping over empty ticks, so catching up
 after a long stall (or a clock jump of years) costs only what it fires and
 moves. Both heaps are lazy: an entry whose slot or bucket has since emptied is
 dropped when it surfaces, and a heap grown well past what it can refer to is
-rebuilt. ``next_fire_s()`` is the earlier of the next ring tick and the tick
-at which the earliest bucket comes within reach, or, while a reachable bucket
-is not all moved, the next tick (such an advance may return nothing).
+rebuilt. ``next_fire_s()`` reads them to say when to advance next.
 
 A timer due at or before the wheel's ``now`` (set by the last advance) goes to
 the *overdue* list and fires at the very next advance. Time going backwards
@@ -61,23 +59,24 @@ is due within one lap: ten million timers in one minute would mean ~2,800
 moves (~1-2 ms) a tick. Each timer is relinked twice (bucket, then slot), at
 ~0.3-0.7 us a move. Sparse far-future timers (one a minute for months) cost a
 bucket each, ~155 bytes on top of the entry. Tick arithmetic is float
-(``tick_s`` may be 0.001), so the rounding helpers re-check each product to
-stay late by a tick rather than early. An entry belongs to one wheel at a
-time; nothing checks that.
+(``tick_s`` may be 0.001): ``_wheel_ticks`` rounds to stay late by a tick
+rather than early. An entry belongs to one wheel at a time; nothing checks that.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from math import ceil
 from operator import attrgetter
 from typing import Any
 
 from delaywheel._wheel_heaps import BucketKeys, RingTicks
 from delaywheel._wheel_lists import Entry as Entry  # re-exported: subclass it
 from delaywheel._wheel_lists import _Head, append, move_budget, move_front
+from delaywheel._wheel_ticks import check_time, tick_ceil, tick_floor
 
 DEFAULT_SLOTS = 3600
 DEFAULT_TICK_S = 1.0
@@ -114,7 +113,7 @@ class TimingWheel:
             raise ValueError(f"slots must be an int from 1 to {MAX_SLOTS}, got {slots!r}")
         if not math.isfinite(tick_s) or tick_s < MIN_TICK_S:
             raise ValueError(f"tick_s must be at least {MIN_TICK_S}, got {tick_s!r}")
-        _check_time("now_s", now_s)
+        check_time("now_s", now_s)
         self.slots = slots
         self.tick_s = float(tick_s)
         self._span = max(1, slots // SPANS_PER_LAP)  # ticks per bucket
@@ -136,23 +135,11 @@ class TimingWheel:
 
     def tick_floor(self, t_s: float) -> int:
         """The last tick that has started by ``t_s``: largest n, n*tick_s <= t_s."""
-        tick_s = self.tick_s
-        n = math.floor(t_s / tick_s)
-        if n * tick_s > t_s:
-            n -= 1
-        elif (n + 1) * tick_s <= t_s:
-            n += 1
-        return n
+        return tick_floor(t_s, self.tick_s)
 
     def tick_ceil(self, t_s: float) -> int:
         """The tick a timer due at ``t_s`` fires on: smallest n, n*tick_s >= t_s."""
-        tick_s = self.tick_s  # (inlined in _wheel_lists.move_front: keep them alike)
-        n = math.ceil(t_s / tick_s)
-        if n * tick_s < t_s:
-            n += 1
-        elif (n - 1) * tick_s >= t_s:
-            n -= 1
-        return n
+        return tick_ceil(t_s, self.tick_s)
 
     @property
     def now_s(self) -> float:
@@ -168,12 +155,60 @@ class TimingWheel:
 
     def insert(self, entry: Entry, due_s: float) -> None:
         """Schedule ``entry`` at absolute time ``due_s``. O(1) (a heap push at most)."""
-        if entry._home is not None:
-            raise ValueError("entry is already scheduled; use reschedule()")
-        _check_time("due_s", due_s)
-        entry.due_s = due_s
-        self._link(entry, due_s)
-        self._pending += 1
+        self.insert_many(((entry, due_s),))
+
+    def insert_many(self, timers: Iterable[tuple[Entry, float]]) -> None:
+        """Schedule each ``(entry, due_s)`` in turn, as ``insert`` would.
+
+        The one implementation of scheduling, shaped for start-up, which
+        places a million tasks: the wheel's fields are read once per call,
+        not once per timer. A bad timer raises ValueError; those before it
+        stay scheduled.
+        """
+        now_s, cursor, tick_s = self._now_s, self._cursor, self.tick_s
+        span, slots, ring, buckets = self._span, self.slots, self._ring, self._buckets
+        added = above = 0
+        try:
+            for entry, due_s in timers:
+                if entry._home is not None:
+                    raise ValueError("entry is already scheduled; use reschedule()")
+                check_time("due_s", due_s)
+                entry.due_s = due_s
+                added += 1
+                if due_s <= now_s:
+                    append(self._overdue, entry)
+                    continue
+                tick = ceil(due_s / tick_s)  # tick_ceil(due_s, tick_s), inlined
+                if tick * tick_s < due_s:
+                    tick += 1
+                elif (tick - 1) * tick_s >= due_s:
+                    tick -= 1
+                if tick <= cursor:  # float edge: never behind the cursor
+                    tick = cursor + 1
+                key = tick // span
+                home = buckets.get(key)
+                if home is None:
+                    if tick - cursor <= slots:
+                        # Within the ring's reach, and no bucket holds earlier
+                        # timers of this span (ties keep their scheduling order).
+                        home = ring[tick % slots]
+                        if home._next is home:
+                            self._ticks.push(tick, cursor)
+                        append(home, entry)
+                        continue
+                    home = buckets[key] = _Head(key)
+                    self._keys.push(key)
+                home.count += 1
+                above += 1
+                last = home._prev  # append(home, entry), inlined on the commonest path
+                entry._prev = last
+                entry._next = home
+                last._next = entry
+                home._prev = entry
+                entry._home = home
+        finally:
+            self._pending += added
+            self._above_ring += above
 
     def remove(self, entry: Entry) -> None:
         """Unschedule ``entry``. O(1)."""
@@ -194,39 +229,9 @@ class TimingWheel:
 
     def reschedule(self, entry: Entry, due_s: float) -> None:
         """Move a scheduled entry to a new due time. O(1)."""
-        _check_time("due_s", due_s)
+        check_time("due_s", due_s)
         self.remove(entry)
         self.insert(entry, due_s)
-
-    def _link(self, entry: Entry, due_s: float) -> None:
-        if due_s <= self._now_s:
-            append(self._overdue, entry)
-            return
-        cursor = self._cursor
-        tick = self.tick_ceil(due_s)
-        if tick <= cursor:  # float edge: never behind the cursor
-            tick = cursor + 1
-        key = tick // self._span
-        home = self._buckets.get(key)
-        if home is None:
-            if tick - cursor <= self.slots:
-                # Within the ring's reach, and no bucket holds earlier timers
-                # of this span (ties must keep their scheduling order).
-                home = self._ring[tick % self.slots]
-                if home._next is home:
-                    self._ticks.push(tick, cursor)
-                append(home, entry)
-                return
-            home = self._buckets[key] = _Head(key)
-            self._keys.push(key)
-        home.count += 1
-        self._above_ring += 1
-        last = home._prev  # append(home, entry), inlined on the commonest path
-        entry._prev = last
-        entry._next = home
-        last._next = entry
-        home._prev = entry
-        entry._home = home
 
     # -- the passing of time ------------------------------------------------
 
@@ -237,7 +242,7 @@ class TimingWheel:
         scheduled. A ``now_s`` earlier than a previous one fires only the
         overdue list (timers scheduled at or before the wheel's time).
         """
-        _check_time("now_s", now_s)
+        check_time("now_s", now_s)
         if now_s > self._now_s:
             self._now_s = now_s
         fired: list[Entry] = []
@@ -393,8 +398,3 @@ class TimingWheel:
             cursor_slot=self.cursor_slot,
             moved_last_advance=self._moved,
         )
-
-
-def _check_time(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
