@@ -59,7 +59,7 @@ class TaskIndex:
             task.seq = seq
         if tasks:
             self._seq = count(first + len(tasks))
-        self.by_id.update((task.id, task) for task in tasks)
+        self.by_id.update(zip([task.id for task in tasks], tasks, strict=True))
         self._order += tasks
 
     def remove(self, task: Task) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from delaywheel.engine import Engine
@@ -261,6 +263,59 @@ def test_recovery_rebuilds_every_state() -> None:
         again.advance(T0 + 50)  # the reservation's deadline (T0 + 30) passed while down
         assert again.get("reserved", T0 + 50)["state"] == "ready"  # type: ignore[index]
         assert again.advance(T0 + 100) == 1
+
+    run(scenario)
+
+
+def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture) -> None:
+    def record(**changes: Any) -> bytes:
+        fields = {
+            "version": 1,
+            "id": "x",
+            "topic": "t",
+            "state": "delayed",
+            "at": T0 + 10,
+            "created": T0,
+            "attempts": 0,
+            "ttr": 60.0,
+            "max_attempts": 3,
+            "deadline": 0.0,
+            "body": b"\xc0",
+        }
+        fields.update(changes)
+        return msgpack.packb(tuple(fields.values()))  # type: ignore[no-any-return]
+
+    corrupt = {
+        "bytes": b"\x93not a record",
+        "version": record(id="version", version=99),
+        "state": record(id="state", state="sleeping"),
+        "state-map": record(id="state-map", state={"a": 1}),
+        "at-inf": record(id="at-inf", at=float("inf")),
+        "deadline-nan": record(id="deadline-nan", state="reserved", deadline=float("nan")),
+        "at-str": record(id="at-str", at="soon"),
+        "other-id": record(id="someone-else"),
+    }
+    good = {
+        "delayed": record(id="delayed"),
+        "reserved": record(id="reserved", state="reserved", deadline=T0 + 5),
+        "ready": record(id="ready", state="ready", at=T0),
+    }
+
+    async def batches() -> AsyncIterator[list[tuple[str, bytes]]]:
+        yield list(corrupt.items())[:4] + list(good.items())
+        yield list(corrupt.items())[4:]
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        with caplog.at_level(logging.ERROR, logger="delaywheel"):
+            assert await engine.load(batches()) == len(good)
+        for task_id in corrupt:
+            assert f"skipping corrupt record for task {task_id!r}" in caplog.text
+            assert engine.get(task_id, T0) is None
+        assert "at inf" in caplog.text and "deadline nan" in caplog.text
+        assert engine.stats(T0)["tasks"] == len(good)
+        assert engine.try_reserve(["t"], T0)["id"] == "ready"  # type: ignore[index]
+        assert engine.advance(T0 + 5) == 1  # the reservation expires: ready again
+        assert engine.advance(T0 + 10) == 1  # and the delayed task falls due
 
     run(scenario)
 
