@@ -12,11 +12,13 @@ import asyncio
 import socket
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import redis
 from conftest import RedisServer, free_port
 
 from delaywheel.store import (
@@ -617,3 +619,52 @@ def test_redis_keys_all_carry_the_hash_tag(redis_server: RedisServer, redis_url:
     with redis_server.client(db) as client:
         keys = sorted(client.keys("*"))
     assert keys == [b"{delaywheel}:tasks", b"{tenant-7}:tasks"]
+
+
+def test_redis_load_yields_each_task_once_while_the_hash_shrinks(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """HSCAN may return a field twice when Redis resizes the hash mid walk;
+    ``load()`` must still yield each task once, and every task present
+    throughout. A twin hash, put through the same changes and walked with
+    plain HSCAN, shows that the scenario does make Redis repeat fields."""
+    db = int(redis_url.rsplit("/", 1)[1])
+    prefix = "shrink"
+    key, twin = f"{{{prefix}}}:tasks", f"{{{prefix}}}:twin"
+    records = {f"id-{i}": b"r" for i in range(20_000)}
+    repeated_by_redis = 0
+
+    async def walk(client: redis.Redis, stop_after: int) -> None:
+        nonlocal repeated_by_redis
+        client.delete(key, twin)
+        client.hset(key, mapping=records)
+        client.hset(twin, mapping=records)
+        async with open_store(redis_url, redis_prefix=prefix) as store:
+            loading = store.load(100)
+            loaded = Counter[str]()
+            for _ in range(stop_after):
+                loaded.update(i for i, _ in await anext(loading))
+            # The store asked for its next batch before handing this one out.
+            cursor, scanned = 0, Counter[str]()
+            for _ in range(stop_after + 1):
+                cursor, fields = client.hscan(twin, cursor, count=100)
+                scanned.update(field.decode() for field in fields)
+            # Shrink both hashes alike: drop most of what neither walk has seen.
+            unseen = [i for i in records if i not in loaded and i not in scanned]
+            client.hdel(key, *unseen[:19_000])
+            client.hdel(twin, *unseen[:19_000])
+            time.sleep(0.3)  # Redis resizes the hash on its next cron run
+            async for batch in loading:
+                loaded.update(i for i, _ in batch)
+            while cursor:
+                cursor, fields = client.hscan(twin, cursor, count=100)
+                scanned.update(field.decode() for field in fields)
+        kept = set(records) - set(unseen[:19_000])
+        assert kept <= set(loaded), f"missed {sorted(kept - set(loaded))[:5]}"
+        assert max(loaded.values()) == 1, f"yielded twice: {loaded.most_common(3)}"
+        repeated_by_redis += sum(n > 1 for n in scanned.values())
+
+    with redis_server.client(db) as client:
+        for stop_after in range(2, 42, 4):
+            run(lambda: walk(client, stop_after))  # noqa: B023 -- run() calls it at once
+    assert repeated_by_redis, "Redis never repeated a field: the scenario tests nothing"

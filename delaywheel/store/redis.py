@@ -191,9 +191,12 @@ class RedisStore(Store):
                         await asyncio.sleep(0)
                 # HSCAN may return a field twice (while Redis rehashes the hash).
                 ids = _task_ids(self.url, self.key, fields)
-                fresh = [(i, r) for i, r in zip(ids, fields.values(), strict=True) if i not in seen]
+                found = zip(ids, fields.values(), strict=True)
+                if seen.isdisjoint(ids):  # the usual case, checked at C speed
+                    pending += found
+                else:
+                    pending += [(i, r) for i, r in found if i not in seen]
                 seen.update(ids)
-                pending += fresh
                 if len(pending) >= batch_size:
                     full = len(pending) - len(pending) % batch_size
                     for start in range(0, full, batch_size):
