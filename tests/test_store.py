@@ -668,3 +668,20 @@ def test_redis_load_yields_each_task_once_while_the_hash_shrinks(
         for stop_after in range(2, 42, 4):
             run(lambda: walk(client, stop_after))  # noqa: B023 -- run() calls it at once
     assert repeated_by_redis, "Redis never repeated a field: the scenario tests nothing"
+
+
+def test_redis_field_that_is_not_a_task_id_is_named(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """Only something other than delaywheel can write a non-UTF-8 field; load()
+    refuses the store with an error naming it (the contract's StoreError)."""
+    db = int(redis_url.rsplit("/", 1)[1])
+    with redis_server.client(db) as client:
+        client.hset("{delaywheel}:tasks", mapping={"good": b"r", b"\xff\xfe": b"r"})
+
+    async def scenario() -> None:
+        async with open_store(redis_url) as store:
+            with pytest.raises(StoreError, match=r"not a UTF-8 task id: b'\\xff\\xfe'"):
+                await load_all(store)
+
+    run(scenario)
