@@ -14,7 +14,9 @@ sections share: the report types, the renderers and small timing helpers.
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,7 +42,7 @@ class Figure:
     """One measured number.
 
     ``key`` is the stable machine name (used in JSON); ``label`` is for people.
-    ``runs`` holds every repeat when ``value`` is the best of several.
+    ``runs`` holds every repeat when ``value`` is the best (or median) of several.
     """
 
     key: str
@@ -170,3 +172,21 @@ def to_json(report: Report) -> dict[str, Any]:
             for fig in report.figures
         },
     }
+
+
+# Section name -> module exposing ``run() -> Report``. Runs in this order.
+SECTIONS: dict[str, str] = {
+    "wheel": "bench.wheel",
+    "journal": "bench.journal",
+    "recovery": "bench.recovery",
+}
+
+
+def run_section(name: str) -> Report:
+    module = importlib.import_module(SECTIONS[name])
+    started = time.perf_counter()
+    report: Report = module.run()
+    if not report.elapsed_s:
+        elapsed = time.perf_counter() - started
+        report = Report(report.section, report.title, report.figures, report.params, elapsed)
+    return report

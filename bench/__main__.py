@@ -1,12 +1,14 @@
 """Run the micro-benchmarks: ``python -m bench [--json] [SECTION ...]``.
 
 With no SECTION named, every section in ``SECTIONS`` runs, in that order
-(``make bench`` does this). ``--list`` prints the section names.
+(``make bench`` does this), each in a fresh interpreter: what one section
+leaves in the heap (a million wheel entries, freed but fragmenting it) must
+not slow the next. ``--list`` prints the section names.
 
 Adding a section: write ``bench/<name>.py`` with a docstring saying what it
 measures and how, and a ``run() -> bench.Report`` that measures and returns its
 figures (see ``bench/__init__.py``); then add ``"<name>": "bench.<name>"`` to
-``SECTIONS``. Sections are imported only when they run, so one section's
+``SECTIONS`` in ``bench/__init__.py``. Sections are imported only when they run, so one section's
 imports cost nothing to the others.
 
 Figures go to stdout, as one table per section or, with ``--json``, as a single
@@ -18,30 +20,20 @@ this is measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import multiprocessing
 import platform
 import sys
-import time
+from concurrent.futures import ProcessPoolExecutor
 
-from bench import Report, render_table, to_json
-
-# Section name -> module exposing ``run() -> Report``. Runs in this order.
-SECTIONS: dict[str, str] = {
-    "wheel": "bench.wheel",
-    "journal": "bench.journal",
-    "recovery": "bench.recovery",
-}
+from bench import SECTIONS, Report, render_table, run_section, to_json
 
 
-def run_section(name: str) -> Report:
-    module = importlib.import_module(SECTIONS[name])
-    started = time.perf_counter()
-    report: Report = module.run()
-    if not report.elapsed_s:
-        elapsed = time.perf_counter() - started
-        report = Report(report.section, report.title, report.figures, report.params, elapsed)
-    return report
+def run_isolated(name: str) -> Report:
+    """``run_section`` in a fresh interpreter (spawned, not forked: no inherited heap)."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return pool.submit(run_section, name).result()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, object] = {}
     for name in names:
         print(f"[{name}] running", file=sys.stderr, flush=True)
-        report = run_section(name)
+        report = run_isolated(name)
         if args.json:
             results[name] = to_json(report)
         else:

@@ -66,8 +66,12 @@ def private_redis(directory: Path) -> Iterator[str | None]:
 
 
 @contextmanager
-def running_server(store_url: str) -> Iterator[tuple[str, int]]:
-    """``delaywheel serve`` on a free port with the given store; yields (host, port)."""
+def running_server(store_url: str, start_log: list[str] | None = None) -> Iterator[tuple[str, int]]:
+    """``delaywheel serve`` on a free port with the given store; yields (host, port).
+
+    ``start_log``, when given, receives the lines the server logged up to and
+    including the one saying it listens.
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url],
         stderr=subprocess.PIPE,
@@ -76,6 +80,8 @@ def running_server(store_url: str) -> Iterator[tuple[str, int]]:
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
+            if start_log is not None:
+                start_log.append(line)
             match = LISTENING.search(line)
             if match:
                 address = match.group(1), int(match.group(2))
