@@ -224,6 +224,7 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
     from delaywheel.engine import Engine
     from delaywheel.errors import RequestError
     from delaywheel.store import open_store
+    from delaywheel.store.redis import RECONNECT_MIN_S
 
     async def scenario() -> None:
         fsync_redis.start()
@@ -259,6 +260,7 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
             engine.ack("ready", now_s)  # the reservation was undone too
 
         fsync_redis.start()
+        await asyncio.sleep(RECONNECT_MIN_S)  # the store's backoff after one failed write
         engine.add({"id": "later", "topic": "t"}, now_s)
         await engine.journal.drain()
         assert engine.get("later", now_s) is not None

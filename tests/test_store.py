@@ -9,6 +9,7 @@ Tests are plain functions running their scenario with asyncio.run().
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import sqlite3
 import time
@@ -29,7 +30,7 @@ from delaywheel.store import (
     open_store,
     redact_url,
 )
-from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis import RECONNECT_MIN_S, RedisStore
 from delaywheel.store.sqlite import SqliteStore
 
 T = TypeVar("T")
@@ -530,9 +531,50 @@ def test_redis_down_then_back_without_reopening(
                 assert time.monotonic() - started < 3
                 assert store.url in str(info.value)
             redis_server.start()
+            await asyncio.sleep(RECONNECT_MIN_S)  # the backoff after one failed attempt
             await store.write({"after": b"3"})
             # "before" reached the AOF before Redis answered, so even SIGKILL keeps it.
             assert await load_all(store) == {"before": b"1", "after": b"3"}
+
+    try:
+        run(scenario)
+    finally:
+        redis_server.start()
+
+
+def test_redis_writes_back_off_while_redis_is_away(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """After a write that cannot reach Redis, writes fail at once until the
+    next attempt is due; the wait doubles while Redis stays away, up to its
+    cap, and the first write that gets through resets it."""
+
+    async def attempt_then_wait(store: RedisStore) -> float:
+        """A write that reaches for Redis, then one refused at once: the wait it names."""
+        with pytest.raises(StoreUnavailable) as tried:
+            await store.write({"x": b"1"})
+        assert "next attempt" not in str(tried.value)
+        with pytest.raises(StoreUnavailable) as refused:
+            await store.write({"x": b"1"})
+        assert str(refused.value).startswith(str(tried.value))
+        match = re.search(r"next attempt in ([\d.]+) s\)$", str(refused.value))
+        assert match, str(refused.value)
+        return float(match.group(1))
+
+    async def scenario() -> None:
+        store = RedisStore(redis_url, reconnect_min_s=0.05, reconnect_max_s=0.2)
+        async with store:
+            redis_server.stop()
+            waits_s = []
+            for _ in range(4):
+                waits_s.append(await attempt_then_wait(store))
+                await asyncio.sleep(waits_s[-1] + 0.01)
+            # Read a moment after they were set, and printed to 0.01 s.
+            assert waits_s == pytest.approx([0.05, 0.1, 0.2, 0.2], abs=0.02)
+            redis_server.start()
+            await store.write({"back": b"1"})  # the last wait is over: this one gets through
+            redis_server.stop()
+            assert await attempt_then_wait(store) == pytest.approx(0.05, abs=0.02)
 
     try:
         run(scenario)

@@ -31,8 +31,15 @@ only (the retry reconnects, which covers a pooled connection that a Redis
 restart closed). So a dead or silent Redis gives ``StoreUnavailable`` within
 about 2 x (connect_timeout_s + timeout_s) at worst, and at once when nothing
 listens. The connection pool reconnects by itself on the next call once Redis
-is back: the store never needs reopening. Query parameters of the URL
-(``?socket_timeout=...``) are passed to redis-py and take precedence.
+is back: the store never needs reopening. After a write that could not reach
+Redis, writes back off: until the next attempt is due they fail at once
+without touching the network. The wait doubles from ``reconnect_min_s`` to
+``reconnect_max_s`` (0.05 s and 2 s by default) while failures go on, and
+resets on the first write that gets through. So a restarting Redis is not
+met by a connection attempt per flush, and writes resume at most
+``reconnect_max_s`` after it is back.
+Query parameters of the URL (``?socket_timeout=...``) are passed to redis-py
+and take precedence.
 
 The store is not Cluster-aware yet (it uses the plain client), but its key
 layout is ready for it; see the hash tag note in ``__init__``.
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -52,6 +60,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, FieldT
 
 from delaywheel.store.base import (
@@ -60,6 +69,7 @@ from delaywheel.store.base import (
     Store,
     StoreConfigError,
     StoreError,
+    StoreUnavailable,
     check_batch_size,
     redact_url,
     scrub,
@@ -70,6 +80,9 @@ from delaywheel.store.base import (
 DEFAULT_PREFIX = "delaywheel"
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_TIMEOUT_S = 5.0
+# Backoff between attempts to reach a Redis that was unreachable.
+RECONNECT_MIN_S = 0.05
+RECONNECT_MAX_S = 2.0
 
 
 class RedisStore(Store):
@@ -80,6 +93,8 @@ class RedisStore(Store):
         prefix: str = DEFAULT_PREFIX,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        reconnect_min_s: float = RECONNECT_MIN_S,
+        reconnect_max_s: float = RECONNECT_MAX_S,
     ) -> None:
         super().__init__(redact_url(url))
         self._secrets = url_secrets(url)
@@ -104,6 +119,11 @@ class RedisStore(Store):
         # never land after a later write.
         self._lock = asyncio.Lock()
         self._warnings: list[str] = []
+        self._reconnect_min_s = reconnect_min_s
+        self._reconnect_max_s = reconnect_max_s
+        self._reconnect_wait_s = 0.0  # 0 while Redis is reachable
+        self._reconnect_at_s = 0.0  # time.monotonic() of the next attempt
+        self._last_failure = ""  # the error of the last attempt that failed
 
     async def open(self) -> None:
         self._start_open()
@@ -238,6 +258,11 @@ class RedisStore(Store):
             # called before close() still find it here.
             client = self._client
             assert client is not None
+            wait_s = self._reconnect_at_s - time.monotonic()
+            if wait_s > 0:
+                raise StoreUnavailable(
+                    f"{self._last_failure} (not retried yet: next attempt in {wait_s:.2f} s)"
+                )
             try:
                 async with client.pipeline(transaction=True) as pipe:
                     if puts:
@@ -245,8 +270,19 @@ class RedisStore(Store):
                     if removes:
                         pipe.hdel(self.key, *removes)
                     await pipe.execute()
-            except (RedisError, OSError) as exc:
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                error = unavailable(self.url, "write", exc, self._secrets)
+                self._back_off(error)
+                raise error from exc
+            except RedisError as exc:  # Redis answered: no reason to wait
                 raise unavailable(self.url, "write", exc, self._secrets) from exc
+            self._reconnect_wait_s = 0.0
+
+    def _back_off(self, error: StoreUnavailable) -> None:
+        wait_s = min(max(2 * self._reconnect_wait_s, self._reconnect_min_s), self._reconnect_max_s)
+        self._reconnect_wait_s = wait_s
+        self._reconnect_at_s = time.monotonic() + wait_s
+        self._last_failure = str(error)
 
     async def close(self) -> None:
         if self._state == "closed":
