@@ -161,6 +161,84 @@ def redis_url(redis_server: RedisServer) -> str:
     return f"redis://127.0.0.1:{redis_server.port}/{db}"
 
 
+# -- a private Redis Cluster (owner: store) --------------------------------------
+#
+# `redis_cluster` starts three cluster-enabled redis-servers of our own (AOF on,
+# free ports), splits the 16384 slots between them and joins them with CLUSTER
+# MEET, for the whole session. Tests that use it get it flushed (every node is
+# ours). `far_node_url` is a node that does not own the store's key, so a test
+# through it shows the client following the cluster's redirections.
+
+CLUSTER_SLOTS = 16384
+
+
+class RedisCluster:
+    def __init__(self, directory: Path, size: int = 3) -> None:
+        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        self.nodes = []
+        for i in range(size):
+            (directory / f"node{i}").mkdir()
+            self.nodes.append(RedisServer(directory / f"node{i}", args))
+
+    @property
+    def _slots_per_node(self) -> int:
+        return -(-CLUSTER_SLOTS // len(self.nodes))  # ceiling division
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        share = self._slots_per_node
+        first, *others = self.nodes
+        for i, node in enumerate(self.nodes):
+            with node.client() as client:
+                client.execute_command(
+                    "CLUSTER ADDSLOTS", *range(i * share, min((i + 1) * share, CLUSTER_SLOTS))
+                )
+        with first.client() as client:
+            for node in others:
+                client.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while not all(self._ready(node) for node in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Redis Cluster did not come up")
+            time.sleep(0.05)
+
+    def _ready(self, node: RedisServer) -> bool:
+        with node.client() as client:
+            info = client.cluster("INFO")  # parsed into a dict of str
+        return info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == len(self.nodes)
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            with node.client() as client:
+                client.flushall()
+
+    def owner_of(self, key: str) -> RedisServer:
+        """The node that holds ``key`` (slots were split in order in ``start``)."""
+        with self.nodes[0].client() as client:
+            slot = client.execute_command("CLUSTER KEYSLOT", key)
+        return self.nodes[slot // self._slots_per_node]
+
+    def far_node_url(self, key: str) -> str:
+        """The URL of a node that does not hold ``key``."""
+        owner = self.nodes.index(self.owner_of(key))
+        return self.nodes[(owner + 1) % len(self.nodes)].url
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 # -- the delaywheel server -------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RedisServer
+from conftest import RedisCluster, RedisServer
 from rawpeer import Raw
 from serverproc import ServerProcess
 
@@ -28,14 +28,20 @@ def fsync_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
     server.stop()
 
 
-@pytest.fixture(params=["redis", "sqlite"])
-def store_args(
-    request: pytest.FixtureRequest, fsync_redis: RedisServer, tmp_path: Path
-) -> list[str]:
-    """A fresh, empty durable store per test: its own Redis prefix, or its own file."""
+@pytest.fixture(params=["redis", "redis-cluster", "sqlite"])
+def store_args(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    """A fresh, empty durable store per test: its own Redis prefix, or its own file.
+
+    On the cluster, the server is pointed at a node that does not hold its key.
+    """
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
     if request.param == "redis":
+        fsync_redis: RedisServer = request.getfixturevalue("fsync_redis")
         fsync_redis.start()  # a previous test may have left it stopped
-        return ["--store", fsync_redis.url, "--redis-prefix", f"t-{uuid.uuid4().hex[:8]}"]
+        return ["--store", fsync_redis.url, "--redis-prefix", prefix]
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return ["--store", cluster.far_node_url(f"{{{prefix}}}:tasks"), "--redis-prefix", prefix]
     return ["--store", f"sqlite:///{tmp_path / 'tasks.db'}"]
 
 

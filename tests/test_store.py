@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import pytest
 import redis
-from conftest import RedisServer, free_port
+from conftest import RedisCluster, RedisServer, free_port
 
 from delaywheel.store import (
     Store,
@@ -65,12 +65,16 @@ async def opened(url: str) -> Store:
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return "memory://"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"  # tmp_path is absolute: four slashes
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        return cluster.far_node_url("{delaywheel}:tasks")
     url: str = request.getfixturevalue("redis_url")  # only redis tests start Redis
     return url
 
@@ -727,3 +731,24 @@ def test_redis_field_that_is_not_a_task_id_is_named(
                 await load_all(store)
 
     run(scenario)
+
+
+def test_redis_cluster_warnings_come_from_the_node_holding_the_key(
+    redis_cluster: RedisCluster,
+) -> None:
+    key = "{delaywheel}:tasks"
+    url = redis_cluster.far_node_url(key)
+
+    async def warnings() -> list[str]:
+        async with open_store(url) as store:
+            return store.warnings()
+
+    owner = redis_cluster.owner_of(key)
+    with owner.client() as client:
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            (warning,) = run(warnings)
+        finally:
+            client.config_set("maxmemory-policy", "noeviction")
+    assert "evict" in warning
+    assert run(warnings) == []

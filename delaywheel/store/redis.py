@@ -41,8 +41,9 @@ met by a connection attempt per flush, and writes resume at most
 Query parameters of the URL (``?socket_timeout=...``) are passed to redis-py
 and take precedence.
 
-The store is not Cluster-aware yet (it uses the plain client), but its key
-layout is ready for it; see the hash tag note in ``__init__``.
+Redis Cluster: point the URL at any node; ``_redis_client.connect()`` sees
+the cluster and uses a cluster client. All keys share one hash tag (see
+``__init__``), so each write is still one MULTI/EXEC on one node.
 """
 
 from __future__ import annotations
@@ -51,18 +52,21 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import cast
 
-import hiredis
-from redis.asyncio import Redis
-from redis.asyncio.connection import Connection, SSLConnection, parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.connection import parse_url
+from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, FieldT
 
+from delaywheel.store._redis_client import (
+    CLIENT_ERRORS,
+    Client,
+    close_quietly,
+    connect,
+    durability_warnings,
+)
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
@@ -80,6 +84,15 @@ from delaywheel.store.base import (
 DEFAULT_PREFIX = "delaywheel"
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_TIMEOUT_S = 5.0
+# Failures that mean Redis (or the cluster's node for our slot) is out of
+# reach, as opposed to an answer refusing the command.
+_UNREACHABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    RedisClusterException,
+    OSError,
+)
 # Backoff between attempts to reach a Redis that was unreachable.
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
@@ -114,7 +127,7 @@ class RedisStore(Store):
         self.key = f"{{{prefix}}}:tasks"
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = timeout_s
-        self._client: Redis | None = None
+        self._client: Client | None = None
         # Serializes writes: they apply in call order, and a retried EXEC can
         # never land after a later write.
         self._lock = asyncio.Lock()
@@ -127,66 +140,25 @@ class RedisStore(Store):
 
     async def open(self) -> None:
         self._start_open()
-        tls = self._raw_url.startswith("rediss://")
-        client = Redis.from_url(
-            self._raw_url,
-            connection_class=_HiredisSSLConnection if tls else _HiredisConnection,
-            socket_connect_timeout=self._connect_timeout_s,
-            socket_timeout=self._timeout_s,
-            retry=Retry(NoBackoff(), retries=1, supported_errors=(RedisConnectionError,)),
-            client_name="delaywheel",
-        )
         try:
-            await client.ping()
-            warnings = await self._check_config(client)
-        except (RedisError, OSError) as exc:
-            await _close_quietly(client)
+            client = await connect(
+                self._raw_url,
+                connect_timeout_s=self._connect_timeout_s,
+                timeout_s=self._timeout_s,
+            )
+        except CLIENT_ERRORS as exc:
+            raise unavailable(self.url, "open", exc, self._secrets) from exc
+        try:
+            warnings = await durability_warnings(client, self.key, self._secrets)
+        except CLIENT_ERRORS as exc:
+            await close_quietly(client)
             raise unavailable(self.url, "open", exc, self._secrets) from exc
         except BaseException:
-            await _close_quietly(client)
+            await close_quietly(client)
             raise
         self._client = client
         self._warnings = warnings
         self._state = "open"
-
-    async def _check_config(self, client: Redis) -> list[str]:
-        names = ("appendonly", "appendfsync", "maxmemory-policy")
-        try:
-            async with client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.config_get(name)
-                replies = await pipe.execute()
-        except ResponseError as exc:  # CONFIG renamed away or forbidden (managed Redis)
-            return [self._unchecked(f"CONFIG GET refused: {scrub(str(exc), self._secrets)}")]
-        settings: dict[str, str] = {}
-        for reply in replies:
-            for key, value in reply.items():
-                settings[_text(key)] = _text(value).lower()
-        if any(name not in settings for name in names):
-            return [self._unchecked("CONFIG GET did not report them")]
-        found = []
-        if settings["appendonly"] != "yes":
-            found.append(
-                "Redis has AOF off (appendonly no): acknowledged writes since"
-                " the last snapshot are lost on a Redis crash"
-            )
-        elif settings["appendfsync"] == "no":
-            found.append(
-                "Redis has appendfsync no: the OS decides when the AOF reaches"
-                " the disk, so an OS crash or power cut can lose ~30 s of acknowledged writes"
-            )
-        if settings["maxmemory-policy"] != "noeviction":
-            found.append(
-                f"Redis maxmemory-policy is {settings['maxmemory-policy']}: it"
-                " may evict task records when memory runs out; use noeviction"
-            )
-        return found
-
-    def _unchecked(self, why: str) -> str:
-        return (
-            f"could not check that Redis keeps acknowledged writes ({why});"
-            " make sure AOF is on (appendonly yes) and maxmemory-policy is noeviction"
-        )
 
     async def load(
         self, batch_size: int = DEFAULT_BATCH_SIZE
@@ -233,11 +205,11 @@ class RedisStore(Store):
             yield pending
 
     async def _scan(
-        self, client: Redis, cursor: int, batch_size: int
+        self, client: Client, cursor: int, batch_size: int
     ) -> tuple[int, dict[bytes, bytes]]:
         try:
             cursor, reply = await client.hscan(self.key, cursor, count=batch_size)
-        except (RedisError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(self.url, "load", exc, self._secrets) from exc
         # decode_responses is off: a dict of bytes field -> bytes record.
         return cursor, cast("dict[bytes, bytes]", reply)
@@ -270,11 +242,11 @@ class RedisStore(Store):
                     if removes:
                         pipe.hdel(self.key, *removes)
                     await pipe.execute()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except _UNREACHABLE as exc:
                 error = unavailable(self.url, "write", exc, self._secrets)
                 self._back_off(error)
                 raise error from exc
-            except RedisError as exc:  # Redis answered: no reason to wait
+            except CLIENT_ERRORS as exc:  # Redis answered: no reason to wait
                 raise unavailable(self.url, "write", exc, self._secrets) from exc
             self._reconnect_wait_s = 0.0
 
@@ -291,14 +263,10 @@ class RedisStore(Store):
         async with self._lock:
             client, self._client = self._client, None
         if client is not None:
-            await _close_quietly(client)
+            await close_quietly(client)
 
     def warnings(self) -> list[str]:
         return list(self._warnings)
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _task_ids(url: str, key: str, fields: dict[bytes, bytes]) -> list[str]:
@@ -319,37 +287,7 @@ def _is_utf8(field: bytes) -> bool:
     return True
 
 
-async def _close_quietly(client: Redis) -> None:
-    with contextlib.suppress(RedisError, OSError):  # the connections are gone either way
-        await client.aclose()
-
-
 # Loop turns a freshly started HSCAN needs to get its request onto the socket
 # (redis-py takes a connection from the pool, then writes). Measured on a
 # 1,000,000-task load: one turn overlapped nothing, two did; three for margin.
 _TURNS_TO_SEND = 3
-
-
-class _HiredisPacking:
-    """Pack commands with hiredis's C packer instead of redis-py's Python one.
-
-    redis-py's asyncio connection packs every argument in Python, about 7 us
-    per task in a write of a few hundred (measured): more than the rest of
-    the server's work on an add. hiredis is already a dependency for parsing.
-    """
-
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        first = args[0]
-        # As redis-py does: a command name given with its subcommand
-        # ("CONFIG GET") goes out as separate arguments.
-        if isinstance(first, str) and " " in first:
-            args = (*first.split(), *args[1:])
-        return [hiredis.pack_command(cast(Any, args))]
-
-
-class _HiredisConnection(_HiredisPacking, Connection):
-    pass
-
-
-class _HiredisSSLConnection(_HiredisPacking, SSLConnection):
-    pass
