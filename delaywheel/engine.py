@@ -31,6 +31,7 @@ from delaywheel.task import (
     DEAD,
     DELAYED,
     GONE,
+    IN_WHEEL,
     NEW,
     READY,
     RESERVED,
@@ -83,7 +84,7 @@ class Engine:
     def _locate(self, task: Task) -> bool:
         """Put a task where its state keeps it; False for states kept nowhere."""
         state = task.state
-        if state in (DELAYED, RESERVED):
+        if state in IN_WHEEL:
             self.wheel.insert(task, task.timer_s)
         elif state == READY:
             self.queues.push_ready(task)
@@ -95,7 +96,7 @@ class Engine:
 
     def _unplace(self, task: Task) -> None:
         state = task.state
-        if state in (DELAYED, RESERVED):
+        if state in IN_WHEEL:
             if task.scheduled:  # not when the wheel has just fired it
                 self.wheel.remove(task)
         elif state == READY:
@@ -368,11 +369,8 @@ class Engine:
                     log.error("skipping corrupt record for task %r: %s", task_id, exc)
                     continue
                 fresh.append(task)
-                state = task.state  # from_record made it the constant itself
-                if state is DELAYED:
-                    timers.append((task, task.at_s))
-                elif state is RESERVED:
-                    timers.append((task, task.deadline_s))
+                if task.state in IN_WHEEL:  # as _locate() would, a batch at a time
+                    timers.append((task, task.timer_s))
                 else:
                     self._locate(task)
             self.wheel.insert_many(timers)
@@ -383,5 +381,5 @@ class Engine:
                 next_report += LOAD_PROGRESS_EVERY
         # Counted in one pass at the end: a third of the cost of counting
         # task by task while placing them.
-        self._counts.add_all(iter(self._tasks.values()))
+        self._counts.add_all(self._tasks.values())
         return loaded

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from itertools import count
 
 from delaywheel.task import STATES, Task
@@ -114,7 +114,7 @@ class TaskCounts:
         if not +counts:  # no task of this topic left in any state
             del self._topics[topic]
 
-    def add_all(self, tasks: Iterator[Task]) -> None:
+    def add_all(self, tasks: Iterable[Task]) -> None:
         """Count many tasks at once (after a load): one C-level pass."""
         for (topic, state), n in Counter((t.topic, t.state) for t in tasks).items():
             self.add(topic, state, n)

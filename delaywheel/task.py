@@ -31,6 +31,8 @@ DEAD = "dead"
 GONE = "gone"
 
 STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD)
+# The states whose tasks wait in the wheel (at ``timer_s``).
+IN_WHEEL = frozenset({DELAYED, RESERVED})
 
 # (state, event) -> the states the event may lead to. The engine picks one
 # (a release with no delay goes to ready, a TTR expiry on the last attempt to
@@ -142,7 +144,7 @@ class Task(Entry):
 
     @property
     def timer_s(self) -> float:
-        """When the wheel should next look at this task."""
+        """When the wheel should next look at this task (one in ``IN_WHEEL``)."""
         return self.deadline_s if self.state == RESERVED else self.at_s
 
     # -- the store record --------------------------------------------------
@@ -229,8 +231,8 @@ class Task(Entry):
 _NUMBERS = (int, float)
 _intern = sys.intern
 _isfinite = math.isfinite
-# Each state's own string object: a loaded task's state is then the very
-# constant (DELAYED, ...) the engine compares it with.
+# Each state's own string object: a loaded task then shares the constant
+# instead of holding its own copy of the name (a million copies at start-up).
 _STATE_NAMED = {state: state for state in STATES}
 
 
