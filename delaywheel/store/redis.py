@@ -55,6 +55,7 @@ from collections.abc import AsyncIterator
 from typing import cast
 
 from redis.asyncio.connection import parse_url
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -132,11 +133,11 @@ class RedisStore(Store):
         # never land after a later write.
         self._lock = asyncio.Lock()
         self._warnings: list[str] = []
-        self._reconnect_min_s = reconnect_min_s
-        self._reconnect_max_s = reconnect_max_s
-        self._reconnect_wait_s = 0.0  # 0 while Redis is reachable
-        self._reconnect_at_s = 0.0  # time.monotonic() of the next attempt
-        self._last_failure = ""  # the error of the last attempt that failed
+        # Waits reconnect_min_s * 2 ** (failures in a row), at most reconnect_max_s.
+        self._backoff = ExponentialBackoff(cap=reconnect_max_s, base=reconnect_min_s)
+        self._failures = 0  # writes in a row that could not reach Redis
+        self._retry_at_s = 0.0  # time.monotonic() of the next attempt
+        self._last_failure = ""  # what the last of those writes raised
 
     async def open(self) -> None:
         self._start_open()
@@ -230,7 +231,7 @@ class RedisStore(Store):
             # called before close() still find it here.
             client = self._client
             assert client is not None
-            wait_s = self._reconnect_at_s - time.monotonic()
+            wait_s = self._retry_at_s - time.monotonic()
             if wait_s > 0:
                 raise StoreUnavailable(
                     f"{self._last_failure} (not retried yet: next attempt in {wait_s:.2f} s)"
@@ -244,17 +245,13 @@ class RedisStore(Store):
                     await pipe.execute()
             except _UNREACHABLE as exc:
                 error = unavailable(self.url, "write", exc, self._secrets)
-                self._back_off(error)
+                self._retry_at_s = time.monotonic() + self._backoff.compute(self._failures)
+                self._failures += 1
+                self._last_failure = str(error)
                 raise error from exc
             except CLIENT_ERRORS as exc:  # Redis answered: no reason to wait
                 raise unavailable(self.url, "write", exc, self._secrets) from exc
-            self._reconnect_wait_s = 0.0
-
-    def _back_off(self, error: StoreUnavailable) -> None:
-        wait_s = min(max(2 * self._reconnect_wait_s, self._reconnect_min_s), self._reconnect_max_s)
-        self._reconnect_wait_s = wait_s
-        self._reconnect_at_s = time.monotonic() + wait_s
-        self._last_failure = str(error)
+            self._failures = 0
 
     async def close(self) -> None:
         if self._state == "closed":
