@@ -362,9 +362,7 @@ class Engine:
             timers: list[tuple[Task, float]] = []
             for task_id, record in batch:
                 try:
-                    task = from_record(record)
-                    if task.id != task_id:
-                        raise ValueError(f"record holds id {task.id!r}")
+                    task = from_record(task_id, record)
                 except ValueError as exc:
                     log.error("skipping corrupt record for task %r: %s", task_id, exc)
                     continue

@@ -30,6 +30,8 @@ DELIVERING = "delivering"
 DEAD = "dead"
 GONE = "gone"
 
+# The order is part of the store format (a record's state code is the index
+# here): add new states at the end, never reorder.
 STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD)
 # The states whose tasks wait in the wheel (at ``timer_s``).
 IN_WHEEL = frozenset({DELAYED, RESERVED})
@@ -150,13 +152,13 @@ class Task(Entry):
     # -- the store record --------------------------------------------------
 
     def to_record(self) -> bytes:
-        """The journal record: every field needed to rebuild the task."""
+        """The journal record: every field needed to rebuild the task but its
+        id, which the store keeps as the record's key."""
         return msgpack.packb(  # type: ignore[no-any-return]
             (
                 RECORD_VERSION,
-                self.id,
                 self.topic,
-                self.state,
+                _STATE_CODE[self.state],
                 self.at_s,
                 self.created_s,
                 self.attempts,
@@ -169,8 +171,8 @@ class Task(Entry):
         )
 
     @classmethod
-    def from_record(cls, record: bytes) -> Task:
-        """Rebuild a task from ``to_record()``; raises ValueError when corrupt.
+    def from_record(cls, task_id: str, record: bytes) -> Task:
+        """Rebuild task ``task_id`` from its record; raises ValueError when corrupt.
 
         This runs once per task at start-up (a million times for a million
         tasks), so it builds the object directly instead of through
@@ -178,11 +180,18 @@ class Task(Entry):
         is refused here rather than failing later inside the wheel.
         """
         try:
+            fields = _unpack_record(record)
+        except Exception as exc:  # msgpack raises several types for bad bytes
+            raise ValueError(f"unreadable record: {exc}") from exc
+        if type(fields) is not tuple:
+            raise ValueError(f"not a record: {fields!r:.80}")
+        if len(fields) == 11 and fields[0] == 1:
+            fields = _fields_of_v1(task_id, fields)
+        try:
             (
                 version,
-                task_id,
                 topic,
-                state,
+                state_code,
                 at_s,
                 created_s,
                 attempts,
@@ -190,15 +199,15 @@ class Task(Entry):
                 max_attempts,
                 deadline_s,
                 body_packed,
-            ) = _unpack_record(record)
-        except Exception as exc:  # msgpack raises several types for bad bytes
-            raise ValueError(f"unreadable record: {exc}") from exc
-        known_state = _STATE_NAMED.get(state) if type(state) is str else None
-        if version != RECORD_VERSION or known_state is None:
-            raise ValueError(f"unknown record version {version!r} or state {state!r}")
+            ) = fields
+        except ValueError:
+            raise ValueError(f"a record of {len(fields)} fields, not 10") from None
+        if version != RECORD_VERSION or type(state_code) is not int:
+            raise ValueError(f"unknown record version {version!r} or state {state_code!r}")
+        if not 0 <= state_code < len(_STATE_CODE):
+            raise ValueError(f"unknown state {state_code!r}")
         if not (
-            type(task_id) is str
-            and type(topic) is str
+            type(topic) is str
             and type(at_s) is float
             and type(deadline_s) is float
             and type(body_packed) is bytes
@@ -215,36 +224,52 @@ class Task(Entry):
         task.due_s = 0.0
         task.id = task_id
         task.topic = _intern(topic)
-        task.state = known_state
+        task.state = STATES[state_code]
         task.at_s = at_s
         task.created_s = created_s
         task.attempts = attempts
         task.ttr_s = ttr_s
         task.max_attempts = max_attempts
-        task.deadline_s = deadline_s
+        # Most tasks hold no reservation: they share one 0.0 instead of each
+        # keeping its own float (a million of them after a start).
+        task.deadline_s = deadline_s or 0.0
         task.body_packed = body_packed
         task.seq = 0
         task.queue_seq = -1
         return task
 
 
+# A tuple rather than a map: a record is written on every change, and the
+# field names would double its size. Bump the version when the layout changes,
+# and keep reading the old one.
+#   v2: (2, topic, state code, at, created, attempts, ttr, max_attempts,
+#        deadline, body); the state code is its index in STATES.
+#   v1: (1, id, topic, state name, at, ...the rest as in v2).
+# Version 2 left out the id (the store's key already holds it) and names the
+# state by a number: two strings fewer to decode per task, which made loading
+# a million tasks about 0.4 s faster.
+RECORD_VERSION = 2
+_STATE_CODE = {state: code for code, state in enumerate(STATES)}
 _NUMBERS = (int, float)
 _intern = sys.intern
 _isfinite = math.isfinite
-# Each state's own string object: a loaded task then shares the constant
-# instead of holding its own copy of the name (a million copies at start-up).
-_STATE_NAMED = {state: state for state in STATES}
 
 
-def _unpack_record(record: bytes) -> tuple[Any, ...]:
+def _unpack_record(record: bytes) -> Any:
     # raw=False (str for MessagePack strings) is msgpack 1.x's default; spelling it
     # out costs a twentieth of the call.
-    return msgpack.unpackb(record, use_list=False)  # type: ignore[no-any-return]
+    return msgpack.unpackb(record, use_list=False)
 
 
-# A tuple rather than a map: a record is written on every change, and the
-# field names would double its size. Bump the version when the layout changes.
-RECORD_VERSION = 1
+def _fields_of_v1(task_id: str, fields: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A version 1 record's fields in the version 2 layout."""
+    _, record_id, topic, state, *rest = fields
+    if record_id != task_id:
+        raise ValueError(f"record holds id {record_id!r}")
+    code = _STATE_CODE.get(state) if type(state) is str else None
+    if code is None:
+        raise ValueError(f"unknown state {state!r}")
+    return (RECORD_VERSION, topic, code, *rest)
 
 
 _QUEUE_TARGET = {"type": "queue"}

@@ -9,12 +9,14 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delaywheel.engine import Engine
 from delaywheel.errors import RequestError
 from delaywheel.queues import Waiter
 from delaywheel.store.memory import MemoryStore
-from delaywheel.task import TRANSITIONS
+from delaywheel.task import CHANGEABLE, STATES, TRANSITIONS, Task
 from delaywheel.validate import Limits
 
 T0 = 1_800_000_000.0
@@ -267,13 +269,56 @@ def test_recovery_rebuilds_every_state() -> None:
     run(scenario)
 
 
+times = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@given(
+    state=st.sampled_from(STATES),
+    topic=st.text(max_size=20),
+    at_s=times,
+    deadline_s=times,
+    created_s=times | st.integers(0, 2**40),
+    ttr_s=times | st.integers(0, 2**31),
+    attempts=st.integers(0, 2**31),
+    max_attempts=st.integers(1, 2**31),
+    body=st.binary(max_size=50),
+)
+def test_a_record_gives_back_every_field(
+    state: str,
+    topic: str,
+    at_s: float,
+    deadline_s: float,
+    created_s: float,
+    ttr_s: float,
+    attempts: int,
+    max_attempts: int,
+    body: bytes,
+) -> None:
+    task = Task(
+        "id-1",
+        topic,
+        at_s,
+        body_packed=body,
+        ttr_s=ttr_s,
+        max_attempts=max_attempts,
+        created_s=created_s,
+        attempts=attempts,
+        state=state,
+        deadline_s=deadline_s,
+    )
+    again = Task.from_record("id-1", task.to_record())
+    assert again.id == "id-1"
+    assert again.created_s == created_s
+    assert again.snapshot() == task.snapshot(), CHANGEABLE
+
+
 def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture) -> None:
     def record(**changes: Any) -> bytes:
+        """A version 2 record (the current format), with ``changes``."""
         fields = {
-            "version": 1,
-            "id": "x",
+            "version": 2,
             "topic": "t",
-            "state": "delayed",
+            "state": 0,  # delayed
             "at": T0 + 10,
             "created": T0,
             "attempts": 0,
@@ -285,25 +330,35 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
         fields.update(changes)
         return msgpack.packb(tuple(fields.values()))  # type: ignore[no-any-return]
 
+    def record_v1(task_id: str, state: str = "delayed") -> bytes:
+        """The version 1 format, which held the id and the state's name."""
+        fields = (1, task_id, "t", state, T0 + 20, T0, 0, 60.0, 3, 0.0, b"\xc0")
+        return msgpack.packb(fields)  # type: ignore[no-any-return]
+
     corrupt = {
         "bytes": b"\x93not a record",
-        "version": record(id="version", version=99),
-        "state": record(id="state", state="sleeping"),
-        "state-map": record(id="state-map", state={"a": 1}),
-        "at-inf": record(id="at-inf", at=float("inf")),
-        "deadline-nan": record(id="deadline-nan", state="reserved", deadline=float("nan")),
-        "at-str": record(id="at-str", at="soon"),
-        "other-id": record(id="someone-else"),
+        "int": msgpack.packb(5),
+        "short": msgpack.packb((2, "t", 0)),
+        "version": record(version=99),
+        "state": record(state=7),
+        "state-map": record(state={"a": 1}),
+        "state-name": record(state="delayed"),
+        "at-inf": record(at=float("inf")),
+        "deadline-nan": record(state=2, deadline=float("nan")),
+        "at-str": record(at="soon"),
+        "v1-other-id": record_v1("someone-else"),
+        "v1-state": record_v1("v1-state", state="sleeping"),
     }
     good = {
-        "delayed": record(id="delayed"),
-        "reserved": record(id="reserved", state="reserved", deadline=T0 + 5),
-        "ready": record(id="ready", state="ready", at=T0),
+        "delayed": record(),
+        "reserved": record(state=2, deadline=T0 + 5),
+        "ready": record(state=1, at=T0),
+        "v1-delayed": record_v1("v1-delayed"),
     }
 
     async def batches() -> AsyncIterator[list[tuple[str, bytes]]]:
-        yield list(corrupt.items())[:4] + list(good.items())
-        yield list(corrupt.items())[4:]
+        yield list(corrupt.items())[:6] + list(good.items())
+        yield list(corrupt.items())[6:]
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         with caplog.at_level(logging.ERROR, logger="delaywheel"):
@@ -316,6 +371,7 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
         assert engine.try_reserve(["t"], T0)["id"] == "ready"  # type: ignore[index]
         assert engine.advance(T0 + 5) == 1  # the reservation expires: ready again
         assert engine.advance(T0 + 10) == 1  # and the delayed task falls due
+        assert engine.advance(T0 + 20) == 1  # and the one from a version 1 record
 
     run(scenario)
 
