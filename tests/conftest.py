@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -41,12 +41,33 @@ def free_port() -> int:
         return port
 
 
+def free_cluster_port() -> int:
+    """A free port for a Redis Cluster node, whose cluster bus listens on the
+    port 10000 above it: that one must exist (<= 65535) and be free too."""
+    while True:
+        port = free_port()
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+
+
 class RedisServer:
     """A private redis-server process that a test may stop, kill and restart."""
 
-    def __init__(self, directory: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        extra_args: Sequence[str] = (),
+        pick_port: Callable[[], int] = free_port,
+    ) -> None:
         self.directory = directory
         self.extra_args = list(extra_args)
+        self.pick_port = pick_port
         self.port = 0  # chosen at the first start, kept for restarts
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -68,7 +89,7 @@ class RedisServer:
         first_start = self.port == 0
         for _ in range(3 if first_start else 1):
             if first_start:
-                self.port = free_port()
+                self.port = self.pick_port()
             if self._spawn_and_wait():
                 return
         raise RuntimeError(f"redis-server did not start on port {self.port}:\n{self._log_tail()}")
@@ -178,7 +199,7 @@ class RedisCluster:
         self.nodes = []
         for i in range(size):
             (directory / f"node{i}").mkdir()
-            self.nodes.append(RedisServer(directory / f"node{i}", args))
+            self.nodes.append(RedisServer(directory / f"node{i}", args, free_cluster_port))
 
     @property
     def _slots_per_node(self) -> int:
