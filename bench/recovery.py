@@ -2,7 +2,8 @@
 
 The records are written straight into the store (as the journal would have
 left them: a mix of delayed tasks spread over a week, ready and reserved
-ones), then a real ``delaywheel serve`` starts on that store, as after a
+ones; then again with every delayed task due within the hour, the worst case,
+as none is loaded packed), then a real ``delaywheel serve`` starts on that store, as after a
 crash, and the figure is the load time it logs (``loaded N tasks from ... in
 X s``: streaming the records and rebuilding wheel, queues and index). A fresh
 process, because that is where a restart loads: its heap is empty, not
@@ -17,6 +18,7 @@ temporary file. Target: <= 5 s per 1,000,000 tasks.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import re
 import shutil
@@ -35,17 +37,21 @@ TASKS = 1_000_000
 STARTS = 3
 WRITE_BATCH = 10_000
 WEEK_S = 7 * 24 * 3600.0
+# Delayed tasks spread over a week (most are loaded packed), and the worst
+# case: all due within the hour, so none is packed and every one is decoded.
+# (figure name suffix, label suffix, how far ahead delayed tasks are spread)
+MIXES = (("", "", WEEK_S), ("_hour", ", all due within the hour", 3000.0))
 LOADED = re.compile(r"loaded (\d+) tasks from \S+ in ([\d.]+) s")
 
 
-def records(now_s: float, count: int) -> Iterator[list[tuple[str, bytes]]]:
+def records(now_s: float, count: int, spread_s: float) -> Iterator[list[tuple[str, bytes]]]:
     rng = random.Random(7)
     batch: list[tuple[str, bytes]] = []
     body = b"\x81\xa5order\xcd\x01\x2a"  # {"order": 298}, packed
     for i in range(count):
         roll = rng.random()
         state = DELAYED if roll < 0.9 else READY if roll < 0.97 else RESERVED
-        at_s = now_s + rng.uniform(1, WEEK_S) if state == DELAYED else now_s - 5
+        at_s = now_s + rng.uniform(1, spread_s) if state == DELAYED else now_s - 5
         task = Task(
             f"task-{i}",
             f"topic-{i % 50}",
@@ -66,10 +72,10 @@ def records(now_s: float, count: int) -> Iterator[list[tuple[str, bytes]]]:
         yield batch
 
 
-async def fill(url: str) -> None:
+async def fill(url: str, spread_s: float) -> None:
     store: Store = open_store(url)
     async with store:
-        for batch in records(time.time(), TASKS):
+        for batch in records(time.time(), TASKS, spread_s):
             await store.write(dict(batch))
 
 
@@ -86,6 +92,23 @@ def timed_start(url: str) -> tuple[float, int, float]:
     raise RuntimeError(f"the server on {url} never logged its load: {start_log[-3:]}")
 
 
+def restart_figure(
+    key: str, label: str, starts: list[tuple[float, int, float]], target: Target
+) -> Figure:
+    loads_s = tuple(start[0] for start in starts)
+    listening_s = statistics.median(start[2] for start in starts)
+    return Figure(
+        f"recovery_{key}_s",
+        f"recovery from {label}",
+        statistics.median(loads_s),
+        "s",
+        target,
+        runs=loads_s,
+        note=f"median of {STARTS} starts; {starts[0][1]:,} tasks;"
+        f" port open {listening_s:.2f} s after exec",
+    )
+
+
 def run() -> Report:
     started = time.perf_counter()
     figures: list[Figure] = []
@@ -98,25 +121,11 @@ def run() -> Report:
                 progress("no redis-server installed: Redis skipped")
             else:
                 stores.insert(0, ("redis", url))
-            for name, store_url in stores:
-                progress(f"writing {TASKS:,} records to {name}, then starting a server on them")
-                asyncio.run(fill(store_url))
+            for (name, store_url), (suffix, label, spread_s) in itertools.product(stores, MIXES):
+                progress(f"writing {TASKS:,} records to {name}{label}, then starting servers")
+                asyncio.run(fill(store_url, spread_s))  # the same ids: overwrites
                 starts = [timed_start(store_url) for _ in range(STARTS)]
-                loads_s = tuple(start[0] for start in starts)
-                loaded = starts[0][1]
-                listening_s = statistics.median(start[2] for start in starts)
-                figures.append(
-                    Figure(
-                        f"recovery_{name}_s",
-                        f"recovery from {name}",
-                        statistics.median(loads_s),
-                        "s",
-                        target,
-                        runs=loads_s,
-                        note=f"median of {STARTS} starts; {loaded:,} tasks;"
-                        f" port open {listening_s:.2f} s after exec",
-                    )
-                )
+                figures.append(restart_figure(f"{name}{suffix}", f"{name}{label}", starts, target))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return Report(

@@ -15,7 +15,6 @@ ready; handing it over is itself a journaled change.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import AsyncIterator
 from itertools import count
@@ -25,6 +24,8 @@ from delaywheel import __version__, validate
 from delaywheel.errors import RequestError
 from delaywheel.index import TaskCounts, TaskIndex
 from delaywheel.journal import Journal
+from delaywheel.loading import load_tasks
+from delaywheel.packed import PackedTasks
 from delaywheel.queues import Queues, Waiter
 from delaywheel.store.base import Store
 from delaywheel.task import (
@@ -43,13 +44,9 @@ from delaywheel.task import (
 from delaywheel.validate import Limits, bad
 from delaywheel.wheel import TimingWheel
 
-log = logging.getLogger(__name__)
-
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
-# Log loading progress this often, so a large store's start-up visibly moves.
-LOAD_PROGRESS_EVERY = 500_000
 
 
 class Engine:
@@ -68,8 +65,9 @@ class Engine:
         self.queues = Queues()
         self.journal = Journal(store, self._rollback)
         self.started_s = now_s
-        self._tasks = TaskIndex()
+        self._tasks = TaskIndex(self._thaw)
         self._counts = TaskCounts()
+        self._packed = PackedTasks(lap_s=slots * tick_s)
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make).
         self._id_prefix = os.urandom(6).hex()
@@ -217,7 +215,12 @@ class Engine:
                 q.state is None or task.state == q.state
             )
 
+        # Packed tasks join the creation order as they are decoded, after
+        # every task there: a client paging to the end meets each once.
+        self._thaw_ids(self._packed.earliest(LIST_SCAN_BUDGET))
         tasks, cursor = self._tasks.page(q.cursor, wanted, q.limit, LIST_SCAN_BUDGET)
+        if cursor is None and self._packed.count:  # more to decode: come back
+            cursor = max(q.cursor, self._tasks.last_seq())
         return {"tasks": [self.describe(task) for task in tasks], "next": cursor}
 
     def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
@@ -293,6 +296,7 @@ class Engine:
                 "in_ring": wheel.in_ring,
                 "above_ring": wheel.above_ring,
                 "buckets": wheel.buckets,
+                "packed": self._packed.count,
             },
             "waiting_reserves": self.queues.waiter_count(),
             "store": self.store.url,
@@ -305,6 +309,9 @@ class Engine:
 
     def advance(self, now_s: float) -> int:
         """Fire what the wheel says is due; returns how many tasks it moved."""
+        thaw_s = self._packed.next_thaw_s()
+        if thaw_s is not None and thaw_s <= now_s:
+            self._thaw_ids(self._packed.due(now_s))
         fired = self.wheel.advance(now_s)
         for task in fired:
             assert isinstance(task, Task)
@@ -317,7 +324,11 @@ class Engine:
         return len(fired)
 
     def next_fire_s(self) -> float | None:
-        return self.wheel.next_fire_s()
+        """When ``advance`` next has work: a tick with timers, or packed tasks to decode."""
+        fire_s, thaw_s = self.wheel.next_fire_s(), self._packed.next_thaw_s()
+        if fire_s is None or thaw_s is None:
+            return thaw_s if fire_s is None else fire_s
+        return min(fire_s, thaw_s)
 
     # -- waiters -----------------------------------------------------------------
 
@@ -348,36 +359,26 @@ class Engine:
     # -- recovery ----------------------------------------------------------------
 
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
-        """Rebuild every task from store records; corrupt ones are logged and skipped.
+        """Rebuild every task from store records; corrupt ones are logged and
+        skipped. Returns how many loaded (see ``delaywheel.loading``)."""
+        return await load_tasks(
+            batches,
+            wheel=self.wheel,
+            index=self._tasks,
+            counts=self._counts,
+            packed=self._packed,
+            locate=self._locate,
+        )
 
-        This is the start-up path for millions of tasks, so each batch is
-        placed and indexed in bulk (the wheel's ``insert_many``), and counts
-        are taken in one pass at the end.
-        """
-        loaded = 0
-        next_report = LOAD_PROGRESS_EVERY
-        from_record = Task.from_record
-        async for batch in batches:
-            fresh: list[Task] = []
-            timers: list[tuple[Task, float]] = []
-            for task_id, record in batch:
-                try:
-                    task = from_record(task_id, record)
-                except ValueError as exc:
-                    log.error("skipping corrupt record for task %r: %s", task_id, exc)
-                    continue
-                fresh.append(task)
-                if task.state in IN_WHEEL:  # as _locate() would, a batch at a time
-                    timers.append((task, task.timer_s))
-                else:
-                    self._locate(task)
-            self.wheel.insert_many(timers)
-            self._tasks.add_loaded(fresh)
-            loaded += len(fresh)
-            if loaded >= next_report:
-                log.info("loaded %d tasks so far", loaded)
-                next_report += LOAD_PROGRESS_EVERY
-        # Counted in one pass at the end: a third of the cost of counting
-        # task by task while placing them.
-        self._counts.add_all(self._tasks.values())
-        return loaded
+    def _thaw(self, task_id: str, record: bytes) -> Task:
+        """Decode a packed task and schedule it (``TaskIndex.get`` calls this)."""
+        task = Task.from_record(task_id, record)  # checked once at load: it is sound
+        self._tasks.add(task)
+        self._locate(task)  # already counted, at load
+        self._packed.thawed()
+        return task
+
+    def _thaw_ids(self, task_ids: list[str]) -> None:
+        get = self._tasks.get
+        for task_id in task_ids:
+            get(task_id)  # decodes the task if it is still packed

@@ -1,8 +1,11 @@
 """The engine's bookkeeping of live tasks: by id, in creation order, and counted.
 
 ``TaskIndex`` finds a task by id and pages through tasks in the order they
-were created (for ``list``); ``TaskCounts`` keeps the per-state and per-topic
-counts that ``stats`` reports, updated as tasks move, so ``stats`` never scans.
+were created (for ``list``). A task loaded at start and due laps later may
+be held packed (see ``delaywheel.packed``): its id maps to its store record
+until ``get`` decodes it through the engine's ``thaw``. ``TaskCounts`` keeps
+the per-state and per-topic counts that ``stats`` reports, updated as tasks
+move, so ``stats`` never scans.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ class TaskIndex:
     (then it is compacted), so removal stays O(1) and paging skips the dead.
     """
 
-    def __init__(self) -> None:
-        self.by_id: dict[str, Task] = {}
-        self._order: list[Task] = []  # sorted by seq
+    def __init__(self, thaw: Callable[[str, bytes], Task]) -> None:
+        self.by_id: dict[str, Task | bytes] = {}  # bytes: a packed task's record
+        self._order: list[Task] = []  # sorted by seq; packed tasks join when decoded
         self._seq = count(1)
+        self._thaw = thaw
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -38,13 +42,14 @@ class TaskIndex:
         return task_id in self.by_id
 
     def get(self, task_id: str) -> Task | None:
-        return self.by_id.get(task_id)
-
-    def values(self) -> Iterable[Task]:
-        return self.by_id.values()
+        """The task with this id, decoded first if it was packed."""
+        found = self.by_id.get(task_id)
+        if isinstance(found, bytes):
+            return self._thaw(task_id, found)
+        return found
 
     def add(self, task: Task) -> None:
-        """Index a new task: it gets the next sequence number."""
+        """Index a new (or newly decoded) task: it gets the next sequence number."""
         task.seq = next(self._seq)
         self.by_id[task.id] = task
         self._order.append(task)
@@ -61,6 +66,15 @@ class TaskIndex:
             self._seq = count(first + len(tasks))
         self.by_id.update(zip([task.id for task in tasks], tasks, strict=True))
         self._order += tasks
+
+    def hold(self, records: list[tuple[str, bytes]]) -> None:
+        """Index packed tasks by id, as ``(id, record)`` (distinct ids, none
+        indexed yet); each is decoded when first asked for."""
+        self.by_id.update(records)
+
+    def last_seq(self) -> int:
+        """The sequence number of the newest task indexed (0 before any)."""
+        return self._order[-1].seq if self._order else 0
 
     def remove(self, task: Task) -> None:
         if self.by_id.get(task.id) is task:
@@ -115,8 +129,13 @@ class TaskCounts:
             del self._topics[topic]
 
     def add_all(self, tasks: Iterable[Task]) -> None:
-        """Count many tasks at once (after a load): one C-level pass."""
+        """Count many tasks at once (a batch of a load): one C-level pass."""
         for (topic, state), n in Counter((t.topic, t.state) for t in tasks).items():
+            self.add(topic, state, n)
+
+    def add_topics(self, topics: Iterable[str], state: str) -> None:
+        """Count tasks in ``state``, one per topic given (repeats and all)."""
+        for topic, n in Counter(topics).items():
             self.add(topic, state, n)
 
     def by_state(self) -> dict[str, int]:

@@ -354,6 +354,7 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
         "reserved": record(state=2, deadline=T0 + 5),
         "ready": record(state=1, at=T0),
         "v1-delayed": record_v1("v1-delayed"),
+        "far": record(at=T0 + 10_000.0),  # laps away: loaded packed
     }
 
     async def batches() -> AsyncIterator[list[tuple[str, bytes]]]:
@@ -368,6 +369,8 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
             assert engine.get(task_id, T0) is None
         assert "at inf" in caplog.text and "deadline nan" in caplog.text
         assert engine.stats(T0)["tasks"] == len(good)
+        assert engine.stats(T0)["wheel"]["packed"] == 1
+        assert engine.get("far", T0)["at"] == T0 + 10_000.0  # type: ignore[index]
         assert engine.try_reserve(["t"], T0)["id"] == "ready"  # type: ignore[index]
         assert engine.advance(T0 + 5) == 1  # the reservation expires: ready again
         assert engine.advance(T0 + 10) == 1  # and the delayed task falls due
@@ -402,9 +405,8 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
 
 def test_index_restores_a_task_dropped_by_compaction_in_its_place() -> None:
     from delaywheel.index import TaskIndex
-    from delaywheel.task import Task
 
-    index = TaskIndex()
+    index = TaskIndex(thaw=Task.from_record)  # nothing is packed here
     tasks = [
         Task(f"t{i}", "t", 0.0, body_packed=b"\xc0", ttr_s=1, max_attempts=1, created_s=0)
         for i in range(3000)
