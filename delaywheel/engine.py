@@ -47,6 +47,9 @@ from delaywheel.wheel import TimingWheel
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
+# How many packed tasks one advance decodes (a few ms of work): a lap holding
+# half a million is decoded over many turns of the loop, not in one stall.
+THAW_BATCH = 2_000
 
 
 class Engine:
@@ -217,7 +220,7 @@ class Engine:
 
         # Packed tasks join the creation order as they are decoded, after
         # every task there: a client paging to the end meets each once.
-        self._thaw_ids(self._packed.earliest(LIST_SCAN_BUDGET))
+        self._thaw_ids(self._packed.take(LIST_SCAN_BUDGET))
         tasks, cursor = self._tasks.page(q.cursor, wanted, q.limit, LIST_SCAN_BUDGET)
         if cursor is None and self._packed.count:  # more to decode: come back
             cursor = max(q.cursor, self._tasks.last_seq())
@@ -311,7 +314,7 @@ class Engine:
         """Fire what the wheel says is due; returns how many tasks it moved."""
         thaw_s = self._packed.next_thaw_s()
         if thaw_s is not None and thaw_s <= now_s:
-            self._thaw_ids(self._packed.due(now_s))
+            self._thaw_ids(self._packed.take(THAW_BATCH, by_s=now_s))
         fired = self.wheel.advance(now_s)
         for task in fired:
             assert isinstance(task, Task)

@@ -7,8 +7,9 @@ tasks spread over a week are 99 % such tasks), and a ``Task`` takes twice
 the memory of its record. So such a task stays as its record: the task
 index maps its id to the record bytes, and ``PackedTasks`` remembers which
 lap it falls in. A lap before that lap begins, the engine decodes its tasks
-and schedules them in the wheel; a request that names a packed task decodes
-it on the spot, and ``list`` decodes a budget of them per call.
+and schedules them in the wheel, a few thousand per turn of the event loop
+so that a crowded lap does not stall it; a request that names a packed task
+decodes it on the spot, and ``list`` decodes a budget of them per call.
 
 Only bookkeeping lives here; the engine does the decoding (``Engine._thaw``).
 """
@@ -67,22 +68,29 @@ class PackedTasks:
             return None
         return (self._laps[0] - 1) * self.lap_s
 
-    def due(self, now_s: float) -> list[str]:
-        """The ids of every lap whose time to decode has come by ``now_s``."""
-        found: list[str] = []
-        laps = self._laps
-        while laps and (laps[0] - 1) * self.lap_s <= now_s:
-            found += self._ids_by_lap.pop(heapq.heappop(laps))
-        return found
+    def take(self, limit: int, by_s: float | None = None) -> list[str]:
+        """Ids to decode, from the earliest laps: up to ``limit``, and with
+        ``by_s`` only from laps whose time to decode has come by then.
 
-    def earliest(self, limit: int) -> list[str]:
-        """Up to ``limit`` ids from the earliest laps (for ``list``, which
-        decodes some packed tasks on each call)."""
+        A lap that has already begun by ``by_s`` is taken whole, past the
+        limit: its tasks may be due. That happens only when the engine was
+        not called for a whole lap (a stopped process, a clock jump).
+        """
         found: list[str] = []
-        laps = self._laps
-        while laps and len(found) < limit:
-            ids = self._ids_by_lap[laps[0]]
-            take = limit - len(found)
+        laps, lap_s = self._laps, self.lap_s
+        while laps:
+            lap = laps[0]
+            if by_s is None:
+                take = limit - len(found)
+            elif (lap - 1) * lap_s > by_s:
+                break  # this lap's time to decode has not come
+            elif lap * lap_s <= by_s:
+                take = len(self._ids_by_lap[lap])
+            else:
+                take = limit - len(found)
+            if take <= 0:
+                break
+            ids = self._ids_by_lap[lap]
             found += ids[-take:]
             del ids[-take:]
             if not ids:

@@ -165,9 +165,59 @@ def test_held_ids_come_back_by_lap() -> None:
     assert packed.hold_from_s(T0 + 3) == T0 + 20
     packed.hold(["a", "b", "c"], [T0 + 35.0, T0 + 21.0, T0 + 39.0])
     assert packed.count == 3
-    assert packed.next_thaw_s() == T0 + 10
-    assert packed.due(T0 + 9.9) == []
-    assert packed.due(T0 + 10) == ["b"]
-    assert packed.earliest(1) == ["c"]
-    assert packed.due(T0 + 100) == ["a"]
+    assert packed.next_thaw_s() == T0 + 10  # a lap before b's lap
+    assert packed.take(10, by_s=T0 + 9.9) == []
+    assert packed.take(10, by_s=T0 + 10) == ["b"]
+    assert packed.take(1) == ["c"]  # no time given: the earliest, whatever lap
+    assert packed.take(10, by_s=T0 + 100) == ["a"]
     assert packed.next_thaw_s() is None
+
+
+def test_a_crowded_lap_comes_in_batches_unless_it_has_begun() -> None:
+    packed = PackedTasks(LAP_S)
+    packed.hold([f"x{i}" for i in range(5)], [T0 + 31.0] * 5)  # lap from T0 + 30
+    packed.hold([f"y{i}" for i in range(5)], [T0 + 45.0] * 5)  # lap from T0 + 40
+    assert len(packed.take(2, by_s=T0 + 20)) == 2
+    assert packed.next_thaw_s() == T0 + 20  # the rest of that lap is still due
+    assert len(packed.take(2, by_s=T0 + 20)) == 2
+    # The lap from T0 + 30 has begun: all that is left of it, past the limit,
+    # then up to the limit from the next lap, whose time to decode has come.
+    assert packed.take(2, by_s=T0 + 30) == ["x0", "y4"]
+    assert packed.take(2, by_s=T0 + 30) == ["y2", "y3"]
+    assert sorted(packed.take(1, by_s=T0 + 40)) == ["y0", "y1"]  # begun: whole
+    assert packed.count == 10  # only decoding (thawed) lowers the count
+
+
+def test_the_engine_decodes_a_crowded_lap_over_several_advances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(delaywheel.engine, "THAW_BATCH", 3)
+    crowd = {f"c{i}": 30 + i / 10 for i in range(8)}  # one lap, from T0 + 30
+
+    async def scenario(engine: Engine) -> None:
+        assert engine.next_fire_s() == T0 + 20
+        left = [8]
+        for _ in range(3):
+            engine.advance(T0 + 20)
+            left.append(packed_count(engine))
+            if left[-1]:
+                assert engine.next_fire_s() == T0 + 20  # wake again at once
+        assert left == [8, 5, 2, 0]
+        assert engine.next_fire_s() > T0 + 20  # nothing left to decode
+        assert engine.advance(T0 + 31) == 8
+
+    restarted(lambda e: add_delays(e, crowd), scenario)
+
+
+def test_a_lap_already_begun_is_decoded_whole_and_fires_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(delaywheel.engine, "THAW_BATCH", 3)
+    crowd = {f"c{i}": 30 + i / 10 for i in range(8)}
+
+    async def scenario(engine: Engine) -> None:
+        # No advance for two laps (a stopped process): nothing may be lost.
+        assert engine.advance(T0 + 45) == 8
+        assert packed_count(engine) == 0
+
+    restarted(lambda e: add_delays(e, crowd), scenario)
