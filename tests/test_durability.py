@@ -61,7 +61,8 @@ def all_tasks(peer: Raw) -> dict[str, dict[str, Any]]:
 
 
 class Worker(threading.Thread):
-    """Adds, deletes, reserves and acks until the server dies, noting what was acknowledged."""
+    """Adds, updates, deletes, reserves and acks until the server dies, noting
+    what was acknowledged."""
 
     def __init__(self, name: str, address: tuple[str, int]) -> None:
         super().__init__(daemon=True)
@@ -73,6 +74,7 @@ class Worker(threading.Thread):
         self.acked: set[str] = set()  # acknowledged acks
         self.removal_sent: set[str] = set()  # a delete or ack went out, answered or not
         self.reserved: set[str] = set()
+        self.updated: dict[str, float] = {}  # acknowledged updates: id -> the new at
 
     def run(self) -> None:
         try:
@@ -80,10 +82,15 @@ class Worker(threading.Thread):
                 for i in range(100_000):
                     task_id = f"{self.tag}-{i}"
                     self.sent.add(task_id)
-                    delay = 0 if i % 3 == 0 else 3600  # a third go straight to ready
+                    # A third go straight to ready; of the rest, half are due
+                    # within the hour and half days away (loaded packed).
+                    delay = 0 if i % 3 == 0 else 3600 if i % 2 else 3 * 86400
                     if peer.call("add", {"id": task_id, "topic": self.tag, "delay": delay}) is None:
                         raise AssertionError("add answered nil")
                     self.added.add(task_id)
+                    if i % 7 == 2 and i % 3 != 0:
+                        updated = peer.call("update", task_id, {"delay": 2 * 86400 + i})
+                        self.updated[task_id] = updated["at"]
                     if i % 5 == 1:
                         self.removal_sent.add(task_id)
                         assert peer.call("delete", task_id) is True
@@ -113,6 +120,7 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged(store_args: list[str]) -> 
 
     again = start(store_args)
     with Raw(again.address) as peer:
+        assert peer.call("stats")["wheel"]["packed"] > 0  # list must decode them
         found = all_tasks(peer)
     again.stop()
     for w in workers:
@@ -121,6 +129,10 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged(store_args: list[str]) -> 
         # A delete or ack cut off by the kill may have landed unanswered.
         missing = (w.added - w.removal_sent) - found.keys()
         assert not missing, f"acknowledged adds lost: {sorted(missing)[:5]}"
+        assert len(w.updated) > 5, len(w.updated)
+        for task_id, at_s in w.updated.items():
+            if task_id not in w.removal_sent:
+                assert found[task_id]["at"] == at_s, f"update of {task_id} lost"
     sent = set().union(*(w.sent for w in workers))
     assert found.keys() <= sent, "a task nobody added appeared"
 
