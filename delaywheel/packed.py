@@ -2,9 +2,9 @@
 
 A restart loads every record, but a task due more than a lap of the wheel
 away has nothing to do until then. Decoding it into a ``Task``, indexing it
-and linking it into the wheel is most of the cost of a start (a million
-tasks spread over a week are 99 % such tasks), and a ``Task`` takes twice
-the memory of its record. So such a task stays as its record: the task
+and linking it into the wheel is most of the cost of a start (of a million
+delayed tasks spread over a week, 99 % are that far away), and a ``Task``
+takes about twice the memory of its record. So such a task stays as its record: the task
 index maps its id to the record bytes, and ``PackedTasks`` remembers which
 lap it falls in. A lap before that lap begins, the engine decodes its tasks
 and schedules them in the wheel, a few thousand per turn of the event loop
