@@ -25,7 +25,7 @@ from delaywheel.errors import RequestError
 from delaywheel.index import TaskCounts, TaskIndex
 from delaywheel.journal import Journal
 from delaywheel.loading import load_tasks
-from delaywheel.packed import PackedTasks
+from delaywheel.packed import WINDOW_S, PackedTasks
 from delaywheel.queues import Queues, Waiter
 from delaywheel.store.base import Store
 from delaywheel.task import (
@@ -47,8 +47,8 @@ from delaywheel.wheel import TimingWheel
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
-# How many packed tasks one advance decodes (a few ms of work): a lap holding
-# half a million is decoded over many turns of the loop, not in one stall.
+# How many packed tasks one advance decodes (a few ms of work): a window
+# holding half a million is decoded over many turns of the loop, not in one stall.
 THAW_BATCH = 2_000
 
 
@@ -70,7 +70,7 @@ class Engine:
         self.started_s = now_s
         self._tasks = TaskIndex(self._thaw)
         self._counts = TaskCounts()
-        self._packed = PackedTasks(lap_s=slots * tick_s)
+        self._packed = PackedTasks(window_s=min(WINDOW_S, slots * tick_s))
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make).
         self._id_prefix = os.urandom(6).hex()

@@ -1,7 +1,7 @@
 """The engine's bookkeeping of live tasks: by id, in creation order, and counted.
 
 ``TaskIndex`` finds a task by id and pages through tasks in the order they
-were created (for ``list``). A task loaded at start and due laps later may
+were created (for ``list``). A delayed task loaded at start and due later on may
 be held packed (see ``delaywheel.packed``): its id maps to its store record
 until ``get`` decodes it through the engine's ``thaw``. ``TaskCounts`` keeps
 the per-state and per-topic counts that ``stats`` reports, updated as tasks

@@ -2,8 +2,8 @@
 
 This is the path a restart takes for millions of tasks, so it works a batch
 at a time: each record is read and checked; a delayed task due after the
-next lap stays packed (``delaywheel.packed``), and the others are built and
-then placed, indexed and counted in bulk.
+next time window stays packed (``delaywheel.packed``), and the others are
+built and then placed, indexed and counted in bulk.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Tasks kept packed after a load: due laps away, decoded when their lap
-nears or when a request names them, and the same to clients either way."""
+"""Tasks kept packed after a load: due later than the next time window,
+decoded a window ahead or when a request names them, and the same to
+clients either way."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -14,23 +16,27 @@ from delaywheel.errors import RequestError
 from delaywheel.packed import PackedTasks
 from delaywheel.store.memory import MemoryStore
 
-T0 = 1_800_000_000.0  # a multiple of the lap below
-LAP_S = 10.0  # 10 slots of 1 s: tasks due from T0 + 20 on stay packed at T0
+T0 = 1_800_000_000.0  # a multiple of the window below
+WINDOW_S = 10.0  # the wheel's lap (10 slots of 1 s): due from T0 + 20 on, packed
 
 
 def restarted(
-    fill: Callable[[Engine], None], scenario: Callable[[Engine], Awaitable[None]]
+    fill: Callable[[Engine], None],
+    scenario: Callable[[Engine], Awaitable[None]],
+    **wheel: Any,
 ) -> None:
     """``fill`` an engine at T0, then run ``scenario`` on a second engine that
-    loaded the same store at T0, as after a restart."""
+    loaded the same store at T0, as after a restart. The wheel has 10 slots
+    of 1 s unless ``wheel`` says otherwise."""
+    wheel = {"slots": 10, "tick_s": 1.0, **wheel}
 
     async def main() -> None:
         store = MemoryStore("memory://")
         await store.open()
-        before = Engine(store, now_s=T0, slots=10, tick_s=1.0)
+        before = Engine(store, now_s=T0, **wheel)
         fill(before)
         await before.journal.drain()
-        after = Engine(store, now_s=T0, slots=10, tick_s=1.0)
+        after = Engine(store, now_s=T0, **wheel)
         await after.load(store.load())
         await scenario(after)
         await after.journal.drain()
@@ -50,7 +56,7 @@ def packed_count(engine: Engine) -> int:
 DELAYS = {"near": 5, "mid": 15, "edge": 20, "far": 25, "farther": 95, "farthest": 1000}
 
 
-def test_only_tasks_due_after_the_next_lap_stay_packed() -> None:
+def test_only_tasks_due_after_the_next_window_stay_packed() -> None:
     async def scenario(engine: Engine) -> None:
         stats = engine.stats(T0)
         assert stats["wheel"]["packed"] == 4  # edge, far, farther, farthest
@@ -62,7 +68,21 @@ def test_only_tasks_due_after_the_next_lap_stay_packed() -> None:
     restarted(lambda e: add_delays(e, DELAYS), scenario)
 
 
-def test_packed_tasks_fire_at_their_own_time_not_a_lap_off() -> None:
+def test_the_default_wheel_packs_what_is_due_after_the_next_minute() -> None:
+    async def scenario(engine: Engine) -> None:
+        assert packed_count(engine) == 2  # a window is a minute, not the lap (an hour)
+        assert engine.stats(T0)["wheel"]["pending"] == 1
+        assert engine.next_fire_s() == T0 + 60  # a window ahead of T0 + 125
+        engine.advance(T0 + 60)
+        assert packed_count(engine) == 1
+        assert engine.advance(T0 + 100) == 1
+        assert engine.advance(T0 + 125) == 1
+
+    delays = {"soon": 100, "next": 125, "later": 7200}
+    restarted(lambda e: add_delays(e, delays), scenario, slots=3600, tick_s=1.0)
+
+
+def test_packed_tasks_fire_at_their_own_time() -> None:
     async def scenario(engine: Engine) -> None:
         fired: list[tuple[float, str]] = []
         now_s = T0
@@ -78,10 +98,10 @@ def test_packed_tasks_fire_at_their_own_time_not_a_lap_off() -> None:
     restarted(lambda e: add_delays(e, DELAYS), scenario)
 
 
-def test_a_lap_is_decoded_one_lap_ahead_and_the_engine_wakes_for_it() -> None:
+def test_a_window_is_decoded_one_window_ahead_and_the_engine_wakes_for_it() -> None:
     async def scenario(engine: Engine) -> None:
         # Only packed tasks: the engine still names a time to wake up.
-        assert engine.next_fire_s() == T0 + 20  # the lap of T0 + 30 begins a lap before
+        assert engine.next_fire_s() == T0 + 20  # the window of T0 + 30, a window ahead
         engine.advance(T0 + 19.5)
         assert packed_count(engine) == 1
         engine.advance(T0 + 20)
@@ -155,44 +175,44 @@ def test_list_with_a_filter_still_reaches_every_packed_task() -> None:
     restarted(fill, scenario)
 
 
-def test_packed_bookkeeping_refuses_a_lap_of_no_length() -> None:
-    with pytest.raises(ValueError, match="lap_s must be > 0, got 0"):
+def test_packed_bookkeeping_refuses_a_window_of_no_length() -> None:
+    with pytest.raises(ValueError, match="window_s must be > 0, got 0"):
         PackedTasks(0.0)
 
 
-def test_held_ids_come_back_by_lap() -> None:
-    packed = PackedTasks(LAP_S)
+def test_held_ids_come_back_by_window() -> None:
+    packed = PackedTasks(WINDOW_S)
     assert packed.hold_from_s(T0 + 3) == T0 + 20
     packed.hold(["a", "b", "c"], [T0 + 35.0, T0 + 21.0, T0 + 39.0])
     assert packed.count == 3
-    assert packed.next_thaw_s() == T0 + 10  # a lap before b's lap
+    assert packed.next_thaw_s() == T0 + 10  # a window before b's window
     assert packed.take(10, by_s=T0 + 9.9) == []
     assert packed.take(10, by_s=T0 + 10) == ["b"]
-    assert packed.take(1) == ["c"]  # no time given: the earliest, whatever lap
+    assert packed.take(1) == ["c"]  # no time given: the earliest, whatever window
     assert packed.take(10, by_s=T0 + 100) == ["a"]
     assert packed.next_thaw_s() is None
 
 
-def test_a_crowded_lap_comes_in_batches_unless_it_has_begun() -> None:
-    packed = PackedTasks(LAP_S)
-    packed.hold([f"x{i}" for i in range(5)], [T0 + 31.0] * 5)  # lap from T0 + 30
-    packed.hold([f"y{i}" for i in range(5)], [T0 + 45.0] * 5)  # lap from T0 + 40
+def test_a_crowded_window_comes_in_batches_unless_it_has_begun() -> None:
+    packed = PackedTasks(WINDOW_S)
+    packed.hold([f"x{i}" for i in range(5)], [T0 + 31.0] * 5)  # window from T0 + 30
+    packed.hold([f"y{i}" for i in range(5)], [T0 + 45.0] * 5)  # window from T0 + 40
     assert len(packed.take(2, by_s=T0 + 20)) == 2
-    assert packed.next_thaw_s() == T0 + 20  # the rest of that lap is still due
+    assert packed.next_thaw_s() == T0 + 20  # the rest of that window is still due
     assert len(packed.take(2, by_s=T0 + 20)) == 2
-    # The lap from T0 + 30 has begun: all that is left of it, past the limit,
-    # then up to the limit from the next lap, whose time to decode has come.
+    # The window from T0 + 30 has begun: all that is left of it, past the limit,
+    # then up to the limit from the next window, whose time to decode has come.
     assert packed.take(2, by_s=T0 + 30) == ["x0", "y4"]
     assert packed.take(2, by_s=T0 + 30) == ["y2", "y3"]
     assert sorted(packed.take(1, by_s=T0 + 40)) == ["y0", "y1"]  # begun: whole
     assert packed.count == 10  # only decoding (thawed) lowers the count
 
 
-def test_the_engine_decodes_a_crowded_lap_over_several_advances(
+def test_the_engine_decodes_a_crowded_window_over_several_advances(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(delaywheel.engine, "THAW_BATCH", 3)
-    crowd = {f"c{i}": 30 + i / 10 for i in range(8)}  # one lap, from T0 + 30
+    crowd = {f"c{i}": 30 + i / 10 for i in range(8)}  # one window, from T0 + 30
 
     async def scenario(engine: Engine) -> None:
         assert engine.next_fire_s() == T0 + 20
@@ -209,14 +229,14 @@ def test_the_engine_decodes_a_crowded_lap_over_several_advances(
     restarted(lambda e: add_delays(e, crowd), scenario)
 
 
-def test_a_lap_already_begun_is_decoded_whole_and_fires_at_once(
+def test_a_window_already_begun_is_decoded_whole_and_fires_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(delaywheel.engine, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}
 
     async def scenario(engine: Engine) -> None:
-        # No advance for two laps (a stopped process): nothing may be lost.
+        # No advance for two windows (a stopped process): nothing may be lost.
         assert engine.advance(T0 + 45) == 8
         assert packed_count(engine) == 0
 
