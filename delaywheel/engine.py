@@ -70,7 +70,7 @@ class Engine:
         self.started_s = now_s
         self._tasks = TaskIndex(self._thaw)
         self._counts = TaskCounts()
-        self._packed = PackedTasks(window_s=min(WINDOW_S, slots * tick_s))
+        self._packed = PackedTasks(min(WINDOW_S, slots * tick_s), now_s)
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make).
         self._id_prefix = os.urandom(6).hex()

@@ -45,7 +45,7 @@ async def load_tasks(
     tasks were loaded. ``locate`` puts a ready or dead task in its queue."""
     loaded = 0
     next_report = LOAD_PROGRESS_EVERY
-    hold_from_s = packed.hold_from_s(wheel.now_s)
+    hold_from_s = packed.hold_from_s
     delayed = STATE_CODE[DELAYED]
     read, build = read_record, Task.from_fields
     async for batch in batches:

@@ -24,6 +24,11 @@ import math
 # more at start and decodes less at a time later; a lap of a small test wheel
 # may be shorter still, and the window is never longer than the lap.
 WINDOW_S = 60.0
+# Tasks more than an hour or two away (with the default window) are kept by
+# the hour, COARSE windows to a list: a week's tasks then sit in 168 lists
+# rather than 10,080, which measured 0.1 s faster per million loaded. Such
+# an hour is decoded a window before it begins, as one window would be.
+COARSE = 60
 
 
 class PackedTasks:
@@ -36,24 +41,26 @@ class PackedTasks:
     decoded (or deleted) since it was held: the engine skips those.
     """
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, now_s: float) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
         self.window_s = window_s
+        window = math.floor(now_s / window_s)
+        # A task loaded at now_s is kept packed if due from here on: the start
+        # of the window after next, so its time to decode is still to come.
+        self.hold_from_s = (window + 2) * window_s
+        self._coarse_from = (window // COARSE + 2) * COARSE  # a window index
         self.count = 0  # tasks still packed
         self._ids_by_window: dict[int, list[str]] = {}
         self._windows: list[int] = []  # heap of the keys of _ids_by_window
 
-    def hold_from_s(self, now_s: float) -> float:
-        """The due time from which a task loaded at ``now_s`` is kept packed:
-        the start of the window after next, so its time to decode is to come."""
-        return (math.floor(now_s / self.window_s) + 2) * self.window_s
-
     def hold(self, task_ids: list[str], due_s: list[float]) -> None:
         """Remember packed tasks (each due at or after ``hold_from_s``) by window."""
-        window_s, ids_by_window = self.window_s, self._ids_by_window
+        window_s, ids_by_window, coarse_from = self.window_s, self._ids_by_window, self._coarse_from
         for task_id, at_s in zip(task_ids, due_s, strict=True):
             window = int(at_s // window_s)
+            if window >= coarse_from:
+                window -= window % COARSE  # by the hour: the hour's first window
             ids = ids_by_window.get(window)
             if ids is None:
                 ids = ids_by_window[window] = []

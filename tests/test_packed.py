@@ -177,12 +177,12 @@ def test_list_with_a_filter_still_reaches_every_packed_task() -> None:
 
 def test_packed_bookkeeping_refuses_a_window_of_no_length() -> None:
     with pytest.raises(ValueError, match="window_s must be > 0, got 0"):
-        PackedTasks(0.0)
+        PackedTasks(0.0, T0)
 
 
 def test_held_ids_come_back_by_window() -> None:
-    packed = PackedTasks(WINDOW_S)
-    assert packed.hold_from_s(T0 + 3) == T0 + 20
+    packed = PackedTasks(WINDOW_S, T0 + 3)
+    assert packed.hold_from_s == T0 + 20
     packed.hold(["a", "b", "c"], [T0 + 35.0, T0 + 21.0, T0 + 39.0])
     assert packed.count == 3
     assert packed.next_thaw_s() == T0 + 10  # a window before b's window
@@ -193,8 +193,18 @@ def test_held_ids_come_back_by_window() -> None:
     assert packed.next_thaw_s() is None
 
 
+def test_tasks_hours_away_are_kept_by_the_hour() -> None:
+    packed = PackedTasks(WINDOW_S, T0)  # from 60 windows away, 60 windows to a list
+    packed.hold(["a", "b", "c", "d"], [T0 + 1234.0, T0 + 1799.0, T0 + 1800.0, T0 + 1190.0])
+    assert packed.next_thaw_s() == T0 + 1180  # d's window, a window ahead
+    assert packed.take(10, by_s=T0 + 1180) == ["d"]
+    assert packed.next_thaw_s() == T0 + 1190  # a window ahead of the hour from T0 + 1200
+    assert sorted(packed.take(10, by_s=T0 + 1190)) == ["a", "b"]
+    assert packed.take(10, by_s=T0 + 1790) == ["c"]
+
+
 def test_a_crowded_window_comes_in_batches_unless_it_has_begun() -> None:
-    packed = PackedTasks(WINDOW_S)
+    packed = PackedTasks(WINDOW_S, T0)
     packed.hold([f"x{i}" for i in range(5)], [T0 + 31.0] * 5)  # window from T0 + 30
     packed.hold([f"y{i}" for i in range(5)], [T0 + 45.0] * 5)  # window from T0 + 40
     assert len(packed.take(2, by_s=T0 + 20)) == 2
