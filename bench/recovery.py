@@ -2,8 +2,8 @@
 
 The records are written straight into the store as the journal would have
 left them: ready and reserved tasks, and delayed ones spread over a week;
-then again with every delayed task due within the hour, and within a minute
-(the worst case: none is loaded packed). Then a real ``delaywheel serve``
+then again with every delayed task due within the hour, and with every task
+ready or reserved (the worst case: none is loaded packed). Then a real ``delaywheel serve``
 starts on that store, as after a crash, and the figure is the load time it
 logs (``loaded N tasks from ... in X s``: streaming the records and
 rebuilding wheel, queues and index). A fresh process, because that is where
@@ -38,24 +38,27 @@ TASKS = 1_000_000
 STARTS = 3
 WRITE_BATCH = 10_000
 WEEK_S = 7 * 24 * 3600.0
-# Delayed tasks spread over a week or an hour (most are loaded packed), and
-# the worst case: all due within a minute, so none is packed.
-# (figure name suffix, label suffix, how far ahead delayed tasks are spread)
+# 90 % delayed tasks spread over a week or an hour (most are loaded packed),
+# and the worst case: every task ready or reserved, so none is packed.
+# (figure name suffix, label suffix, how far ahead delayed tasks are spread,
+# the share of delayed tasks; of the rest, 3 % of all are reserved)
 MIXES = (
-    ("", "", WEEK_S),
-    ("_hour", ", all due within the hour", 3600.0),
-    ("_minute", ", all due within a minute", 60.0),
+    ("", "", WEEK_S, 0.9),
+    ("_hour", ", all due within the hour", 3600.0, 0.9),
+    ("_ready", ", all ready or reserved", 0.0, 0.0),
 )
 LOADED = re.compile(r"loaded (\d+) tasks from \S+ in ([\d.]+) s")
 
 
-def records(now_s: float, count: int, spread_s: float) -> Iterator[list[tuple[str, bytes]]]:
+def records(
+    now_s: float, count: int, spread_s: float, delayed: float = 0.9
+) -> Iterator[list[tuple[str, bytes]]]:
     rng = random.Random(7)
     batch: list[tuple[str, bytes]] = []
     body = b"\x81\xa5order\xcd\x01\x2a"  # {"order": 298}, packed
     for i in range(count):
         roll = rng.random()
-        state = DELAYED if roll < 0.9 else READY if roll < 0.97 else RESERVED
+        state = DELAYED if roll < delayed else READY if roll < 0.97 else RESERVED
         at_s = now_s + rng.uniform(1, spread_s) if state == DELAYED else now_s - 5
         task = Task(
             f"task-{i}",
@@ -77,10 +80,10 @@ def records(now_s: float, count: int, spread_s: float) -> Iterator[list[tuple[st
         yield batch
 
 
-async def fill(url: str, spread_s: float) -> None:
+async def fill(url: str, spread_s: float, delayed: float) -> None:
     store: Store = open_store(url)
     async with store:
-        for batch in records(time.time(), TASKS, spread_s):
+        for batch in records(time.time(), TASKS, spread_s, delayed):
             await store.write(dict(batch))
 
 
@@ -126,9 +129,11 @@ def run() -> Report:
                 progress("no redis-server installed: Redis skipped")
             else:
                 stores.insert(0, ("redis", url))
-            for (name, store_url), (suffix, label, spread_s) in itertools.product(stores, MIXES):
+            for (name, store_url), (suffix, label, spread_s, delayed) in itertools.product(
+                stores, MIXES
+            ):
                 progress(f"writing {TASKS:,} records to {name}{label}, then starting servers")
-                asyncio.run(fill(store_url, spread_s))  # the same ids: overwrites
+                asyncio.run(fill(store_url, spread_s, delayed))  # the same ids: overwrites
                 starts = [timed_start(store_url) for _ in range(STARTS)]
                 figures.append(restart_figure(f"{name}{suffix}", f"{name}{label}", starts, target))
     finally:
