@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +28,10 @@ from bench._procs import private_redis, running_server
 ADDS = 100_000
 BATCH = 1_000  # adds per pipeline
 PRODUCERS = 8  # pipelines in flight at once on the one connection
+# Drives of ADDS adds, one after another on the same server: the figure is
+# their median (one drive takes about 2 s, short enough for a passing slow
+# moment of the machine to decide it).
+DRIVES = 3
 BODY = {"order": 42, "action": "close-if-unpaid"}
 
 
@@ -70,17 +75,20 @@ def run() -> Report:
             for name, url, target in stores:
                 progress(f"{ADDS:,} adds through the server on {name}")
                 with running_server(url) as address:
-                    rate, stats = asyncio.run(_drive(address))
+                    drives = [asyncio.run(_drive(address)) for _ in range(DRIVES)]
+                rates = tuple(rate for rate, _ in drives)
+                stats = drives[-1][1]  # the server's totals over all the drives
                 flushes = int(stats["flushes"])  # type: ignore[call-overload]
-                mean = (ADDS + 1) / max(flushes, 1)
+                mean = (DRIVES * (ADDS + 1)) / max(flushes, 1)
                 figures.append(
                     Figure(
                         f"adds_{name}",
                         f"journaled adds, {name}",
-                        rate,
+                        statistics.median(rates),
                         "/s",
                         target,
-                        note=f"{flushes:,} store writes",
+                        runs=rates,
+                        note=f"median of {DRIVES} drives; {flushes:,} store writes",
                     )
                 )
                 figures.append(
@@ -97,8 +105,8 @@ def run() -> Report:
     return Report(
         "journal",
         f"Journaled adds: AsyncClient pipelines of {BATCH} adds, {PRODUCERS} in flight on one "
-        f"connection, {ADDS:,} adds",
+        f"connection, {DRIVES} drives of {ADDS:,} adds",
         figures,
-        params={"adds": ADDS, "batch": BATCH, "pipelines_in_flight": PRODUCERS},
+        params={"adds": ADDS, "batch": BATCH, "pipelines_in_flight": PRODUCERS, "drives": DRIVES},
         elapsed_s=time.perf_counter() - started,
     )
