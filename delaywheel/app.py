@@ -20,6 +20,17 @@ from delaywheel.store import Store, StoreUnavailable, open_store
 
 log = logging.getLogger("delaywheel")
 
+# The collector's thresholds while serving: a young collection every 20,000
+# allocations instead of every 700, the middle generation every 50 of those,
+# the full one as by default. Each add leaves a task that lives until it is
+# due, which the default settings rescan again and again: py-spy put 6-13 %
+# of the server's time in the collector under a stream of adds, and building
+# a task took 1.56 us instead of 2.0. Journaled adds on Redis measured
+# 46.7k-72.6k/s against 40.0k-54.3k/s with the defaults (medians of 3
+# drives, 4 interleaved runs each, better in every pair). Cyclic garbage is
+# still collected, in larger batches.
+GC_THRESHOLDS = (20_000, 50, 10)
+
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
@@ -65,7 +76,8 @@ async def recover(engine: Engine, store: Store) -> int:
     The collector is off while loading: a million new long-lived objects would
     trigger collections that rescan the growing heap again and again (it
     doubled load time when measured). Afterwards the loaded tasks are frozen
-    out of collection, since they live until they are due.
+    out of collection, since they live until they are due, and the collector
+    runs with ``GC_THRESHOLDS``.
     """
     started = time.perf_counter()
     gc.disable()
@@ -75,6 +87,7 @@ async def recover(engine: Engine, store: Store) -> int:
         # Freeze before enabling: otherwise the first allocation afterwards
         # sets off a full collection over everything just loaded.
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         gc.enable()
     log.info("loaded %d tasks from %s in %.2f s", loaded, store.url, time.perf_counter() - started)
     return loaded
