@@ -154,7 +154,7 @@ class Task(Entry):
     def to_record(self) -> bytes:
         """The journal record: every field needed to rebuild the task but its
         id, which the store keeps as the record's key."""
-        return msgpack.packb(  # type: ignore[no-any-return]
+        return _pack_record(  # type: ignore[no-any-return]
             (
                 RECORD_VERSION,
                 self.topic,
@@ -166,8 +166,7 @@ class Task(Entry):
                 self.max_attempts,
                 self.deadline_s,
                 self.body_packed,
-            ),
-            use_bin_type=True,
+            )
         )
 
     @classmethod
@@ -276,6 +275,9 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
 RECORD_VERSION = 2
+# One Packer for every record (see validate._pack: a packb per record cost
+# 0.82 us against 0.24 us). Records are packed on the event loop's thread.
+_pack_record = msgpack.Packer(use_bin_type=True).pack
 STATE_CODE = {state: code for code, state in enumerate(STATES)}
 # Where read_record's fields hold the topic, the state code and the due time.
 TOPIC_FIELD, STATE_FIELD, AT_FIELD = 1, 2, 3

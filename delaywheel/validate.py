@@ -95,9 +95,15 @@ def target(value: Any) -> None:
         )
 
 
+# One Packer, reused: msgpack.packb builds a new one per call, which costs
+# more than the packing (0.68 us against 0.23 us for a two-field body). It
+# resets itself after a failed pack. Used on the event loop's thread only.
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
 def packed_body(value: Any, limits: Limits) -> bytes:
     try:
-        packed: bytes = msgpack.packb(value, use_bin_type=True)
+        packed: bytes = _pack(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise bad(f"body cannot be packed: {exc}") from None
     if len(packed) > limits.max_body_bytes:
