@@ -51,7 +51,7 @@ LOADED = re.compile(r"loaded (\d+) tasks from \S+ in ([\d.]+) s")
 
 
 def records(
-    now_s: float, count: int, spread_s: float, delayed: float = 0.9
+    now_s: float, count: int, spread_s: float, delayed: float
 ) -> Iterator[list[tuple[str, bytes]]]:
     rng = random.Random(7)
     batch: list[tuple[str, bytes]] = []

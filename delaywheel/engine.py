@@ -375,7 +375,9 @@ class Engine:
 
     def _thaw(self, task_id: str, record: bytes) -> Task:
         """Decode a packed task and schedule it (``TaskIndex.get`` calls this)."""
-        task = Task.from_record(task_id, record)  # checked once at load: it is sound
+        # Read and checked again (it passed at load, so this cannot fail): the
+        # checks are a fraction of the unpacking, which has to happen anyway.
+        task = Task.from_record(task_id, record)
         self._tasks.add(task)
         self._locate(task)  # already counted, at load
         self._packed.thawed()
