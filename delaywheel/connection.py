@@ -55,6 +55,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.engine = server.engine
+        self.journal = server.engine.journal
         self.authed = server.settings.token is None
         self.decoder = Decoder(max_message_bytes=server.settings.max_message_bytes)
         self.encoder = Encoder()
@@ -143,6 +144,8 @@ class Connection(asyncio.Protocol):
             self.partial_since = None
         elif handled or self.partial_since is None:
             self.partial_since = time.monotonic()
+        if self.journal.inline:  # its replies can leave now, in this write
+            self.journal.flush()
         self._flush()
         self.server.rearm()
 

@@ -4,12 +4,19 @@ How it works
 ------------
 The engine applies a change in memory and calls ``record(task)``. The task
 joins the *gathering* batch; the first change of a batch schedules a flush for
-the end of the current loop turn (``call_soon``), so every request decoded in
-this turn lands in the same batch. A flush packs each changed task once (the
-last state wins) and hands the batch to the store. While that write is in
-flight the next batch gathers; it is started as soon as the write returns.
-Under load one store round trip therefore carries everything that arrived
-during the previous one.
+the next loop turn (``call_soon``), so every request decoded in this turn, on
+every connection, lands in the same batch. A store that completes at once
+(``Store.inline``: memory) is flushed by the connection at the end of its
+work instead (``flush()``), so its replies leave in the turn that made them.
+A flush packs each changed task once (the last state wins) and submits the
+batch to the store, which calls back when it is durable: no Task or
+coroutine per flush. While that write is in flight the next batch gathers;
+it is started from the write's callback. Under load one store round trip
+therefore carries everything that arrived during the previous one.
+
+Once a batch is durable, ``durable(tasks, changes)`` (the engine's hook) sees
+what it held before the replies go out: the engine packs far-future tasks
+then, from the records just written.
 
 Replies wait on batches: whoever needs "durable" registers a callback on the
 batch it depends on (``pending()``), and the callback runs once the write
@@ -25,7 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from delaywheel.store.base import Store, StoreError
@@ -35,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # Called with None once the batch is durable, or with the error that failed it.
 Callback = Callable[[StoreError | None], None]
+# Sees a durable batch: its tasks by id and the records written for them.
+Durable = Callable[[dict[str, Task], Mapping[str, bytes | None]], None]
 
 
 class Batch:
@@ -63,9 +73,12 @@ class Journal:
         self,
         store: Store,
         rollback: Callable[[list[tuple[Task, tuple[Any, ...]]]], None],
+        durable: Durable | None = None,
     ) -> None:
         self._store = store
         self._rollback = rollback
+        self._durable = durable
+        self.inline = store.inline
         self._gathering = Batch()
         self._writing: Batch | None = None
         self._touched: set[int] = set()  # id() of tasks snapshotted in the gathering batch
@@ -93,6 +106,18 @@ class Journal:
             return self._gathering
         return self._writing
 
+    def is_pending(self, task: Task) -> bool:
+        """Whether a batch not yet durable holds a change of ``task``."""
+        writing = self._writing
+        return id(task) in self._touched or (
+            writing is not None and writing.tasks.get(task.id) is task
+        )
+
+    def flush(self) -> None:
+        """Start writing what has gathered now, if no write is in flight."""
+        if self._writing is None and self._gathering.tasks:
+            self._start()
+
     def _start(self) -> None:
         self._flush_scheduled = False
         batch = self._gathering
@@ -106,21 +131,30 @@ class Journal:
             for task_id, task in batch.tasks.items()
         }
         batch.size = len(changes)
-        asyncio.get_running_loop().create_task(self._write(batch, changes))
-
-    async def _write(self, batch: Batch, changes: dict[str, bytes | None]) -> None:
         try:
-            await self._store.write(changes)
-        except StoreError as exc:
-            self._fail(batch, exc)
+            self._store.submit(changes, partial(self._written, batch, changes))
         except Exception as exc:  # a store bug: fail the batch rather than hang its waiters
-            log.exception("store write raised an unexpected error")
-            self._fail(batch, StoreError(f"store write failed: {exc!r}"))
+            log.exception("store submit raised")
+            self._written(batch, changes, StoreError(f"store write failed: {exc!r}"))
+
+    def _written(
+        self, batch: Batch, changes: dict[str, bytes | None], error: StoreError | None
+    ) -> None:
+        if batch is not self._writing:  # called twice by a broken store
+            log.error("store completed a write twice")
+            return
+        if error is not None:
+            self._fail(batch, error)
         else:
             self.flushes += 1
             self.last_batch_size = batch.size
             self.max_batch_size = max(self.max_batch_size, batch.size)
             self._writing = None
+            if self._durable is not None:
+                try:
+                    self._durable(batch.tasks, changes)
+                except Exception:  # the write is durable: its replies must still go
+                    log.exception("durable hook failed")
             batch.finish(None)
         if self._gathering.tasks and not self._flush_scheduled:
             self._start()
@@ -146,8 +180,7 @@ class Journal:
                     done.set_result(None)
 
             batch.add_callback(wake)
-            if batch is self._gathering and not self._flush_scheduled and self._writing is None:
-                self._start()
+            self.flush()
             await done
 
 

@@ -4,11 +4,16 @@ How it is used
 --------------
 A store keeps one opaque ``bytes`` record per task id and knows nothing else
 about tasks. The engine opens it, streams every record back with ``load()`` at
-start-up, then journals changes with ``write()``: it gathers the changes of all
-requests made in one event-loop turn into one mapping (group commit), awaits
-one ``write()``, and only then replies. So ``write()`` is the only hot path and
-costs one round trip (Redis) or one transaction (SQLite) however many changes
-it carries.
+start-up, then journals changes with ``submit()``: it gathers the changes of all
+requests made in one event-loop turn into one mapping (group commit), hands
+it to ``submit()``, and replies once that write's callback says it is
+durable. So ``submit()`` is the only hot path and costs one round trip (Redis)
+or one transaction (SQLite) however many changes it carries. It completes by
+callback rather than as a coroutine: a Task, a coroutine and the loop turns
+between them cost more than the engine's whole work for an add (DESIGN.md),
+and a store that can finish at once (memory) answers in the turn that made
+the change. ``write()`` is the same operation awaited, for start-up code and
+tests.
 
 A mapping cannot hold the same id twice, so the puts and removes of one write
 never conflict and their order inside the write does not matter.
@@ -28,14 +33,18 @@ URL (password replaced by ``***``) and never the password.
 from __future__ import annotations
 
 import abc
+import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import ClassVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 Changes = Mapping[str, bytes | None]
 """Task id -> packed record to store, or ``None`` to remove the id."""
+
+Done = Callable[["StoreError | None"], None]
+"""A write's completion: called once, with None when durable or with the error."""
 
 DEFAULT_BATCH_SIZE = 10_000
 
@@ -61,7 +70,7 @@ class Store(abc.ABC):
     """A map of task id to opaque record bytes, persisted by the backend.
 
     Life cycle: construct (does no I/O), ``open()``, then ``load()`` once, then
-    any number of ``write()`` calls, then ``close()``. A store object is
+    any number of ``submit()`` (or ``write()``) calls, then ``close()``. A store object is
     opened once: after ``close()`` make a new one (``open_store(url)``).
     """
 
@@ -71,6 +80,10 @@ class Store(abc.ABC):
 
     persistent: ClassVar[bool] = True
     """Whether records outlive the store object (False only for memory://)."""
+
+    inline: ClassVar[bool] = False
+    """Whether ``submit()`` always completes before it returns (memory://): the
+    journal then flushes at the end of each connection's work, not a turn later."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -82,10 +95,17 @@ class Store(abc.ABC):
             raise StoreError(f"store {self.url} is already {self._state}; open a new store")
 
     def _check_open(self, action: str) -> None:
-        """Called first by ``load()`` and ``write()``."""
-        if self._state != "open":
-            state = "closed" if self._state == "closed" else "not open yet"
-            raise StoreUnavailable(f"store {self.url}: {action} failed: the store is {state}")
+        """Called first by ``load()``; ``submit()`` uses ``_not_open()``."""
+        error = self._not_open(action)
+        if error is not None:
+            raise error
+
+    def _not_open(self, action: str) -> StoreUnavailable | None:
+        """The error for ``action`` on a store that is not open, or None when it is."""
+        if self._state == "open":
+            return None
+        state = "closed" if self._state == "closed" else "not open yet"
+        return StoreUnavailable(f"store {self.url}: {action} failed: the store is {state}")
 
     @abc.abstractmethod
     async def open(self) -> None:
@@ -111,20 +131,40 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def write(self, changes: Changes) -> None:
-        """Apply all puts (id -> bytes) and removes (id -> None) together.
+    def submit(self, changes: Changes, done: Done) -> None:
+        """Start applying all puts (id -> bytes) and removes (id -> None) together;
+        call ``done(None)`` once they are durable, or ``done(error)``.
 
         - One round trip or one transaction, whatever the number of changes.
         - All or nothing, as far as the backend allows (see each module).
-        - Durable when it returns, in the backend's sense (see each module).
+        - Durable when ``done(None)`` runs, in the backend's sense (see each module).
         - Removing an absent id is not an error. An empty mapping is a no-op.
-        - Writes are applied in the order they were called, even when the
-          caller does not await one before starting the next.
-        - Raises ``StoreUnavailable`` on failure: the write may or may not have
-          been applied, so the caller must neither acknowledge it nor assume
-          it was lost. The same holds if the awaiting task is cancelled.
-        - After ``close()`` (or before ``open()``) it raises ``StoreUnavailable``.
+        - Writes are applied in the order they were submitted; later writes
+          do not wait for earlier ones to complete before being submitted.
+        - ``done`` is called exactly once, on the event loop's thread, possibly
+          before ``submit`` returns (a store that finishes at once). It gets a
+          ``StoreUnavailable`` on failure: the write may or may not have been
+          applied, so the caller must neither acknowledge it nor assume it
+          was lost. ``submit`` itself never raises for a failed write.
+        - After ``close()`` (or before ``open()``) it fails with ``StoreUnavailable``.
+        - The caller must not change ``changes`` until ``done`` has run.
         """
+
+    async def write(self, changes: Changes) -> None:
+        """``submit(changes)`` awaited: returns once durable, raises its error.
+
+        If the awaiting task is cancelled the write still goes on, and may land.
+        """
+        finished: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
+
+        def done(error: StoreError | None) -> None:
+            if not finished.done():
+                finished.set_result(error)
+
+        self.submit(changes, done)
+        error = await finished
+        if error is not None:
+            raise error
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -1,16 +1,17 @@
 """redis://[[user]:password@]host:port/db and rediss:// (TLS) -- the default store.
 
-How it works: every record lives in ONE hash, ``{<prefix>}:tasks``, field = task
-id (UTF-8), value = the record. ``write()`` is one MULTI/EXEC transaction in
-one round trip: a single HSET carrying every put and a single HDEL carrying
-every remove. Both touch the same key, and Redis queues-then-runs a
-transaction, so a write is all or nothing: a command refused while queueing
-(out of memory, say) aborts the EXEC, and the only run-time error HSET or HDEL
-can meet (the key holding another type) would fail both. ``load()`` walks the
-hash with HSCAN COUNT batch_size, so Redis is never blocked for long, and
-re-cuts the replies into batches of at most batch_size (HSCAN's COUNT is a
-hint), dropping the duplicates HSCAN may return if the hash is rehashed mid
-walk (this costs a set of the ids seen while loading).
+How it works: every record lives in ONE hash, ``{<prefix>}:tasks``, field =
+task id (UTF-8), value = the record. A write is one MULTI/EXEC transaction in
+one round trip, sent on a connection of its own (``_redis_journal``, not
+redis-py: see there for why and for the figures): a single HSET carrying every
+put and a single HDEL carrying every remove. Both touch the same key, and
+Redis queues-then-runs a transaction, so a write is all or nothing: a command
+refused while queueing (out of memory, say) aborts the EXEC, and the only run-
+time error HSET or HDEL can meet (the key holding another type) would fail
+both. ``load()`` walks the hash with HSCAN COUNT batch_size, so Redis is never
+blocked for long, and re-cuts the replies into batches of at most batch_size
+(HSCAN's COUNT is a hint), dropping the duplicates HSCAN may return if the
+hash is rehashed mid walk (this costs a set of the ids seen while loading).
 
 What "durable" means here: Redis acknowledged the EXEC. Whether that survives
 a crash is Redis's configuration, checked by ``warnings()`` at open:
@@ -26,12 +27,13 @@ a crash is Redis's configuration, checked by ``warnings()`` at open:
   writes acknowledged by the old primary.
 
 Bounded time: connects and replies time out (``connect_timeout_s``,
-``timeout_s``), and a command is retried once, at once, on a connection error
-only (the retry reconnects, which covers a pooled connection that a Redis
-restart closed). So a dead or silent Redis gives ``StoreUnavailable`` within
-about 2 x (connect_timeout_s + timeout_s) at worst, and at once when nothing
-listens. The connection pool reconnects by itself on the next call once Redis
-is back: the store never needs reopening. After a write that could not reach
+``timeout_s``), and writes in flight when the connection drops are sent
+again, once, on a new connection (which covers a Redis restart between
+writes; replaying a transaction of absolute HSETs and HDELs is harmless). So
+a dead or silent Redis gives ``StoreUnavailable`` within about
+2 x (connect_timeout_s + timeout_s) at worst, and at once when nothing
+listens. The journal connection reconnects by itself on the next write once
+Redis is back: the store never needs reopening. After a write that could not reach
 Redis, writes back off: until the next attempt is due they fail at once
 without touching the network. The wait doubles from ``reconnect_min_s`` to
 ``reconnect_max_s`` (0.05 s and 2 s by default) while failures go on, and
@@ -43,23 +45,26 @@ and take precedence.
 
 Redis Cluster: point the URL at any node; ``_redis_client.connect()`` sees
 the cluster and uses a cluster client. All keys share one hash tag (see
-``__init__``), so each write is still one MULTI/EXEC on one node.
+``__init__``), so each write is still one MULTI/EXEC on one node: the
+journal connection goes to the node that owns the tag's slot and follows
+``MOVED`` when the slot moves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
+from redis.asyncio import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.typing import EncodableT, FieldT
 
 from delaywheel.store._redis_client import (
     CLIENT_ERRORS,
@@ -68,9 +73,11 @@ from delaywheel.store._redis_client import (
     connect,
     durability_warnings,
 )
+from delaywheel.store._redis_journal import Command, JournalLink, transaction
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
+    Done,
     Store,
     StoreConfigError,
     StoreError,
@@ -92,7 +99,7 @@ _UNREACHABLE = (
     RedisTimeoutError,
     ClusterDownError,
     RedisClusterException,
-    OSError,
+    OSError,  # the journal link's ConnectionError and TimeoutError among them
 )
 # Backoff between attempts to reach a Redis that was unreachable.
 RECONNECT_MIN_S = 0.05
@@ -128,10 +135,8 @@ class RedisStore(Store):
         self.key = f"{{{prefix}}}:tasks"
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = timeout_s
-        self._client: Client | None = None
-        # Serializes writes: they apply in call order, and a retried EXEC can
-        # never land after a later write.
-        self._lock = asyncio.Lock()
+        self._client: Client | None = None  # redis-py: checks and loading
+        self._link: JournalLink | None = None  # writes
         self._warnings: list[str] = []
         # Waits reconnect_min_s * 2 ** (failures in a row), at most reconnect_max_s.
         self._backoff = ExponentialBackoff(cap=reconnect_max_s, base=reconnect_min_s)
@@ -158,8 +163,34 @@ class RedisStore(Store):
             await close_quietly(client)
             raise
         self._client = client
+        self._link = self._journal_link(client)
         self._warnings = warnings
         self._state = "open"
+
+    def _journal_link(self, client: Client) -> JournalLink:
+        """The write connection's settings, from the URL (and the Cluster's slot map)."""
+        options = cast("dict[str, Any]", parse_url(self._raw_url))
+        host, port = options.get("host", "localhost"), int(options.get("port", 6379))
+        if isinstance(client, RedisCluster):  # the node that owns the store's slot
+            node = client.get_node_from_key(self.key)
+            if node is not None:
+                host, port = node.host, int(node.port)
+        handshake: list[Command] = []
+        password = options.get("password")
+        if password is not None:
+            username = options.get("username")
+            handshake.append(("AUTH", username, password) if username else ("AUTH", password))
+        if int(options.get("db", 0)) and not isinstance(client, RedisCluster):
+            handshake.append(("SELECT", int(options["db"])))
+        handshake.append(("CLIENT", "SETNAME", "delaywheel-journal"))
+        return JournalLink(
+            host,
+            port,
+            handshake=handshake,
+            tls=_tls_context(options) if self._raw_url.startswith("rediss://") else None,
+            connect_timeout_s=float(options.get("socket_connect_timeout", self._connect_timeout_s)),
+            timeout_s=float(options.get("socket_timeout", self._timeout_s)),
+        )
 
     async def load(
         self, batch_size: int = DEFAULT_BATCH_SIZE
@@ -215,55 +246,72 @@ class RedisStore(Store):
         # decode_responses is off: a dict of bytes field -> bytes record.
         return cursor, cast("dict[bytes, bytes]", reply)
 
-    async def write(self, changes: Changes) -> None:
-        self._check_open("write")
-        if not changes:
+    def submit(self, changes: Changes, done: Done) -> None:
+        error = self._not_open("write")
+        link = self._link
+        if error is not None or link is None:
+            done(error or StoreUnavailable(f"store {self.url}: write failed: not open"))
             return
-        puts: dict[FieldT, EncodableT] = {}
-        removes: list[str] = []
+        if not changes:
+            done(None)
+            return
+        wait_s = self._retry_at_s - time.monotonic()
+        if wait_s > 0:
+            done(
+                StoreUnavailable(
+                    f"{self._last_failure} (not retried yet: next attempt in {wait_s:.2f} s)"
+                )
+            )
+            return
+        puts: list[str | bytes] = ["HSET", self.key]
+        removes: list[str] = ["HDEL", self.key]
         for task_id, record in changes.items():
             if record is None:
                 removes.append(task_id)
             else:
-                puts[task_id] = record
-        async with self._lock:
-            # close() takes the lock before dropping the client, so writes
-            # called before close() still find it here.
-            client = self._client
-            assert client is not None
-            wait_s = self._retry_at_s - time.monotonic()
-            if wait_s > 0:
-                raise StoreUnavailable(
-                    f"{self._last_failure} (not retried yet: next attempt in {wait_s:.2f} s)"
-                )
-            try:
-                async with client.pipeline(transaction=True) as pipe:
-                    if puts:
-                        pipe.hset(self.key, mapping=puts)
-                    if removes:
-                        pipe.hdel(self.key, *removes)
-                    await pipe.execute()
-            except _UNREACHABLE as exc:
-                error = unavailable(self.url, "write", exc, self._secrets)
+                puts += (task_id, record)
+        commands: list[Command] = [command for command in (puts, removes) if len(command) > 2]
+
+        def written(exc: Exception | None) -> None:
+            if exc is None:
+                self._failures = 0
+                done(None)
+                return
+            failure = unavailable(self.url, "write", exc, self._secrets)
+            if isinstance(exc, _UNREACHABLE):  # not when Redis answered: no reason to wait
                 self._retry_at_s = time.monotonic() + self._backoff.compute(self._failures)
                 self._failures += 1
-                self._last_failure = str(error)
-                raise error from exc
-            except CLIENT_ERRORS as exc:  # Redis answered: no reason to wait
-                raise unavailable(self.url, "write", exc, self._secrets) from exc
-            self._failures = 0
+                self._last_failure = str(failure)
+            done(failure)
+
+        link.send(transaction(commands), written)
 
     async def close(self) -> None:
         if self._state == "closed":
             return
         self._state = "closed"
-        async with self._lock:
-            client, self._client = self._client, None
+        # Writes submitted before close() are finished (or fail) first.
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()
+        client, self._client = self._client, None
         if client is not None:
             await close_quietly(client)
 
     def warnings(self) -> list[str]:
         return list(self._warnings)
+
+
+def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    """The journal connection's TLS settings, from the URL's ``ssl_*`` options as
+    redis-py reads them (verifying by default)."""
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    if str(options.get("ssl_cert_reqs", "required")).lower() in ("none", "cert_none"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    return context
 
 
 def _task_ids(url: str, key: str, fields: dict[bytes, bytes]) -> list[str]:

@@ -19,13 +19,15 @@ path is taken as written, not percent-decoded. The only query parameter is
 
 How it works: one table ``tasks(id TEXT PRIMARY KEY, record BLOB NOT NULL)
 WITHOUT ROWID``, WAL journal mode, one ``BEGIN IMMEDIATE .. COMMIT`` per
-``write()`` (executemany for the puts, executemany for the removes), so a write
-is all or nothing. A sqlite3 connection belongs to the thread that made it,
-so every blocking call runs on one dedicated worker thread (a single-thread
-executor) and the event loop never blocks; because that thread runs jobs in
-submission order, writes apply in call order and ``close()`` runs after any
-write already submitted. ``load()`` is one SELECT read with ``fetchmany`` (a
-consistent snapshot), a batch per round on the worker thread.
+``write()`` (executemany for the puts, executemany for the removes), so a
+write is all or nothing. A sqlite3 connection belongs to the thread that made
+it, so every blocking call runs on one dedicated worker thread (a single-
+thread executor) and the event loop never blocks; because that thread runs
+jobs in submission order, writes apply in call order and ``close()`` runs
+after any write already submitted. A write's completion comes back to the loop
+with ``call_soon_threadsafe``, straight to its callback: no coroutine per
+write. ``load()`` is one SELECT read with ``fetchmany`` (a consistent
+snapshot), a batch per round on the worker thread.
 
 Assumes one server per database file: two servers on one file would both
 write, and the engine would not know of the other's tasks.
@@ -36,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -44,6 +46,7 @@ from urllib.parse import parse_qs, urlsplit
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
+    Done,
     Store,
     StoreConfigError,
     StoreUnavailable,
@@ -173,18 +176,35 @@ class SqliteStore(Store):
         assert self._conn is not None
         return self._conn.execute("SELECT id, record FROM tasks")
 
-    async def write(self, changes: Changes) -> None:
-        self._check_open("write")
+    def submit(self, changes: Changes, done: Done) -> None:
+        error = self._not_open("write")
+        executor = self._executor
+        if error is None and executor is None:
+            error = StoreUnavailable(f"store {self.url}: the store is closed")
+        if error is not None:
+            done(error)
+            return
+        assert executor is not None
         if not changes:
+            done(None)
             return
         # Split on the loop thread: the caller's mapping is never read from
-        # another thread. No await before _run, so jobs queue in call order.
+        # another thread. The executor runs jobs in submission order.
         puts = [(task_id, record) for task_id, record in changes.items() if record is not None]
         removes = [(task_id,) for task_id, record in changes.items() if record is None]
-        try:
-            await self._run(self._write_sync, puts, removes)
-        except (sqlite3.Error, OSError) as exc:
-            raise unavailable(self.url, "write", exc) from exc
+        loop = asyncio.get_running_loop()
+        job = executor.submit(self._write_sync, puts, removes)
+
+        def finished(job: Future[None]) -> None:  # on the worker thread
+            loop.call_soon_threadsafe(self._finish, job, done)
+
+        job.add_done_callback(finished)
+
+    def _finish(self, job: Future[None], done: Done) -> None:
+        # sqlite3.Error or OSError as a rule; anything else is a bug, but it
+        # still fails the write rather than leave its replies waiting forever.
+        exc = job.exception()
+        done(None if exc is None else unavailable(self.url, "write", exc))
 
     def _write_sync(self, puts: list[tuple[str, bytes]], removes: list[tuple[str]]) -> None:
         conn = self._conn
