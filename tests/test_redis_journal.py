@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+import redis
 from conftest import RedisCluster, RedisServer
 from test_store import load_all, run
 
@@ -112,13 +113,9 @@ def test_writes_authenticate_with_the_urls_password(
 
     try:
         run(scenario)
-        import redis
-
         with redis.Redis(port=redis_server.port, db=db, password="s3cret-pw") as client:
             assert client.hgetall(KEY) == {b"a": b"1"}  # in the URL's database
     finally:
-        import redis
-
         with redis.Redis(port=redis_server.port, password="s3cret-pw") as client:
             client.config_set("requirepass", "")
 
