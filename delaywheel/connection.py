@@ -69,6 +69,10 @@ class Connection(asyncio.Protocol):
         # When the message now half-received started to be waited for, or None.
         self.partial_since: float | None = None
         self.busy = False  # more requests are buffered; _work is scheduled for them
+        # A request of this turn may have scheduled a timer earlier than the
+        # driver's: only then is the driver asked to look again (most requests
+        # are reads, and each look costs a few heap peeks and clock reads).
+        self.timers_moved = False
 
     # -- transport events ----------------------------------------------------------
 
@@ -147,7 +151,9 @@ class Connection(asyncio.Protocol):
         if self.journal.inline:  # its replies can leave now, in this write
             self.journal.flush()
         self._flush()
-        self.server.rearm()
+        if self.timers_moved:
+            self.timers_moved = False
+            self.server.rearm()
 
     # -- handling ----------------------------------------------------------------
 
@@ -158,6 +164,7 @@ class Connection(asyncio.Protocol):
             self._queue(msgid, self.encoder.error_response(msgid, "unauthorized", message), None)
             return
         if method == "reserve":
+            self.timers_moved = True  # a reservation's deadline is a timer
             self._reserve(request, now_s)
             return
         route = self.server.routes.get(method)
@@ -166,6 +173,7 @@ class Connection(asyncio.Protocol):
             if route is None:
                 raise RequestError("no_method", f"no method named {validate.show(method)}")
             run, mutating = route
+            self.timers_moved |= mutating
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
             payload = self.encoder.error_response(msgid, exc.code, exc.message)
@@ -189,6 +197,8 @@ class Connection(asyncio.Protocol):
 
     def _batch_done(self, batch: Batch, error: StoreError | None) -> None:
         self.waiting_on.discard(id(batch))
+        if error is not None:  # the rollback may have put back an earlier timer
+            self.server.rearm()
         for entry in self.replies:
             if entry[2] is batch:
                 entry[2] = None
@@ -199,12 +209,18 @@ class Connection(asyncio.Protocol):
     def _flush(self) -> None:
         """Write every reply at the head of the line that is no longer waiting."""
         replies = self.replies
-        ready = []
-        while replies and replies[0][2] is None:
-            ready.append(replies.popleft()[1])
-        if ready and self.transport is not None:
-            self.transport.write(b"".join(ready))
-        self._update_reading()
+        if replies and replies[0][2] is None and self.transport is not None:
+            ready = [replies.popleft()[1]]
+            while replies and replies[0][2] is None:
+                ready.append(replies.popleft()[1])
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+        if (
+            self.reading_paused
+            or self.writing_paused
+            or self.busy
+            or len(replies) > MAX_QUEUED_REPLIES
+        ):
+            self._update_reading()
 
     def _update_reading(self) -> None:
         if self.transport is None:
