@@ -5,6 +5,12 @@ doubly linked list whose nodes are the timers themselves, so unlinking one is
 O(1) with no search. ``move_front`` is the wheel's one bulk operation: it moves
 timers from the front of a bucket to the ring slots of their fire ticks, and
 ``move_budget`` says how many an advance moves.
+
+A ring slot or the overdue list also knows whether it is *in order*: whether
+its entries, front to back, are in due order (ties in the order they were
+appended, which is the order they were scheduled). Appending keeps the flag
+at the cost of one comparison; an advance with a limit needs it to fire the
+front of a list as its earliest entries (see ``_wheel_fire``).
 """
 
 from __future__ import annotations
@@ -29,17 +35,21 @@ class _Head(_Node):
     ``key`` is a bucket's span number (its ticks are ``key * span`` to
     ``key * span + span - 1``), or -1 for ring slots and the overdue list.
     ``count`` is how many entries a bucket holds (kept for buckets only).
+    ``in_order`` says the entries are in due order, front to back (kept for
+    ring slots and the overdue list only, and meaningful only while the list
+    is not empty: see the module docstring).
     """
 
-    __slots__ = ("count", "key")
+    __slots__ = ("count", "in_order", "key")
 
     def __init__(self, key: int = -1) -> None:
         self._prev = self._next = self
         self.key = key
         self.count = 0
+        self.in_order = True
 
-    def drain(self) -> list[Entry]:
-        """Unlink every entry, in list order, and return them.
+    def drain_into(self, out: list[Any]) -> None:
+        """Unlink every entry and append them to ``out``, in list order.
 
         Each entry's links are dropped, not left pointing at its old
         neighbours: entries still linked to each other would form reference
@@ -47,17 +57,15 @@ class _Head(_Node):
         the tasks it loads at start out of that collector's reach. Without
         links, a task is freed the moment nothing else holds it.
         """
-        out: list[Entry] = []
-        node = self._next
+        append = out.append
+        node: Any = self._next
         while node is not self:
-            assert isinstance(node, Entry)
-            out.append(node)
+            append(node)
             node._home = None
             nxt = node._next
             del node._prev, node._next
             node = nxt
         self._prev = self._next = self
-        return out
 
 
 class Entry(_Node):
@@ -79,8 +87,12 @@ class Entry(_Node):
 
 
 def append(home: _Head, entry: Entry) -> None:
-    """Link ``entry`` at the end of ``home``'s list."""
+    """Link ``entry`` at the end of ``home``'s list, and keep its ``in_order``."""
     last = home._prev
+    if last is home:
+        home.in_order = True  # an empty list is in order, whatever it held before
+    elif entry.due_s < last.due_s:  # type: ignore[attr-defined]
+        home.in_order = False
     entry._prev = last
     entry._next = home
     last._next = entry
@@ -97,6 +109,7 @@ def move_front(
     and never at or before ``cursor``); a slot that was empty gets its tick
     pushed on the ``ring_ticks`` heap. The caller guarantees that every fire
     tick is within ``(cursor, cursor + len(ring)]`` and keeps the counts.
+    Each slot's ``in_order`` is kept as ``append`` keeps it.
     """
     slots = len(ring)
     ceil = math.ceil
@@ -116,6 +129,9 @@ def move_front(
         last = home._prev
         if last is home:
             heappush(ring_ticks, tick)
+            home.in_order = True
+        elif due < last.due_s:
+            home.in_order = False
         node._prev = last
         node._next = home
         last._next = node

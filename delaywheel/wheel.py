@@ -52,6 +52,14 @@ the *overdue* list and fires at the very next advance. Time going backwards
 changes nothing: ``now`` only grows, so the cursor holds until the clock
 catches up.
 
+An advance may be given a *limit*: it then returns only the earliest that
+many of what is due (``_wheel_fire``), and the rest comes first at the next
+advance, which ``next_fire_s()`` asks for at once; so a crowded tick is
+handed out over several turns of the event loop, not in one stall. A slot
+left part fired keeps the cursor just short of its tick. Nothing new can
+join it then: a new timer is due after ``now``, and the slot's next tick
+after this one is a lap on, beyond reach, so it waits above the ring.
+
 Assumptions and weak spots. The tick bound assumes an advance about once a
 tick: a driver late by ``k`` ticks does ``k`` ticks' moving at once, and one
 that first wakes at a deadline moves the whole bucket then. It grows with what
@@ -71,8 +79,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from math import ceil
 from operator import attrgetter
-from typing import Any
 
+from delaywheel._wheel_fire import fire_some
 from delaywheel._wheel_heaps import BucketKeys, RingTicks
 from delaywheel._wheel_lists import Entry as Entry  # re-exported: subclass it
 from delaywheel._wheel_lists import _Head, append, move_budget, move_front
@@ -235,43 +243,56 @@ class TimingWheel:
 
     # -- the passing of time ------------------------------------------------
 
-    def advance(self, now_s: float) -> list[Entry]:
+    def advance(self, now_s: float, limit: int | None = None) -> list[Entry]:
         """Move to ``now_s``; unschedule and return every due timer, in due order.
 
         Timers due at the same instant come out in the order they were
         scheduled. A ``now_s`` earlier than a previous one fires only the
         overdue list (timers scheduled at or before the wheel's time).
+
+        With a ``limit`` (>= 1), at most that many: the earliest of what is
+        due, the same as the front of what an advance without one returns.
+        The rest stay scheduled (and removable) and come first at the next
+        advance; ``next_fire_s()`` is then at or before ``now_s``. Fewer than
+        ``limit`` means nothing due is left.
         """
         check_time("now_s", now_s)
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit!r}")
         if now_s > self._now_s:
             self._now_s = now_s
         fired: list[Entry] = []
         self._moved = 0
         target = self.tick_floor(self._now_s)
-        if target > self._cursor:
-            self._fire_through(target, fired)
-        if self._overdue._next is not self._overdue:
+        if limit is not None:
+            fire_some(self._due_slots(target), self._overdue, limit, fired)
+        else:
+            if target > self._cursor:
+                for head in self._due_slots(target):
+                    head.drain_into(fired)
             # After the ring's: of two timers due at the same instant, one in
             # the ring was scheduled before one in the overdue list (which was
             # scheduled once now had passed it), and the sort below is stable.
-            fired.extend(self._overdue.drain())
+            self._overdue.drain_into(fired)
         if self._buckets:
             self._move_some()
         count = len(fired)
         if count:
             self._pending -= count
-            if count > 1:
+            if count > 1 and limit is None:
                 fired.sort(key=_by_due)  # runs are sorted: timsort merges them in O(n)
         return fired
 
-    def _fire_through(self, target: int, fired: list[Entry]) -> None:
-        """Fire the ring's ticks up to ``target`` in order; move the cursor there.
+    def _due_slots(self, target: int) -> Iterator[_Head]:
+        """The ring slots due by ``target``, in tick order; the cursor ends there.
 
-        A bucket whose first tick comes before the next ring tick is finished
-        first (its deadline), with the cursor just short of that tick.
+        While a slot is handed out the cursor is just short of its tick; a
+        bucket whose first tick comes before it has been finished (its
+        deadline) with the cursor just short of that tick. Once the caller
+        has emptied the slot the cursor passes it. A caller that stops in a
+        slot leaves the cursor short of it, and the next advance resumes there.
         """
         ring, ticks, slots = self._ring, self._ring_ticks, self.slots
-        heappop, append_fired = heapq.heappop, fired.append
         cursor = self._cursor
         deadline = self._next_deadline(target)
         while True:
@@ -280,7 +301,7 @@ class TimingWheel:
                 head = ring[tick % slots]
                 if tick > cursor and head._next is not head:
                     break
-                heappop(ticks)
+                heapq.heappop(ticks)
             else:
                 tick = target + 1
             if deadline <= tick and deadline <= target:
@@ -290,16 +311,11 @@ class TimingWheel:
                 continue
             if tick > target:
                 break
-            heappop(ticks)
-            cursor = tick
-            node: Any = head._next  # the slot's entries
-            while node is not head:
-                append_fired(node)
-                node._home = None
-                nxt = node._next
-                del node._prev, node._next  # no cycles left behind: see _Head.drain
-                node = nxt
-            head._next = head._prev = head
+            self._cursor = tick - 1
+            yield head
+            if head._next is not head:
+                return  # the caller stopped in this slot
+            cursor = tick  # its tick leaves the heap at the next look
         self._cursor = target
 
     def _next_deadline(self, target: int) -> int:

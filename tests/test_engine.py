@@ -464,3 +464,27 @@ def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
     queues.push_ready(other)
     assert queues.waiting_topics() == ["t5"]
     assert queues.waiting_topics() == []  # reported once
+
+
+def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPatch) -> None:
+    import delaywheel.engine
+
+    monkeypatch.setattr(delaywheel.engine, "FIRE_BATCH", 4)
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        for i in range(10):
+            engine.add({"id": f"b{i}", "topic": "t", "at": T0 + 30 + i / 100}, T0)
+        engine.add({"id": "later", "topic": "t", "at": T0 + 31.5}, T0)
+        counts = []
+        while True:
+            counts.append(engine.advance(T0 + 31))
+            next_s = engine.next_fire_s()
+            assert next_s is not None
+            if next_s > T0 + 31:
+                break
+        assert counts == [4, 4, 2]
+        order = [engine.try_reserve(["t"], T0 + 31)["id"] for _ in range(10)]  # type: ignore[index]
+        assert order == [f"b{i}" for i in range(10)]
+        assert engine.get("later", T0 + 31)["state"] == "delayed"  # type: ignore[index]
+
+    run(scenario)

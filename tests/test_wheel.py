@@ -34,11 +34,22 @@ class Timer(Entry):
 
 # -- the oracle ---------------------------------------------------------------
 
+# No limit (fire everything due), or a small one, so that advances often stop
+# part way through a slot or the overdue list.
+limits = st.none() | st.integers(1, 5)
+
 
 class WheelVersusOracle(RuleBasedStateMachine):
     """Random inserts, removes, reschedules and advances; the oracle is a dict
     of due times. Checked after every advance: nothing fires early, nothing
-    fires more than one tick late, firing order is due order (ties FIFO)."""
+    fires more than one tick late, firing order is due order (ties FIFO).
+
+    Advances may have a random limit. One that returns its limit may leave a
+    backlog: then everything still due must come after what fired (so the
+    advances that work it off return, in all and in order, what one advance
+    without a limit would have), and the lateness checks wait until an
+    advance returns less than its limit, which means nothing due is left.
+    """
 
     timers = Bundle("timers")
 
@@ -140,16 +151,23 @@ class WheelVersusOracle(RuleBasedStateMachine):
             st.integers(0, 5),  # whole ticks
             st.floats(0, 3).map(lambda x: x * 3600),  # many ticks
             st.floats(-5, 0),  # backwards
-        )
+        ),
+        limit=limits,
     )
-    def advance(self, step: float) -> None:
-        self._advance_to(self.now_s + step * self.wheel.tick_s)  # step is in ticks
+    def advance(self, step: float, limit: int | None) -> None:
+        self._advance_to(self.now_s + step * self.wheel.tick_s, limit)  # step is in ticks
 
-    @rule(count=st.integers(1, 70))
-    def tick_by_tick(self, count: int) -> None:
+    @rule(count=st.integers(1, 70), limit=limits)
+    def tick_by_tick(self, count: int, limit: int | None) -> None:
         """One advance at the start of each of the next ``count`` ticks."""
         for _ in range(count):
-            self._advance_to((self.wheel.stats().cursor_tick + 1) * self.wheel.tick_s)
+            self._advance_to((self.wheel.stats().cursor_tick + 1) * self.wheel.tick_s, limit)
+
+    @rule(limit=st.integers(1, 7))
+    def work_off_the_backlog(self, limit: int) -> None:
+        """Advance to the same time, a limit at a time, until nothing due is left."""
+        while len(self._advance_to(self.now_s, limit)) == limit:
+            pass
 
     @rule(jump_s=st.floats(0, 20 * YEAR_S))
     def jump(self, jump_s: float) -> None:
@@ -170,8 +188,8 @@ class WheelVersusOracle(RuleBasedStateMachine):
         fired = self._advance_to(max(self.now_s, next_s - self.wheel.tick_s / 2))
         assert fired == [], "fired before next_fire_s()"
 
-    def _advance_to(self, now_s: float) -> list[Timer]:
-        fired = self.wheel.advance(now_s)
+    def _advance_to(self, now_s: float, limit: int | None = None) -> list[Timer]:
+        fired = self.wheel.advance(now_s, limit)
         stats = self.wheel.stats()
         if stats.moved_last_advance:  # what kind of moving the run exercised
             event(
@@ -191,6 +209,21 @@ class WheelVersusOracle(RuleBasedStateMachine):
         assert keys == sorted(keys), "not in due order"
         for timer in fired:
             del self.due[timer]  # type: ignore[arg-type]
+        if limit is not None and len(fired) >= limit:
+            assert len(fired) == limit, f"{len(fired)} fired, over the limit of {limit}"
+            event("an advance left a backlog")
+            target = self.wheel.tick_floor(self.now_s)
+            still_due = [
+                (due_s, t.seq)
+                for t, due_s in self.due.items()
+                if t in self.must_fire_next or self.wheel.tick_ceil(due_s) <= target
+            ]
+            assert all(key > keys[-1] for key in still_due), "a backlog due before what fired"
+            if still_due:  # the driver must come back at once
+                next_s = self.wheel.next_fire_s()
+                assert next_s is not None and next_s <= self.now_s, "a backlog, but no wake-up"
+            self.must_fire_next -= set(fired)  # type: ignore[arg-type]
+            return fired  # type: ignore[return-value]
         assert not self.must_fire_next - set(fired), "an overdue timer waited"
         self.must_fire_next.clear()
         # Never more than one tick late (with room for float rounding).
@@ -596,3 +629,71 @@ def test_fired_and_removed_timers_are_freed_without_the_cyclic_collector() -> No
         assert all(ref() is None for ref in refs), "a timer survives only through a cycle"
     finally:
         gc.enable()
+
+
+# -- advancing a limited number at a time ------------------------------------------
+
+
+def _fire_all(wheel: TimingWheel, now_s: float, limit: int) -> list[list[Entry]]:
+    """Advance to ``now_s`` ``limit`` at a time until an advance returns fewer
+    (every timer given to these tests is due by ``now_s``)."""
+    rounds = [wheel.advance(now_s, limit)]
+    while len(rounds[-1]) == limit:
+        if len(wheel):  # a backlog: the driver must come back at once
+            next_s = wheel.next_fire_s()
+            assert next_s is not None and next_s <= now_s
+        rounds.append(wheel.advance(now_s, limit))
+    return rounds
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_crowded_tick_fires_a_limit_at_a_time_in_due_order(shuffled: bool) -> None:
+    wheel = wheel_at(0.0)
+    dues = [100.0 + i / 1000 for i in range(1000)] + [100.5] * 200  # one tick, ties
+    if shuffled:  # scheduled out of due order: the slot is sorted when it fires
+        random.Random(3).shuffle(dues)
+    timers = [Timer(str(i), i) for i in range(len(dues))]
+    for timer, due_s in zip(timers, dues, strict=True):
+        wheel.insert(timer, due_s)
+    expected = sorted(timers, key=lambda t: (t.due_s, t.seq))
+    rounds = _fire_all(wheel, 101.0, 100)
+    assert [len(r) for r in rounds] == [100] * 12 + [0]
+    assert [t for r in rounds for t in r] == expected
+    assert len(wheel) == 0
+
+
+def test_what_a_limit_leaves_can_be_removed_and_new_timers_go_elsewhere() -> None:
+    wheel = wheel_at(0.0, slots=10)
+    timers = [Timer(str(i), i) for i in range(10)]
+    for timer in timers:
+        wheel.insert(timer, 5.0)
+    assert wheel.advance(5.0, 3) == timers[:3]
+    assert wheel.next_fire_s() == 5.0
+    wheel.remove(timers[3])
+    late = Timer("late")
+    wheel.insert(late, 15.0)  # the part-fired slot's own, a lap on: waits above the ring
+    early = Timer("early")
+    wheel.insert(early, 4.0)  # already due: the overdue list, merged by due time
+    assert wheel.advance(5.0, 4) == [early, *timers[4:7]]
+    assert wheel.advance(5.0) == timers[7:]
+    assert wheel.advance(14.9) == []
+    assert wheel.advance(15.0, 1) == [late]
+
+
+def test_an_overdue_list_is_fired_in_due_order_across_ticks() -> None:
+    wheel = wheel_at(50.0, slots=10)
+    ring = [Timer(f"ring{i}", i) for i in range(3)]
+    for i, timer in enumerate(ring):
+        wheel.insert(timer, 51.0 + i)  # ticks 51, 52, 53
+    wheel.advance(53.5, 1)  # fires ring0; the wheel's time is now 53.5
+    overdue = [Timer(f"overdue{i}", 10 + i) for i in range(4)]
+    for timer, due_s in zip(overdue, [53.0, 40.0, 52.0, 53.5], strict=True):
+        wheel.insert(timer, due_s)  # at or before the wheel's time
+    fired = [t for r in _fire_all(wheel, 53.5, 2) for t in r]
+    names = [t.name for t in fired]
+    assert names == ["overdue1", "ring1", "overdue2", "ring2", "overdue0", "overdue3"]
+
+
+def test_a_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
+        wheel_at().advance(0.0, 0)
