@@ -235,10 +235,15 @@ class RedisCluster:
                 client.flushall()
 
     def owner_of(self, key: str) -> RedisServer:
-        """The node that holds ``key`` (slots were split in order in ``start``)."""
+        """The node that holds ``key`` now, as the cluster says (a test may have
+        migrated its slot since ``start``)."""
         with self.nodes[0].client() as client:
             slot = client.execute_command("CLUSTER KEYSLOT", key)
-        return self.nodes[slot // self._slots_per_node]
+            ranges = client.execute_command("CLUSTER SLOTS")
+        for first, last, (_host, port, *_), *_replicas in ranges:
+            if first <= slot <= last:
+                return next(node for node in self.nodes if node.port == port)
+        raise LookupError(f"no node serves slot {slot} of {key!r}")
 
     def far_node_url(self, key: str) -> str:
         """The URL of a node that does not hold ``key``."""
