@@ -23,7 +23,7 @@ ready; handing it over is itself a journaled change.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from itertools import count
 from typing import Any
 
@@ -78,11 +78,11 @@ class Engine:
         self.limits = limits or Limits()
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
-        self.journal = Journal(store, self._rollback)
+        self.journal = Journal(store, self._rollback, durable=self._durable)
         self.started_s = now_s
         self._tasks = TaskIndex(self._thaw)
         self._counts = TaskCounts()
-        self._packed = PackedTasks(min(WINDOW_S, slots * tick_s), now_s)
+        self._packed = PackedTasks(min(WINDOW_S, slots * tick_s))
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make).
         self._id_prefix = os.urandom(6).hex()
@@ -395,6 +395,36 @@ class Engine:
             packed=self._packed,
             locate=self._locate,
         )
+
+    def _durable(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
+        """A batch is in the store: pack its far delayed tasks (``delaywheel.packed``).
+
+        Packed, a task is the record just written, which is the task as it is
+        now only if nothing has changed it since: it must be the indexed task
+        of its id, still delayed (no timer fired it), and in no batch still
+        gathering or being written. Its counts stay as they are.
+        """
+        now_s = self.wheel.now_s
+        hold_from_s = self._packed.hold_from(now_s)
+        by_id, pending = self._tasks.by_id, self.journal.is_pending
+        held: list[str] = []
+        held_at: list[float] = []
+        for task_id, task in tasks.items():
+            if (
+                task.state != DELAYED
+                or task.at_s < hold_from_s
+                or by_id.get(task_id) is not task
+                or pending(task)
+            ):
+                continue
+            record = changes[task_id]
+            assert record is not None  # a delayed task's change is a put
+            self.wheel.remove(task)
+            self._tasks.freeze(task, record)
+            held.append(task_id)
+            held_at.append(task.at_s)
+        if held:
+            self._packed.hold(held, held_at, now_s)
 
     def _thaw(self, task_id: str, record: bytes) -> Task:
         """Decode a packed task and schedule it (``TaskIndex.get`` calls this)."""

@@ -1,9 +1,10 @@
 """The engine's bookkeeping of live tasks: by id, in creation order, and counted.
 
 ``TaskIndex`` finds a task by id and pages through tasks in the order they
-were created (for ``list``). A delayed task loaded at start and due later on may
-be held packed (see ``delaywheel.packed``): its id maps to its store record
-until ``get`` decodes it through the engine's ``thaw``. ``TaskCounts`` keeps
+were created (for ``list``). A delayed task due later on may be held packed
+(see ``delaywheel.packed``): its id maps to its store record until ``get``
+decodes it through the engine's ``thaw``, and it is out of the creation
+order until then. ``TaskCounts`` keeps
 the per-state and per-topic counts that ``stats`` reports, updated as tasks
 move, so ``stats`` never scans.
 """
@@ -25,13 +26,15 @@ def _seq_of(task: Task) -> int:
 class TaskIndex:
     """Live tasks by id, and every task ever indexed in creation order.
 
-    The order list keeps removed tasks until they are more than half of it
-    (then it is compacted), so removal stays O(1) and paging skips the dead.
+    The order list keeps removed (and packed) tasks until they are more than
+    half of it (then it is compacted), so removal stays O(1) and paging skips
+    the dead.
     """
 
     def __init__(self, thaw: Callable[[str, bytes], Task]) -> None:
         self.by_id: dict[str, Task | bytes] = {}  # bytes: a packed task's record
         self._order: list[Task] = []  # sorted by seq; packed tasks join when decoded
+        self._ordered = 0  # how many of _order are live (in by_id as themselves)
         self._seq = count(1)
         self._thaw = thaw
 
@@ -53,8 +56,8 @@ class TaskIndex:
         task.seq = next(self._seq)
         self.by_id[task.id] = task
         self._order.append(task)
-        if len(self._order) > 2 * len(self.by_id) + 1024:
-            self._order = [t for t in self._order if self.by_id.get(t.id) is t]
+        self._ordered += 1
+        self._compact()
 
     def add_loaded(self, tasks: list[Task]) -> None:
         """Index a batch of tasks loaded from the store (distinct ids, none
@@ -66,6 +69,7 @@ class TaskIndex:
             self._seq = count(first + len(tasks))
         self.by_id.update(zip([task.id for task in tasks], tasks, strict=True))
         self._order += tasks
+        self._ordered += len(tasks)
 
     def hold(self, records: list[tuple[str, bytes]]) -> None:
         """Index packed tasks by id, as ``(id, record)`` (distinct ids, none
@@ -76,16 +80,32 @@ class TaskIndex:
         """The sequence number of the newest task indexed (0 before any)."""
         return self._order[-1].seq if self._order else 0
 
+    def freeze(self, task: Task, record: bytes) -> None:
+        """Hold an indexed task packed, as its ``record``, until asked for again."""
+        self.by_id[task.id] = record
+        self._ordered -= 1
+        self._compact()
+
     def remove(self, task: Task) -> None:
         if self.by_id.get(task.id) is task:
             del self.by_id[task.id]
+            self._ordered -= 1
+            self._compact()
 
     def restore(self, task: Task) -> None:
         """Index again a task that was removed (an undone delete), at its old place."""
         self.by_id[task.id] = task
+        self._ordered += 1
         at = bisect.bisect_left(self._order, task.seq, key=_seq_of)
         if at == len(self._order) or self._order[at] is not task:
             self._order.insert(at, task)  # compaction had dropped it
+
+    def _compact(self) -> None:
+        """Drop the dead from the order list once they outnumber the live."""
+        if len(self._order) > 2 * self._ordered + 1024:
+            by_id = self.by_id
+            self._order = [t for t in self._order if by_id.get(t.id) is t]
+            self._ordered = len(self._order)
 
     def page(
         self, after_seq: int, wanted: Callable[[Task], bool], limit: int, budget: int

@@ -45,7 +45,8 @@ async def load_tasks(
     tasks were loaded. ``locate`` puts a ready or dead task in its queue."""
     loaded = 0
     next_report = LOAD_PROGRESS_EVERY
-    hold_from_s = packed.hold_from_s
+    now_s = wheel.now_s
+    hold_from_s = packed.hold_from(now_s)
     delayed = STATE_CODE[DELAYED]
     read, build = read_record, Task.from_fields
     async for batch in batches:
@@ -75,7 +76,7 @@ async def load_tasks(
         wheel.insert_many(timers)
         index.add_loaded(fresh)
         index.hold(held)
-        packed.hold([task_id for task_id, _ in held], held_at)
+        packed.hold([task_id for task_id, _ in held], held_at, now_s)
         # Counted a batch at a time: a third of the cost of counting task by task.
         counts.add_all(fresh)
         counts.add_topics(held_topics, DELAYED)

@@ -1,18 +1,21 @@
-"""Delayed tasks kept packed: loaded from the store but not yet decoded.
+"""Delayed tasks kept packed: their store records, not yet decoded.
 
-A restart loads every record, but a task due an hour or a week from now has
-nothing to do until then. Decoding it into a ``Task``, indexing it and
-linking it into the wheel is most of the cost of a start, and a ``Task``
-takes about twice the memory of its record. So a delayed task due after the
-next time window (a minute with the default wheel) stays as its record: the
-task index maps its id to the record bytes, and ``PackedTasks`` remembers
-which window it falls in. A window before that window begins, the engine
+A task due an hour or a week from now has nothing to do until then. A
+``Task`` takes two to three times the memory of its record, and at a restart
+decoding a task, indexing it and linking it into the wheel is most of the
+cost of loading it. So a delayed task due after the next time window (a
+minute with the default wheel) stays as its record: the task index maps its
+id to the record bytes, and ``PackedTasks`` remembers which window it falls
+in. Tasks are packed when loaded at start-up, and when added or changed at
+run time once their record is in the store (``Engine._durable``, from the
+record the journal just wrote). A window before a window begins, the engine
 decodes its tasks and schedules them in the wheel, a few thousand per turn
 of the event loop so that a crowded window does not stall it; a request that
 names a packed task decodes it on the spot, and ``list`` decodes a budget of
 them per call.
 
-Only bookkeeping lives here; the engine does the decoding (``Engine._thaw``).
+Only bookkeeping lives here; the engine does the packing and decoding
+(``Engine._durable``, ``Engine._thaw``).
 """
 
 from __future__ import annotations
@@ -41,22 +44,27 @@ class PackedTasks:
     decoded (or deleted) since it was held: the engine skips those.
     """
 
-    def __init__(self, window_s: float, now_s: float) -> None:
+    def __init__(self, window_s: float) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
         self.window_s = window_s
-        window = math.floor(now_s / window_s)
-        # A task loaded at now_s is kept packed if due from here on: the start
-        # of the window after next, so its time to decode is still to come.
-        self.hold_from_s = (window + 2) * window_s
-        self._coarse_from = (window // COARSE + 2) * COARSE  # a window index
         self.count = 0  # tasks still packed
         self._ids_by_window: dict[int, list[str]] = {}
         self._windows: list[int] = []  # heap of the keys of _ids_by_window
 
-    def hold(self, task_ids: list[str], due_s: list[float]) -> None:
-        """Remember packed tasks (each due at or after ``hold_from_s``) by window."""
-        window_s, ids_by_window, coarse_from = self.window_s, self._ids_by_window, self._coarse_from
+    def hold_from(self, now_s: float) -> float:
+        """From when a task may be packed at ``now_s``: the start of the window
+        after next, so that its time to decode is still to come."""
+        return (math.floor(now_s / self.window_s) + 2) * self.window_s
+
+    def hold(self, task_ids: list[str], due_s: list[float], now_s: float) -> None:
+        """Remember packed tasks (each due at or after ``hold_from(now_s)``) by window.
+
+        A task is kept by the hour only from the hour after next on (counted
+        from ``now_s``), so an hour's time to decode is still to come too.
+        """
+        window_s, ids_by_window = self.window_s, self._ids_by_window
+        coarse_from = (math.floor(now_s / window_s) // COARSE + 2) * COARSE  # a window index
         for task_id, at_s in zip(task_ids, due_s, strict=True):
             window = int(at_s // window_s)
             if window >= coarse_from:

@@ -1,11 +1,12 @@
-"""Tasks kept packed after a load: due later than the next time window,
-decoded a window ahead or when a request names them, and the same to
-clients either way."""
+"""Tasks kept packed after a load, or once their add is durable: due later
+than the next time window, decoded a window ahead or when a request names
+them, and the same to clients either way."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import delaywheel.engine
 from delaywheel.engine import Engine
 from delaywheel.errors import RequestError
 from delaywheel.packed import PackedTasks
+from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
 
 T0 = 1_800_000_000.0  # a multiple of the window below
@@ -53,6 +55,20 @@ def packed_count(engine: Engine) -> int:
     return engine.stats(T0)["wheel"]["packed"]  # type: ignore[no-any-return]
 
 
+def fire_until(engine: Engine, end_s: float) -> list[tuple[float, str]]:
+    """Advance from T0 in half seconds to ``end_s``, reserving and acking each
+    task as it fires: (time, id) in order of firing."""
+    fired: list[tuple[float, str]] = []
+    now_s = T0
+    while now_s < end_s:
+        engine.advance(now_s)
+        while (task := engine.try_reserve(["t"], now_s)) is not None:
+            fired.append((now_s, task["id"]))
+            engine.ack(task["id"], now_s)
+        now_s += 0.5
+    return fired
+
+
 DELAYS = {"near": 5, "mid": 15, "edge": 20, "far": 25, "farther": 95, "farthest": 1000}
 
 
@@ -84,14 +100,7 @@ def test_the_default_wheel_packs_what_is_due_after_the_next_minute() -> None:
 
 def test_packed_tasks_fire_at_their_own_time() -> None:
     async def scenario(engine: Engine) -> None:
-        fired: list[tuple[float, str]] = []
-        now_s = T0
-        while now_s < T0 + 1001:
-            engine.advance(now_s)
-            while (task := engine.try_reserve(["t"], now_s)) is not None:
-                fired.append((now_s, task["id"]))
-                engine.ack(task["id"], now_s)
-            now_s += 0.5
+        fired = fire_until(engine, T0 + 1001)
         assert fired == [(T0 + delay, task_id) for task_id, delay in DELAYS.items()]
         assert packed_count(engine) == 0
 
@@ -175,15 +184,97 @@ def test_list_with_a_filter_still_reaches_every_packed_task() -> None:
     restarted(fill, scenario)
 
 
+def running(scenario: Callable[[Engine], Awaitable[None]]) -> None:
+    """``scenario`` on an engine at T0 on a fresh memory store, no restart
+    (10 slots of 1 s, as ``restarted``)."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        engine = Engine(store, now_s=T0, slots=10, tick_s=1.0)
+        await scenario(engine)
+        await engine.journal.drain()
+
+    asyncio.run(main())
+
+
+def test_tasks_added_far_ahead_are_packed_once_durable() -> None:
+    async def scenario(engine: Engine) -> None:
+        add_delays(engine, DELAYS)
+        before = {task_id: engine.get(task_id, T0) for task_id in DELAYS}
+        assert packed_count(engine) == 0  # not yet in the store
+        await engine.journal.drain()
+        assert packed_count(engine) == 4  # edge, far, farther, farthest
+        assert engine.stats(T0)["wheel"]["pending"] == 2
+        assert {task_id: engine.get(task_id, T0) for task_id in DELAYS} == before
+        assert packed_count(engine) == 0  # each get decoded its task
+
+    running(scenario)
+
+
+def test_a_task_changed_after_packing_is_packed_again_as_changed() -> None:
+    async def scenario(engine: Engine) -> None:
+        add_delays(engine, {"far": 25, "gone": 30})
+        await engine.journal.drain()
+        assert packed_count(engine) == 2
+        engine.update("far", {"body": "new", "delay": 50}, T0)
+        assert engine.delete("gone", T0) is True
+        assert packed_count(engine) == 0  # decoded, and in a batch not yet written
+        await engine.journal.drain()
+        assert packed_count(engine) == 1
+        got = engine.get("far", T0)
+        assert got is not None and (got["body"], got["at"]) == ("new", T0 + 50)
+        assert engine.get("gone", T0) is None
+
+    running(scenario)
+
+
+def test_a_task_changed_while_its_add_is_written_is_not_packed_as_added(
+    tmp_path: Path,
+) -> None:
+    """The add's record reaches the store after the update was made: packing
+    that record would undo the update in memory."""
+
+    async def main() -> None:
+        store = open_store(f"sqlite:///{tmp_path / 'tasks.db'}")
+        await store.open()
+        engine = Engine(store, now_s=T0, slots=10, tick_s=1.0)
+        add_delays(engine, {"far": 25})
+        await asyncio.sleep(0)  # the journal starts writing the add (a thread's job)
+        assert engine.journal.pending() is not None
+        engine.update("far", {"body": "new"}, T0)
+        await engine.journal.drain()
+        got = engine.get("far", T0)
+        assert got is not None and got["body"] == "new"
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_task_packed_at_run_time_fires_on_time_and_lists() -> None:
+    async def scenario(engine: Engine) -> None:
+        add_delays(engine, DELAYS)
+        await engine.journal.drain()
+        page = engine.list_tasks({"limit": 100}, T0)
+        assert sorted(task["id"] for task in page["tasks"]) == sorted(DELAYS)
+        add_delays(engine, {"later": 500})
+        await engine.journal.drain()
+        fired = fire_until(engine, T0 + 1001)
+        expected = sorted([*DELAYS.items(), ("later", 500)], key=lambda item: item[1])
+        assert fired == [(T0 + delay, task_id) for task_id, delay in expected]
+
+    running(scenario)
+
+
 def test_packed_bookkeeping_refuses_a_window_of_no_length() -> None:
     with pytest.raises(ValueError, match="window_s must be > 0, got 0"):
-        PackedTasks(0.0, T0)
+        PackedTasks(0.0)
 
 
 def test_held_ids_come_back_by_window() -> None:
-    packed = PackedTasks(WINDOW_S, T0 + 3)
-    assert packed.hold_from_s == T0 + 20
-    packed.hold(["a", "b", "c"], [T0 + 35.0, T0 + 21.0, T0 + 39.0])
+    packed = PackedTasks(WINDOW_S)
+    assert packed.hold_from(T0 + 3) == T0 + 20
+    packed.hold(["a", "b", "c"], [T0 + 35.0, T0 + 21.0, T0 + 39.0], T0 + 3)
     assert packed.count == 3
     assert packed.next_thaw_s() == T0 + 10  # a window before b's window
     assert packed.take(10, by_s=T0 + 9.9) == []
@@ -194,8 +285,8 @@ def test_held_ids_come_back_by_window() -> None:
 
 
 def test_tasks_hours_away_are_kept_by_the_hour() -> None:
-    packed = PackedTasks(WINDOW_S, T0)  # from 60 windows away, 60 windows to a list
-    packed.hold(["a", "b", "c", "d"], [T0 + 1234.0, T0 + 1799.0, T0 + 1800.0, T0 + 1190.0])
+    packed = PackedTasks(WINDOW_S)  # from 60 windows away, 60 windows to a list
+    packed.hold(["a", "b", "c", "d"], [T0 + 1234.0, T0 + 1799.0, T0 + 1800.0, T0 + 1190.0], T0)
     assert packed.next_thaw_s() == T0 + 1180  # d's window, a window ahead
     assert packed.take(10, by_s=T0 + 1180) == ["d"]
     assert packed.next_thaw_s() == T0 + 1190  # a window ahead of the hour from T0 + 1200
@@ -203,10 +294,24 @@ def test_tasks_hours_away_are_kept_by_the_hour() -> None:
     assert packed.take(10, by_s=T0 + 1790) == ["c"]
 
 
+def test_the_hours_are_counted_from_the_time_of_hold() -> None:
+    packed = PackedTasks(WINDOW_S)  # an "hour" is 60 windows: 600 s, T0 on one
+    later_s = T0 + 5 * 600  # hours after the first hold
+    packed.hold(["start"], [T0 + 1234.0], T0)  # by the hour: from T0 + 1200
+    # The hour of later_s + 300 is under way: that task is kept in its own
+    # window, not in the hour's first one, whose time to decode has passed.
+    packed.hold(["near", "hours"], [later_s + 300.0, later_s + 1234.0], later_s)
+    assert packed.next_thaw_s() == T0 + 1190
+    assert packed.take(10, by_s=T0 + 1190) == ["start"]
+    assert packed.next_thaw_s() == later_s + 290
+    assert packed.take(10, by_s=later_s + 290) == ["near"]
+    assert packed.next_thaw_s() == later_s + 1190  # from later_s + 1200, by the hour
+
+
 def test_a_crowded_window_comes_in_batches_unless_it_has_begun() -> None:
-    packed = PackedTasks(WINDOW_S, T0)
-    packed.hold([f"x{i}" for i in range(5)], [T0 + 31.0] * 5)  # window from T0 + 30
-    packed.hold([f"y{i}" for i in range(5)], [T0 + 45.0] * 5)  # window from T0 + 40
+    packed = PackedTasks(WINDOW_S)
+    packed.hold([f"x{i}" for i in range(5)], [T0 + 31.0] * 5, T0)  # window from T0 + 30
+    packed.hold([f"y{i}" for i in range(5)], [T0 + 45.0] * 5, T0)  # window from T0 + 40
     assert len(packed.take(2, by_s=T0 + 20)) == 2
     assert packed.next_thaw_s() == T0 + 20  # the rest of that window is still due
     assert len(packed.take(2, by_s=T0 + 20)) == 2
