@@ -4,17 +4,20 @@ Measurement only: a section reports figures (rates, latencies, bytes) with the
 target each is meant to meet printed beside it. Nothing here asserts on timing
 and the exit status says nothing about whether a target was met.
 
-A section is a module ``bench/<name>.py`` whose ``run() -> Report`` measures
-and returns its figures without printing them (progress notes go to stderr via
-``progress``); ``bench/__main__.py`` lists the sections and renders each
-``Report`` as a table, or as JSON with ``--json``. This module holds what the
-sections share: the report types, the renderers and small timing helpers.
+A section is a module ``bench/<name>.py`` whose ``run(quick: bool = False) ->
+Report`` measures and returns its figures without printing them (progress
+notes go to stderr via ``progress``); ``quick`` asks for tiny counts, a smoke
+run that still starts the real servers. ``bench/__main__.py`` lists the
+sections and renders each ``Report`` as a table, or as JSON with ``--json``.
+This module holds what the sections share: the report types, the renderers
+and small timing helpers.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import sys
 import time
 from collections.abc import Iterator
@@ -174,18 +177,30 @@ def to_json(report: Report) -> dict[str, Any]:
     }
 
 
-# Section name -> module exposing ``run() -> Report``. Runs in this order.
+# Section name -> module exposing ``run(quick: bool = False) -> Report``. Runs in this order.
 SECTIONS: dict[str, str] = {
+    "compare": "bench.compare",
     "wheel": "bench.wheel",
     "journal": "bench.journal",
     "recovery": "bench.recovery",
 }
 
 
-def run_section(name: str) -> Report:
+def run_section(name: str, quick: bool = False) -> Report:
+    """Run one section; ``quick`` asks for tiny counts (a smoke run, not figures to quote).
+
+    A section whose ``run()`` takes no ``quick`` yet runs in full, with a note saying so.
+    """
     module = importlib.import_module(SECTIONS[name])
     started = time.perf_counter()
-    report: Report = module.run()
+    report: Report
+    if not quick:
+        report = module.run()
+    elif "quick" in inspect.signature(module.run).parameters:
+        report = module.run(quick=True)
+    else:
+        progress(f"section {name} has no quick mode: it runs in full")
+        report = module.run()
     if not report.elapsed_s:
         elapsed = time.perf_counter() - started
         report = Report(report.section, report.title, report.figures, report.params, elapsed)

@@ -7,10 +7,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
 
@@ -39,6 +41,16 @@ def private_redis(directory: Path) -> Iterator[str | None]:
 
     Yields None when no ``redis-server`` is installed: sections then skip Redis.
     """
+    with private_redis_process(directory) as found:
+        yield None if found is None else found[1]
+
+
+@contextmanager
+def private_redis_process(directory: Path) -> Iterator[tuple[int, str] | None]:
+    """``private_redis``, yielding (pid, URL): for sections that watch the process too.
+
+    AOF with Redis's default ``appendfsync everysec``: fsync about once a second.
+    """
     if shutil.which("redis-server") is None:
         yield None
         return
@@ -59,7 +71,7 @@ def private_redis(directory: Path) -> Iterator[str | None]:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     try:
         _wait_for_port(port)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield proc.pid, f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
         proc.wait()
@@ -72,25 +84,47 @@ def running_server(store_url: str, start_log: list[str] | None = None) -> Iterat
     ``start_log``, when given, receives the lines the server logged up to and
     including the one saying it listens.
     """
+    with server_process(store_url, start_log) as (_, address):
+        yield address
+
+
+def _drain(stream: IO[str]) -> None:
+    """Read a child's log to its end, so that a chatty server never blocks on a full pipe."""
+    with stream:
+        for _ in stream:
+            pass
+
+
+@contextmanager
+def server_process(
+    store_url: str, start_log: list[str] | None = None
+) -> Iterator[tuple[int, tuple[str, int]]]:
+    """``running_server``, yielding (pid, (host, port)): for sections that watch the process."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url],
         stderr=subprocess.PIPE,
         text=True,
     )
+    drainer: threading.Thread | None = None
+    log: list[str] = [] if start_log is None else start_log
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
-            if start_log is not None:
-                start_log.append(line)
+            log.append(line)
             match = LISTENING.search(line)
             if match:
                 address = match.group(1), int(match.group(2))
                 break
         else:
-            raise RuntimeError(f"server for {store_url} did not start")
-        yield address
+            tail = "".join(log[-20:])
+            raise RuntimeError(f"server for {store_url} did not start; it logged:\n{tail}")
+        drainer = threading.Thread(target=_drain, args=(proc.stderr,), daemon=True)
+        drainer.start()
+        yield proc.pid, address
     finally:
         proc.terminate()
         proc.wait()
-        if proc.stderr is not None:
+        if drainer is not None:
+            drainer.join(timeout=5.0)  # it reaches the end of the log once the server exits
+        elif proc.stderr is not None:
             proc.stderr.close()

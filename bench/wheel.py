@@ -51,7 +51,8 @@ What is measured:
 The targets printed beside the figures: insert, remove and fire each at least
 500,000 entries/s; one tick with nothing due under 1 ms (whatever is pending,
 so the burst's ticks too); at most 150 bytes per pending entry. The section
-takes about 40-70 s.
+takes about 40-70 s; ``run(quick=True)`` does it all with ``QUICK_ENTRIES`` =
+10,000 entries and one run each, in a few seconds (a smoke run, not figures to quote).
 
 Items 1-4 are measured here; the burst in ``bench/wheel_burst.py``, memory in
 ``bench/wheel_memory.py``, and the setup above is in ``bench/wheel_common.py``.
@@ -71,6 +72,7 @@ from bench.wheel_common import (
     FIRE_STEP_S,
     HOUR_S,
     NOW_S,
+    QUICK_ENTRIES,
     RATE_TARGET,
     REPEATS,
     SEED,
@@ -221,12 +223,12 @@ def measure_idle_ticks(entries: list[Entry], dues: list[float], passes: int) -> 
 
 
 def insert_remove_figures(
-    entries: list[Entry], dues: list[float], rng: random.Random
+    entries: list[Entry], dues: list[float], rng: random.Random, repeats: int
 ) -> list[Figure]:
     """Insert, then remove in an order ``rng`` shuffles once: items 1 and 2."""
     order = entries[:]
     rng.shuffle(order)
-    insert_rates, remove_rates = measure_insert_remove(entries, dues, order, REPEATS)
+    insert_rates, remove_rates = measure_insert_remove(entries, dues, order, repeats)
     return [
         Figure(
             "insert_rate",
@@ -249,9 +251,9 @@ def insert_remove_figures(
     ]
 
 
-def fire_figures(entries: list[Entry], dues: list[float]) -> list[Figure]:
+def fire_figures(entries: list[Entry], dues: list[float], repeats: int) -> list[Figure]:
     """Fire a week of timers a minute at a time, then in one advance: item 3."""
-    fire_rates = measure_fire(entries, dues, REPEATS, FIRE_STEP_S)
+    fire_rates = measure_fire(entries, dues, repeats, FIRE_STEP_S)
     (fire_once,) = measure_fire(entries, dues, 1, WEEK_S)
     return [
         Figure(
@@ -275,9 +277,9 @@ def fire_figures(entries: list[Entry], dues: list[float]) -> list[Figure]:
     ]
 
 
-def idle_tick_figures(entries: list[Entry], dues: list[float]) -> list[Figure]:
+def idle_tick_figures(entries: list[Entry], dues: list[float], repeats: int) -> list[Figure]:
     """An hour of one-tick advances with nothing due: item 4."""
-    passes = measure_idle_ticks(entries, dues, REPEATS)
+    passes = measure_idle_ticks(entries, dues, repeats)
     best = min(passes, key=lambda p: p.max_us)
     return [
         Figure(
@@ -333,27 +335,30 @@ def idle_tick_figures(entries: list[Entry], dues: list[float]) -> list[Figure]:
 # -- the section ------------------------------------------------------------------
 
 
-def run() -> Report:
+def run(quick: bool = False) -> Report:
+    """The figures above; ``quick``: ``QUICK_ENTRIES`` entries, one run each (a smoke run)."""
     started = perf_counter()
-    n = ENTRIES
+    n = QUICK_ENTRIES if quick else ENTRIES
+    repeats = 1 if quick else REPEATS
     rng = random.Random(SEED)  # draws, in order: dues, remove order, far, burst, memory
     progress(f"creating {n:,} entries")
     entries = [Entry() for _ in range(n)]
     dues = random_dues(rng, n, 0.0, WEEK_S)
-    figures = insert_remove_figures(entries, dues, rng)
-    figures += fire_figures(entries, dues)
+    figures = insert_remove_figures(entries, dues, rng, repeats)
+    figures += fire_figures(entries, dues, repeats)
     del dues
-    figures += idle_tick_figures(entries, random_dues(rng, n, HOUR_S, WEEK_S))
-    figures += burst_figures(entries, random_dues(rng, n, WEEK_S, WEEK_S + 60.0), REPEATS)
+    figures += idle_tick_figures(entries, random_dues(rng, n, HOUR_S, WEEK_S), repeats)
+    figures += burst_figures(entries, random_dues(rng, n, WEEK_S, WEEK_S + 60.0), repeats)
     del entries
     figures += memory_figures(n, rng)
     title = (
         f"TimingWheel, {n:,} entries due uniformly over one week; "
-        f"{SLOTS} slots x {TICK_S:g} s tick; best of {REPEATS}"
+        f"{SLOTS} slots x {TICK_S:g} s tick; best of {repeats}{' (quick)' if quick else ''}"
     )
     params = {
         "entries": n,
-        "repeats": REPEATS,
+        "repeats": repeats,
+        "quick": quick,
         "slots": SLOTS,
         "tick_s": TICK_S,
         "now_s": NOW_S,

@@ -13,6 +13,7 @@ from bench import Target
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, Entry, TimingWheel
 
 ENTRIES = 1_000_000
+QUICK_ENTRIES = 10_000  # run(quick=True): enough to exercise every path, not to quote
 REPEATS = 3
 SEED = 20240601
 SLOTS = DEFAULT_SLOTS
