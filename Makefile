@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: install test lint build bench run clean
 
@@ -25,7 +26,12 @@ build: install
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 
-bench: install
+# The bench also needs the `bench` extra (greenstalk, the beanstalkd client).
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
 
 run: install

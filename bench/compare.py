@@ -1,0 +1,879 @@
+"""delaywheel side by side with beanstalkd, and with a floor: a do-nothing server.
+
+Every contender is a real server process on 127.0.0.1, driven by a blocking
+client in this process (or in ``PLAN.processes`` spawned client processes),
+one call at a time unless said otherwise, with a 100-byte ``bytes`` body
+everywhere:
+
+- the floor: ``bench/echo_server.py`` (uvloop, one Unpacker, "pong" to
+  everything) called with ``delaywheel_client.Client.ping()``;
+- delaywheel: ``delaywheel serve`` on the memory store, on Redis (a private
+  redis-server with AOF, ``appendfsync everysec``) and on SQLite (a file in a
+  temporary directory), called with ``delaywheel_client.Client``;
+- beanstalkd: a private one without binlog, and one with its binlog fsynced
+  at most once a second (``-f 1000``, as Redis's everysec), called with the
+  ``greenstalk`` client.
+
+A scenario sets contenders side by side and runs them in turn, each for
+``round_s`` seconds, ``rounds`` times over (A B A B A B): a drift of this
+noisy machine then hits all of them alike. A figure is the median of its
+rounds, every round listed; a ratio is the median of one over the median of
+the other, printed with its target. Rates count completed calls (tasks for
+``add_many`` and pipelines, reserve+ack pairs for reserve) over the time the
+round took. "Server CPU per call" is the server process's utime + stime (from
+``/proc/PID/stat``) over a round, divided by the calls of that round.
+
+Where the processes run. On this two-CPU VM a wakeup on the other CPU costs
+about 100 us, several times what a server spends on a request: a one-call-at-
+a-time client and its server on different CPUs do ~8k calls/s whoever the
+server is, on the same CPU 25-45k, and the scheduler chooses differently for
+different servers. So every single-connection scenario pins the client and
+every thread of the servers it involves (Redis too) to one CPU, the same one
+for every contender: a figure is then the CPU cost of a whole round trip, not
+the scheduler's luck. The multi-process scenarios run unpinned, over all CPUs.
+
+Memory per pending task: the server's VmRSS (``/proc/PID/status``) before and
+after ``memory_tasks`` tasks due in a day, divided by their number; for
+delaywheel right after ``add_many``, and "loaded": the tasks added to a SQLite
+store, the server stopped and a fresh one started on that file, less a fresh
+server on an empty file; for beanstalkd, put with delay 86,400.
+
+When beanstalkd (or greenstalk) is missing, every beanstalkd figure is left
+out and ``params["skipped"]`` says why; likewise Redis. ``run(quick=True)``
+runs the same scenarios with tiny rounds and counts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from delaywheel_client import Client
+
+from bench import Figure, Report, Target, progress
+from bench._beanstalk import BINLOG_FSYNC_MS, private_beanstalkd, unavailable
+from bench._procs import private_redis_process, server_process
+from bench.echo_server import running as running_echo_server
+
+BODY = b"x" * 100  # the same 100 bytes for both; msgpack bin for delaywheel
+TOPIC = "bench"  # also the beanstalkd tube the puts go to
+READY_TOPIC = "ready"  # pre-filled with ready tasks for reserve
+DELAY_S = 3600  # whole seconds: beanstalkd takes no fractions
+DAY_S = 86_400
+ADD_MANY_BATCH = 1_000
+PIPELINE_DEPTH = 200
+FILL_BATCH = 1_000  # tasks per add_many when filling a server outside the timing
+# Calls made on a fresh connection before the clock starts: the first calls
+# pay for the connection's buffers and the server's first touch of the topic.
+WARMUP_STEPS = 10
+# Client processes get this long to connect and warm up before a round starts.
+START_DELAY_S = 0.5
+MAX_STEPS = 100_000_000  # every timed loop is bounded, besides its deadline
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how much: the full run, or ``QUICK``."""
+
+    rounds: int  # each contender of a scenario runs once per round
+    round_s: float  # seconds one contender runs in one round
+    processes: int  # client processes in the multi-process scenarios
+    reserve_fill: int  # ready tasks put in before each reserve round (the round's cap)
+    memory_tasks: int  # pending tasks for the memory-per-task figures
+
+
+FULL = Plan(rounds=3, round_s=2.0, processes=8, reserve_fill=60_000, memory_tasks=200_000)
+QUICK = Plan(rounds=2, round_s=0.3, processes=8, reserve_fill=10_000, memory_tasks=20_000)
+
+
+# -- one round ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One contender's round: operations done, wall time, server CPU time."""
+
+    ops: int
+    elapsed_s: float
+    server_cpu_s: float = math.nan  # not measured for the multi-process rounds
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.elapsed_s
+
+    @property
+    def cpu_us(self) -> float:
+        return self.server_cpu_s / self.ops * 1e6
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # the command name, in parentheses, may hold spaces: split after it
+        fields = stat.read().rsplit(")", 1)[1].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+Step = Callable[[], object]
+Address = tuple[str, int]
+
+
+@contextmanager
+def dw_client(address: Address) -> Iterator[Client]:
+    with Client(*address) as client:
+        yield client
+
+
+@contextmanager
+def bs_client(address: Address, tube: str = TOPIC) -> Iterator[Any]:
+    import greenstalk  # only when beanstalkd is measured: it may not be installed
+
+    with greenstalk.Client(address, encoding=None, use=tube, watch=tube) as client:
+        yield client
+
+
+# A load: on a fresh connection, the step a round repeats and how many
+# operations one step is. By name, so that client processes can open them too.
+
+
+@contextmanager
+def load_ping(address: Address) -> Iterator[tuple[Step, int]]:
+    with dw_client(address) as client:
+        yield client.ping, 1
+
+
+@contextmanager
+def load_get(address: Address) -> Iterator[tuple[Step, int]]:
+    with dw_client(address) as client:
+        task_id = client.add(TOPIC, BODY, delay=DELAY_S)["id"]
+        yield lambda: client.get(task_id), 1
+
+
+@contextmanager
+def load_add(address: Address) -> Iterator[tuple[Step, int]]:
+    with dw_client(address) as client:
+        yield lambda: client.add(TOPIC, BODY, delay=DELAY_S), 1
+
+
+@contextmanager
+def load_add_many(address: Address) -> Iterator[tuple[Step, int]]:
+    batch = [{"topic": TOPIC, "body": BODY, "delay": DELAY_S} for _ in range(ADD_MANY_BATCH)]
+    with dw_client(address) as client:
+        yield lambda: client.add_many(batch), ADD_MANY_BATCH
+
+
+@contextmanager
+def load_pipeline(address: Address) -> Iterator[tuple[Step, int]]:
+    with dw_client(address) as client:
+
+        def step() -> None:
+            pipe = client.pipeline()
+            for _ in range(PIPELINE_DEPTH):
+                pipe.add(TOPIC, BODY, delay=DELAY_S)
+            pipe.execute()
+
+        yield step, PIPELINE_DEPTH
+
+
+@contextmanager
+def load_reserve_ack(address: Address) -> Iterator[tuple[Step, int]]:
+    with dw_client(address) as client:
+
+        def step() -> None:
+            task = client.reserve(READY_TOPIC, 0)
+            if task is None:
+                raise RuntimeError("no ready task left to reserve")
+            client.ack(task["id"])
+
+        yield step, 1
+
+
+@contextmanager
+def load_put(address: Address) -> Iterator[tuple[Step, int]]:
+    with bs_client(address) as client:
+        yield lambda: client.put(BODY, delay=DELAY_S), 1
+
+
+@contextmanager
+def load_reserve_delete(address: Address) -> Iterator[tuple[Step, int]]:
+    with bs_client(address, READY_TOPIC) as client:
+        # timeout 0 as for delaywheel's reserve: answer at once, never wait
+        yield lambda: client.delete(client.reserve(timeout=0)), 1
+
+
+LOADS: dict[str, Callable[[Address], AbstractContextManager[tuple[Step, int]]]] = {
+    "ping": load_ping,
+    "get": load_get,
+    "add": load_add,
+    "add_many": load_add_many,
+    "pipeline": load_pipeline,
+    "reserve_ack": load_reserve_ack,
+    "put": load_put,
+    "reserve_delete": load_reserve_delete,
+}
+
+
+def drive(
+    load: str, address: Address, pid: int, duration_s: float, max_steps: int = MAX_STEPS
+) -> Run:
+    """One round of one connection: ``load``'s step again and again for ``duration_s``."""
+    with LOADS[load](address) as (step, per_step):
+        for _ in range(WARMUP_STEPS):
+            step()
+        clock = time.perf_counter
+        cpu_before = cpu_s(pid)
+        started = clock()
+        deadline = started + duration_s
+        steps = 0
+        while steps < max_steps:
+            step()
+            steps += 1
+            if clock() >= deadline:
+                break
+        elapsed_s = clock() - started
+        server_cpu_s = cpu_s(pid) - cpu_before
+    return Run(steps * per_step, elapsed_s, server_cpu_s)
+
+
+def client_process(
+    load: str, address: Address, start_at: float, duration_s: float
+) -> tuple[int, float, float]:
+    """One client process's share of a multi-process round (runs in the child):
+    (operations, start, end) on the monotonic clock, which all processes share.
+
+    Every child runs from ``start_at`` to ``start_at + duration_s``, so their rounds overlap.
+    """
+    with LOADS[load](address) as (step, per_step):
+        for _ in range(WARMUP_STEPS):
+            step()
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        started = time.monotonic()
+        deadline = start_at + duration_s
+        steps = 0
+        while steps < MAX_STEPS:
+            step()
+            steps += 1
+            if time.monotonic() >= deadline:
+                break
+        return steps * per_step, started, time.monotonic()
+
+
+def drive_processes(
+    pool: ProcessPoolExecutor, processes: int, load: str, address: Address, duration_s: float
+) -> Run:
+    """One round of ``processes`` client processes at once: all their operations
+    over the time from the first one's start to the last one's end."""
+    start_at = time.monotonic() + START_DELAY_S
+    futures = [
+        pool.submit(client_process, load, address, start_at, duration_s) for _ in range(processes)
+    ]
+    shares = [future.result() for future in futures]
+    first_start = min(started for _, started, _ in shares)
+    last_end = max(ended for _, _, ended in shares)
+    return Run(sum(ops for ops, _, _ in shares), last_end - first_start)
+
+
+def _idle() -> None:
+    """A pool task that makes its worker process start (and import) before any round."""
+    time.sleep(0.5)
+
+
+# -- processes ------------------------------------------------------------------------
+
+
+@dataclass
+class Servers:
+    """The servers of the rotating scenarios: name -> (pid, address)."""
+
+    procs: dict[str, tuple[int, Address]] = field(default_factory=dict)
+    redis_pid: int | None = None
+    skipped: list[str] = field(default_factory=list)
+
+    def has(self, name: str) -> bool:
+        return name in self.procs
+
+    def pid(self, name: str) -> int:
+        return self.procs[name][0]
+
+    def address(self, name: str) -> Address:
+        return self.procs[name][1]
+
+    def pids(self, *names: str) -> list[int]:
+        pids = [self.pid(name) for name in names if self.has(name)]
+        if self.redis_pid is not None and "dw_redis" in names and self.has("dw_redis"):
+            pids.append(self.redis_pid)
+        return pids
+
+
+def start_servers(stack: ExitStack, directory: Path, beanstalkd: bool) -> Servers:
+    """Every server the rotating scenarios use, all running until ``stack`` closes."""
+    servers = Servers()
+    progress("starting the echo server, delaywheel on memory, Redis and SQLite, beanstalkd")
+    servers.procs["echo"] = stack.enter_context(running_echo_server())
+    servers.procs["dw_memory"] = stack.enter_context(server_process("memory://"))
+    redis_dir = directory / "redis"
+    redis_dir.mkdir()
+    redis = stack.enter_context(private_redis_process(redis_dir))
+    if redis is None:
+        servers.skipped.append("no redis-server installed: the Redis figures are left out")
+    else:
+        servers.redis_pid, redis_url = redis
+        servers.procs["dw_redis"] = stack.enter_context(server_process(redis_url))
+    sqlite_url = f"sqlite:///{directory / 'bench.db'}"
+    servers.procs["dw_sqlite"] = stack.enter_context(server_process(sqlite_url))
+    if beanstalkd:
+        servers.procs["bs"] = stack.enter_context(private_beanstalkd())
+        binlog_dir = directory / "binlog"
+        binlog_dir.mkdir()
+        servers.procs["bs_binlog"] = stack.enter_context(private_beanstalkd(binlog_dir))
+    return servers
+
+
+@contextmanager
+def pinned(pids: list[int]) -> Iterator[None]:
+    """This process and every thread of ``pids`` on one CPU (see the module docstring)."""
+    every_cpu = os.sched_getaffinity(0)
+    one_cpu = {min(every_cpu)}
+
+    def pin(pid: int, cpus: set[int]) -> None:
+        try:
+            threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        except FileNotFoundError:  # it has exited: nothing to pin
+            return
+        for tid in threads:
+            with suppress(ProcessLookupError):  # that thread has just ended
+                os.sched_setaffinity(tid, cpus)
+
+    for pid in [os.getpid(), *pids]:
+        pin(pid, one_cpu)
+    try:
+        yield
+    finally:
+        for pid in [os.getpid(), *pids]:
+            pin(pid, every_cpu)
+
+
+# -- scenarios ----------------------------------------------------------------------
+
+
+Contender = tuple[str, Callable[[], Run]]
+
+
+def alternate(contenders: list[Contender], rounds: int, what: str = "") -> dict[str, list[Run]]:
+    """Each contender once per round, in order, ``rounds`` times: A B A B A B."""
+    runs: dict[str, list[Run]] = {name: [] for name, _ in contenders}
+    for number in range(1, rounds + 1):
+        for name, go in contenders:
+            progress(f"{what}{name}, round {number}/{rounds}")
+            runs[name].append(go())
+    return runs
+
+
+def median_rate(runs: list[Run]) -> float:
+    return statistics.median(run.rate for run in runs)
+
+
+def median_cpu_us(runs: list[Run]) -> float:
+    return statistics.median(run.cpu_us for run in runs)
+
+
+# What one operation is, by the unit of its rate: for the server-CPU notes.
+OPERATION = {"/s": "call", "tasks/s": "task", "pairs/s": "pair"}
+
+
+def rate_figure(key: str, label: str, runs: list[Run], unit: str = "/s", note: str = "") -> Figure:
+    """The median rate, every round listed; with no ``note``, the server's CPU per operation."""
+    rates = tuple(run.rate for run in runs)
+    if not note and all(math.isfinite(run.server_cpu_s) for run in runs):
+        note = f"server CPU {median_cpu_us(runs):.1f} us/{OPERATION[unit]}"
+    return Figure(key, label, statistics.median(rates), unit, runs=rates, note=note)
+
+
+def cpu_figure(key: str, label: str, runs: list[Run]) -> Figure:
+    per_call = tuple(run.cpu_us for run in runs)
+    return Figure(key, label, statistics.median(per_call), "us/call", runs=per_call)
+
+
+def ratio_figure(
+    key: str, label: str, numerator: float, denominator: float, target: Target | None, note: str
+) -> Figure:
+    value = numerator / denominator if denominator else math.nan
+    return Figure(key, label, value, "x", target, note=note)
+
+
+@dataclass
+class Section:
+    """What the scenarios share: the plan, the servers, and the figures so far."""
+
+    plan: Plan
+    servers: Servers
+    figures: list[Figure] = field(default_factory=list)
+    floor: dict[str, float] = field(default_factory=dict)  # the echo floor's rate and CPU
+
+    def contender(self, name: str, load: str, server: str) -> Contender:
+        """``name``: one connection running ``load`` against ``server`` for a round."""
+        pid, address = self.servers.procs[server]
+        return name, lambda: drive(load, address, pid, self.plan.round_s)
+
+    def has(self, server: str) -> bool:
+        return self.servers.has(server)
+
+
+def one_at_a_time(section: Section) -> None:
+    """Ping, get and add against the floor, delaywheel on memory and beanstalkd."""
+    servers = section.servers
+    contenders = [
+        section.contender("echo ping", "ping", "echo"),
+        section.contender("delaywheel ping", "ping", "dw_memory"),
+        section.contender("delaywheel get", "get", "dw_memory"),
+        section.contender("delaywheel add", "add", "dw_memory"),
+    ]
+    if section.has("bs"):
+        contenders.append(section.contender("beanstalkd put", "put", "bs"))
+    with pinned(servers.pids("echo", "dw_memory", "bs")):
+        runs = alternate(contenders, section.plan.rounds)
+    echo = runs["echo ping"]
+    floor_rate, floor_cpu = median_rate(echo), median_cpu_us(echo)
+    section.floor.update(rate=floor_rate, cpu_us=floor_cpu)
+    add = median_rate(runs["delaywheel add"])
+    figures = section.figures
+    figures += [
+        rate_figure("echo_ping_rate", "echo floor: Client.ping()", echo, note="bench/echo_server"),
+        cpu_figure("echo_cpu_us", "  echo server CPU per call", echo),
+    ]
+    for method in ("ping", "get"):
+        mine = runs[f"delaywheel {method}"]
+        figures += [
+            rate_figure(f"{method}_rate", f"delaywheel {method}", mine, note="memory store"),
+            cpu_figure(f"{method}_cpu_us", f"  server CPU per {method}", mine),
+            ratio_figure(
+                f"{method}_cpu_vs_echo",
+                f"  {method} CPU / echo CPU",
+                median_cpu_us(mine),
+                floor_cpu,
+                Target("<=", 1.3),
+                "server CPU per call, delaywheel / echo floor",
+            ),
+        ]
+    figures += [
+        rate_figure("add_memory_rate", "delaywheel add, memory", runs["delaywheel add"]),
+        ratio_figure(
+            "add_memory_vs_echo",
+            "  add / echo ping",
+            add,
+            floor_rate,
+            Target(">=", 0.7),
+            "rate, delaywheel add / echo floor",
+        ),
+    ]
+    if section.has("bs"):
+        put = runs["beanstalkd put"]
+        figures += [
+            rate_figure(
+                "bs_put_rate",
+                "beanstalkd put",
+                put,
+                note=f"server CPU {median_cpu_us(put):.1f} us/put",
+            ),
+            ratio_figure(
+                "add_memory_vs_bs",
+                "  add / beanstalkd put",
+                add,
+                median_rate(put),
+                Target(">=", 0.5),
+                "rate, delaywheel add (memory) / beanstalkd put (no binlog)",
+            ),
+        ]
+
+
+def journaled_one_at_a_time(section: Section) -> None:
+    """add journaled to Redis against put with beanstalkd's binlog, one connection."""
+    if not section.servers.has("dw_redis"):
+        return
+    contenders = [section.contender("delaywheel add, Redis", "add", "dw_redis")]
+    if section.has("bs_binlog"):
+        contenders.append(section.contender("beanstalkd put, binlog", "put", "bs_binlog"))
+    with pinned(section.servers.pids("dw_redis", "bs_binlog")):
+        runs = alternate(contenders, section.plan.rounds)
+    redis = runs["delaywheel add, Redis"]
+    section.figures.append(rate_figure("add_redis_rate", "delaywheel add, Redis", redis))
+    if section.has("bs_binlog"):
+        binlog = runs["beanstalkd put, binlog"]
+        section.figures += [
+            rate_figure("bs_binlog_put_rate", "beanstalkd put, binlog", binlog),
+            ratio_figure(
+                "add_redis_vs_bs_binlog",
+                "  add Redis / put binlog",
+                median_rate(redis),
+                median_rate(binlog),
+                Target(">=", 0.3),
+                "rate, journaled: Redis everysec / binlog -f 1000",
+            ),
+        ]
+
+
+def batches(section: Section) -> None:
+    """add_many of 1,000 and pipelines of 200 against beanstalkd's serial put."""
+    servers = section.servers
+    contenders = [
+        section.contender("delaywheel add_many, memory", "add_many", "dw_memory"),
+        section.contender("delaywheel pipeline, memory", "pipeline", "dw_memory"),
+    ]
+    if servers.has("dw_redis"):
+        contenders.append(section.contender("delaywheel add_many, Redis", "add_many", "dw_redis"))
+    if section.has("bs"):
+        contenders.append(section.contender("beanstalkd put", "put", "bs"))
+    with pinned(servers.pids("dw_memory", "dw_redis", "bs")):
+        runs = alternate(contenders, section.plan.rounds)
+    many = runs["delaywheel add_many, memory"]
+    piped = runs["delaywheel pipeline, memory"]
+    figures = section.figures
+    figures.append(
+        rate_figure(
+            "add_many_memory_rate", f"add_many of {ADD_MANY_BATCH:,}, memory", many, "tasks/s"
+        )
+    )
+    put = runs.get("beanstalkd put")
+    if put is not None:
+        figures.append(
+            ratio_figure(
+                "add_many_memory_vs_bs",
+                "  add_many / beanstalkd put",
+                median_rate(many),
+                median_rate(put),
+                Target(">=", 5.0),
+                "tasks/s, add_many / serial put",
+            )
+        )
+    redis = runs.get("delaywheel add_many, Redis")
+    if redis is not None:
+        figures += [
+            rate_figure(
+                "add_many_redis_rate", f"add_many of {ADD_MANY_BATCH:,}, Redis", redis, "tasks/s"
+            ),
+            ratio_figure(
+                "add_many_redis_vs_memory",
+                "  add_many Redis / memory",
+                median_rate(redis),
+                median_rate(many),
+                Target(">=", 0.8),
+                "tasks/s: within 20 % of the memory store",
+            ),
+        ]
+    figures.append(
+        rate_figure(
+            "pipeline_memory_rate",
+            f"pipelined adds, {PIPELINE_DEPTH} a batch",
+            piped,
+            "tasks/s",
+            note="Client.pipeline(), one connection",
+        )
+    )
+    if put is not None:
+        figures += [
+            rate_figure("bs_put_batches_rate", "beanstalkd put (this rotation)", put),
+            ratio_figure(
+                "pipeline_memory_vs_bs",
+                "  pipelined / beanstalkd put",
+                median_rate(piped),
+                median_rate(put),
+                Target(">=", 3.0),
+                "tasks/s, pipelined adds / serial put",
+            ),
+        ]
+
+
+def add_tasks(address: Address, count: int, topic: str, delay_s: int) -> None:
+    """``count`` delaywheel tasks, added in batches (not timed: a fill)."""
+    with dw_client(address) as client:
+        for first in range(0, count, FILL_BATCH):
+            size = min(FILL_BATCH, count - first)
+            client.add_many([{"topic": topic, "body": BODY, "delay": delay_s}] * size)
+
+
+def put_jobs(address: Address, count: int, tube: str, delay_s: int) -> None:
+    """``count`` beanstalkd jobs, put one by one (no batch put in its protocol)."""
+    with bs_client(address, tube) as client:
+        for _ in range(count):
+            client.put(BODY, delay=delay_s)
+
+
+def fill_dw(address: Address, count: int) -> None:
+    add_tasks(address, count, READY_TOPIC, 0)
+
+
+def fill_bs(address: Address, count: int) -> None:
+    put_jobs(address, count, READY_TOPIC, 0)
+
+
+def reserve(section: Section) -> None:
+    """reserve + ack against beanstalkd's reserve + delete, on pre-filled ready queues."""
+    servers = section.servers
+    fill = section.plan.reserve_fill
+    # A round stops when the queue is used up, whatever the time: pairs are never
+    # asked of an empty queue. (The warm-up takes its pairs from the queue too.)
+    cap = fill - WARMUP_STEPS
+
+    def filled(
+        name: str, load: str, server: str, filler: Callable[[Address, int], None]
+    ) -> Contender:
+        pid, address = servers.procs[server]
+        left = [0]  # ready tasks the previous rounds left in the queue
+
+        def go() -> Run:
+            # Topped up to the same depth before every round, for both: how
+            # deep the queue is must not favour the slower contender.
+            filler(address, fill - left[0])
+            run = drive(load, address, pid, section.plan.round_s, cap)
+            left[0] = cap - run.ops
+            return run
+
+        return name, go
+
+    contenders = [filled("delaywheel reserve+ack", "reserve_ack", "dw_memory", fill_dw)]
+    if section.has("bs"):
+        contenders.append(filled("beanstalkd reserve+delete", "reserve_delete", "bs", fill_bs))
+    with pinned(servers.pids("dw_memory", "bs")):
+        runs = alternate(contenders, section.plan.rounds)
+    pairs = runs["delaywheel reserve+ack"]
+    figures = section.figures
+    figures.append(rate_figure("reserve_ack_rate", "delaywheel reserve + ack", pairs, "pairs/s"))
+    if section.has("bs"):
+        deleted = runs["beanstalkd reserve+delete"]
+        figures += [
+            rate_figure(
+                "bs_reserve_delete_rate", "beanstalkd reserve + delete", deleted, "pairs/s"
+            ),
+            ratio_figure(
+                "reserve_vs_bs",
+                "  reserve+ack / beanstalkd",
+                median_rate(pairs),
+                median_rate(deleted),
+                Target(">=", 0.6),
+                "pairs/s",
+            ),
+        ]
+    figures.append(
+        ratio_figure(
+            "reserve_vs_echo",
+            "  reserve+ack / (echo / 2)",
+            median_rate(pairs),
+            section.floor["rate"] / 2,
+            Target(">=", 0.7),
+            "pairs/s against half the echo floor",
+        )
+    )
+
+
+def many_processes(section: Section, pool: ProcessPoolExecutor) -> None:
+    """``processes`` client processes at once, each one call at a time: total rates."""
+    servers = section.servers
+    processes = section.plan.processes
+
+    def contender(name: str, load: str, server: str) -> Contender:
+        address = servers.address(server)
+        return name, lambda: drive_processes(pool, processes, load, address, section.plan.round_s)
+
+    contenders = [contender("memory", "add", "dw_memory")]
+    if section.has("bs"):
+        contenders.append(contender("beanstalkd", "put", "bs"))
+    if servers.has("dw_redis"):
+        contenders.append(contender("Redis", "add", "dw_redis"))
+    contenders.append(contender("SQLite", "add", "dw_sqlite"))
+    if section.has("bs_binlog"):
+        contenders.append(contender("beanstalkd binlog", "put", "bs_binlog"))
+    progress(f"starting {processes} client processes")
+    for future in [pool.submit(_idle) for _ in range(processes)]:
+        future.result()
+    runs = alternate(contenders, section.plan.rounds, f"{processes} processes: ")
+    figures = section.figures
+    n = processes
+
+    def versus(key: str, mine: str, theirs: str, target: Target | None, note: str) -> None:
+        if mine in runs and theirs in runs:
+            figures.append(
+                ratio_figure(
+                    key,
+                    f"  {mine} / {theirs}",
+                    median_rate(runs[mine]),
+                    median_rate(runs[theirs]),
+                    target,
+                    note,
+                )
+            )
+
+    figures.append(rate_figure("add8_memory_rate", f"{n} processes: add, memory", runs["memory"]))
+    if "beanstalkd" in runs:
+        figures.append(rate_figure("bs8_put_rate", f"{n} processes: put", runs["beanstalkd"]))
+    versus("add8_memory_vs_bs", "memory", "beanstalkd", Target(">=", 0.6), "total rate")
+    if "Redis" in runs:
+        figures.append(rate_figure("add8_redis_rate", f"{n} processes: add, Redis", runs["Redis"]))
+    figures.append(rate_figure("add8_sqlite_rate", f"{n} processes: add, SQLite", runs["SQLite"]))
+    if "beanstalkd binlog" in runs:
+        figures.append(
+            rate_figure(
+                "bs8_binlog_put_rate", f"{n} processes: put, binlog", runs["beanstalkd binlog"]
+            )
+        )
+    versus(
+        "add8_redis_vs_bs_binlog",
+        "Redis",
+        "beanstalkd binlog",
+        Target(">=", 0.5),
+        "total rate, journaled",
+    )
+    versus(
+        "add8_sqlite_vs_bs_binlog",
+        "SQLite",
+        "beanstalkd binlog",
+        None,
+        "total rate, journaled; no target",
+    )
+
+
+# -- memory per pending task ------------------------------------------------------------
+
+
+def settled_rss(pid: int, address: Address) -> int:
+    """The RSS of a server that has answered a call (so it has finished starting)."""
+    with dw_client(address) as client:
+        client.ping()
+    return rss_bytes(pid)
+
+
+def memory(section: Section, directory: Path, beanstalkd: bool) -> None:
+    """Bytes per pending task: just added, loaded by a fresh server, beanstalkd."""
+    count = section.plan.memory_tasks
+    figures = section.figures
+    progress(f"memory: {count:,} tasks due in a day, memory store")
+    with server_process("memory://") as (pid, address):
+        before = settled_rss(pid, address)
+        with pinned([pid]):  # only for speed: the RSS does not depend on it
+            add_tasks(address, count, TOPIC, DAY_S)
+        added = (rss_bytes(pid) - before) / count
+    progress(f"memory: {count:,} tasks written to SQLite, then loaded by a fresh server")
+    loaded_url = f"sqlite:///{directory / 'loaded.db'}"
+    with server_process(loaded_url) as (pid, address), pinned([pid]):
+        add_tasks(address, count, TOPIC, DAY_S)
+    with server_process(loaded_url) as (pid, address):
+        loaded_rss = settled_rss(pid, address)
+    with server_process(f"sqlite:///{directory / 'empty.db'}") as (pid, address):
+        empty_rss = settled_rss(pid, address)
+    loaded = (loaded_rss - empty_rss) / count
+    figures += [
+        Figure(
+            "memory_added_bytes",
+            "memory per task, added",
+            added,
+            "B/task",
+            note="memory store, RSS growth over add_many",
+        ),
+        Figure(
+            "memory_loaded_bytes",
+            "memory per task, loaded",
+            loaded,
+            "B/task",
+            note="fresh server on the SQLite file, less one on an empty file",
+        ),
+    ]
+    if not beanstalkd:
+        return
+    progress(f"memory: {count:,} beanstalkd jobs with delay {DAY_S:,}")
+    with private_beanstalkd() as (pid, address):
+        with bs_client(address) as client:
+            client.put(BODY)  # the connection's buffers, before the baseline
+        before = rss_bytes(pid)
+        with pinned([pid]):
+            put_jobs(address, count, TOPIC, DAY_S)
+        theirs = (rss_bytes(pid) - before) / count
+    figures += [
+        Figure("bs_memory_bytes", "beanstalkd memory per job", theirs, "B/job"),
+        ratio_figure(
+            "memory_added_vs_bs",
+            "  added / beanstalkd",
+            added,
+            theirs,
+            Target("<=", 1.0),
+            "bytes per pending task",
+        ),
+        ratio_figure(
+            "memory_loaded_vs_bs",
+            "  loaded / beanstalkd",
+            loaded,
+            theirs,
+            Target("<=", 1.0),
+            "bytes per pending task",
+        ),
+    ]
+
+
+# -- the section --------------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> Report:
+    started = time.perf_counter()
+    plan = QUICK if quick else FULL
+    why_not = unavailable()
+    skipped = [] if why_not is None else [f"beanstalkd figures skipped: {why_not}"]
+    for message in skipped:
+        progress(message)
+    directory = Path(tempfile.mkdtemp(prefix="delaywheel-compare-"))
+    spawn = get_context("spawn")
+    try:
+        with ExitStack() as stack:
+            servers = start_servers(stack, directory, why_not is None)
+            for message in servers.skipped:
+                progress(message)
+            section = Section(plan, servers)
+            one_at_a_time(section)
+            journaled_one_at_a_time(section)
+            batches(section)
+            reserve(section)
+            with ProcessPoolExecutor(plan.processes, mp_context=spawn) as pool:
+                many_processes(section, pool)
+        memory(section, directory, why_not is None)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    skipped += servers.skipped
+    return Report(
+        "compare",
+        f"delaywheel vs beanstalkd and an echo floor{' (quick)' if quick else ''}: "
+        f"{plan.rounds} alternating rounds of {plan.round_s:g} s, median; 100-byte bodies",
+        section.figures,
+        params={
+            "quick": quick,
+            "rounds": plan.rounds,
+            "round_s": plan.round_s,
+            "processes": plan.processes,
+            "reserve_fill": plan.reserve_fill,
+            "memory_tasks": plan.memory_tasks,
+            "body_bytes": len(BODY),
+            "add_many_batch": ADD_MANY_BATCH,
+            "pipeline_depth": PIPELINE_DEPTH,
+            "beanstalkd_binlog_fsync_ms": BINLOG_FSYNC_MS,
+            "single_connection_pinned_to_one_cpu": True,
+            "skipped": skipped,
+        },
+        elapsed_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,157 @@
+"""The bench harness end to end, in quick mode: real servers, tiny counts.
+
+``python -m bench --quick --json --results DIR compare wheel`` runs in a subprocess (as
+``make bench`` would, each section in its own interpreter); the test checks
+the JSON it prints and saves: every compare figure there with a positive
+value, the beanstalkd and Redis figures there when those are installed and
+the skip message in their place when not. Nothing about the figures' size is
+asserted: this is the harness's test, not the server's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("compare", "wheel")  # the sections with a quick mode that is quick
+RUN_TIMEOUT_S = 240.0  # the quick run takes ~25 s here; slow CI machines get room
+
+ALWAYS = {
+    "echo_ping_rate",
+    "echo_cpu_us",
+    "ping_rate",
+    "ping_cpu_us",
+    "ping_cpu_vs_echo",
+    "get_rate",
+    "get_cpu_us",
+    "get_cpu_vs_echo",
+    "add_memory_rate",
+    "add_memory_vs_echo",
+    "add_many_memory_rate",
+    "pipeline_memory_rate",
+    "reserve_ack_rate",
+    "reserve_vs_echo",
+    "add8_memory_rate",
+    "add8_sqlite_rate",
+    "memory_added_bytes",
+    "memory_loaded_bytes",
+}
+WITH_REDIS = {
+    "add_redis_rate",
+    "add_many_redis_rate",
+    "add_many_redis_vs_memory",
+    "add8_redis_rate",
+}
+WITH_BEANSTALKD = {
+    "bs_put_rate",
+    "add_memory_vs_bs",
+    "bs_binlog_put_rate",
+    "add_many_memory_vs_bs",
+    "bs_put_batches_rate",
+    "pipeline_memory_vs_bs",
+    "bs_reserve_delete_rate",
+    "reserve_vs_bs",
+    "bs8_put_rate",
+    "add8_memory_vs_bs",
+    "bs8_binlog_put_rate",
+    "add8_sqlite_vs_bs_binlog",
+    "bs_memory_bytes",
+    "memory_added_vs_bs",
+    "memory_loaded_vs_bs",
+}
+WITH_BOTH = {"add_redis_vs_bs_binlog", "add8_redis_vs_bs_binlog"}
+
+
+def beanstalkd_usable() -> bool:
+    return (
+        shutil.which("beanstalkd") is not None
+        and importlib.util.find_spec("greenstalk") is not None
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[Path]]:
+    results = tmp_path_factory.mktemp("results")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", "--results", str(results), *SECTIONS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc, sorted(results.glob("*.json"))
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_the_run_is_saved_as_printed(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    doc, saved = quick_run
+    assert len(saved) == 1
+    assert json.loads(saved[0].read_text()) == doc
+    assert doc["quick"] is True
+    assert doc["cpus"] >= 1
+    assert doc["python"] and doc["platform"] and doc["date"]
+    assert set(doc["sections"]) == set(SECTIONS)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_every_compare_figure_is_there_and_positive(
+    quick_run: tuple[dict[str, Any], list[Path]],
+) -> None:
+    compare = quick_run[0]["sections"]["compare"]
+    figures: dict[str, Any] = compare["figures"]
+    skipped: list[str] = compare["params"]["skipped"]
+    expected = set(ALWAYS)
+    redis = shutil.which("redis-server") is not None
+    beanstalkd = beanstalkd_usable()
+    if redis:
+        expected |= WITH_REDIS
+    else:
+        assert any("redis-server" in message for message in skipped), skipped
+    if beanstalkd:
+        expected |= WITH_BEANSTALKD
+    else:
+        assert any("beanstalkd figures skipped" in message for message in skipped), skipped
+    if redis and beanstalkd:
+        expected |= WITH_BOTH
+        assert skipped == []
+    assert set(figures) == expected
+    for key, figure in figures.items():
+        value = figure["value"]
+        assert math.isfinite(value) and value > 0, (key, value)
+        if figure["unit"] != "x":
+            # a median of alternating rounds lists every round (memory is measured once)
+            assert len(figure["runs"]) in (0, compare["params"]["rounds"]), key
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_ratios_carry_their_targets(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    figures = quick_run[0]["sections"]["compare"]["figures"]
+    ratios = {key: figure for key, figure in figures.items() if figure["unit"] == "x"}
+    assert "add_memory_vs_echo" in ratios
+    if beanstalkd_usable():
+        assert {"add_memory_vs_bs", "reserve_vs_bs", "memory_added_vs_bs"} <= set(ratios)
+    for key, figure in ratios.items():
+        if key == "add8_sqlite_vs_bs_binlog":  # reported without a target
+            assert figure["target"] is None
+        else:
+            assert figure["target"]["op"] in (">=", "<=") and figure["target"]["value"] > 0, key
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_the_wheel_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    wheel = quick_run[0]["sections"]["wheel"]
+    assert wheel["params"]["quick"] is True
+    assert wheel["figures"]["insert_rate"]["value"] > 0
+    assert wheel["figures"]["fire_rate"]["value"] > 0
