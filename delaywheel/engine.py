@@ -130,6 +130,11 @@ class Engine:
         task.state = to
         if to == GONE:
             self._tasks.remove(task)
+        elif to == DELAYED and task.at_s >= self._packed.hold_from(self.wheel.now_s):
+            # Due after the next window: it will be packed once durable
+            # (_durable), so it skips the wheel, whose insert and removal
+            # would be a fifth of an add. Nothing fires it before then anyway.
+            self._counts.add(task.topic, DELAYED)
         else:
             self._place(task)
         self.journal.record(task, before)
@@ -401,8 +406,10 @@ class Engine:
 
         Packed, a task is the record just written, which is the task as it is
         now only if nothing has changed it since: it must be the indexed task
-        of its id, still delayed (no timer fired it), and in no batch still
-        gathering or being written. Its counts stay as they are.
+        of its id, still delayed, and in no batch still gathering or being
+        written (that batch comes here in turn). Its counts stay as they are.
+        ``_move`` left such a task out of the wheel; one that can no longer be
+        packed (its window came closer while the write took) is scheduled now.
         """
         now_s = self.wheel.now_s
         hold_from_s = self._packed.hold_from(now_s)
@@ -410,16 +417,16 @@ class Engine:
         held: list[str] = []
         held_at: list[float] = []
         for task_id, task in tasks.items():
-            if (
-                task.state != DELAYED
-                or task.at_s < hold_from_s
-                or by_id.get(task_id) is not task
-                or pending(task)
-            ):
+            if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
+                continue
+            if task.at_s < hold_from_s:
+                if not task.scheduled:
+                    self.wheel.insert(task, task.at_s)
                 continue
             record = changes[task_id]
             assert record is not None  # a delayed task's change is a put
-            self.wheel.remove(task)
+            if task.scheduled:
+                self.wheel.remove(task)
             self._tasks.freeze(task, record)
             held.append(task_id)
             held_at.append(task.at_s)

@@ -308,9 +308,13 @@ _QUEUE_TARGET = {"type": "queue"}
 
 def place_of(task: Task, wheel: TimingWheel) -> tuple[int | None, int | None]:
     """``(cycle, slot)`` as the protocol reports them: a scheduled task's place in
-    the wheel, the cursor for a ready one, nothing for a dead one."""
+    the wheel, the cursor for a ready one, nothing for a dead one. A delayed
+    task out of the wheel until its add is durable (``Engine._move``) is
+    placed where its time puts it."""
     if task.scheduled:
         return wheel.place(task)
+    if task.state == DELAYED:
+        return wheel.place_at(task.at_s)
     if task.state in (READY, RESERVED):
         return 0, wheel.cursor_slot
     return None, None

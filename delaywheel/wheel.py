@@ -387,9 +387,12 @@ class TimingWheel:
         if entry._home is None:
             raise ValueError("entry is not scheduled")
         if entry._home is self._overdue:
-            ticks = 0
-        else:
-            ticks = max(self.tick_ceil(entry.due_s) - self._cursor, 0)
+            return 0, self._cursor % self.slots
+        return self.place_at(entry.due_s)
+
+    def place_at(self, due_s: float) -> tuple[int, int]:
+        """``(cycle, slot)`` an entry due at ``due_s`` would have if scheduled now."""
+        ticks = max(self.tick_ceil(due_s) - self._cursor, 0)
         return ticks // self.slots, (self._cursor + ticks) % self.slots
 
     def __len__(self) -> int:
