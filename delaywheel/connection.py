@@ -125,8 +125,9 @@ class Connection(asyncio.Protocol):
         self.busy = False
         if self.transport is None:
             return
-        decoder = self.decoder
+        decoder, journal = self.decoder, self.journal
         handled = 0
+        journal.flushed_by_caller = journal.inline  # flushed in the finally below
         try:
             now_s = time.time()
             for message in decoder:
@@ -142,14 +143,16 @@ class Connection(asyncio.Protocol):
             self._flush()
             self.refuse(exc.code, exc.message)
             return
+        finally:
+            if journal.inline:  # the turn's replies can leave now, in one write
+                journal.flushed_by_caller = False
+                journal.flush()
         if self.busy:
             asyncio.get_running_loop().call_soon(self._work)
         elif decoder.buffered_bytes == 0:
             self.partial_since = None
         elif handled or self.partial_since is None:
             self.partial_since = time.monotonic()
-        if self.journal.inline:  # its replies can leave now, in this write
-            self.journal.flush()
         self._flush()
         if self.timers_moved:
             self.timers_moved = False

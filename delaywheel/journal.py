@@ -83,6 +83,10 @@ class Journal:
         self._writing: Batch | None = None
         self._touched: set[int] = set()  # id() of tasks snapshotted in the gathering batch
         self._flush_scheduled = False
+        # Set by a connection while it handles a turn's requests on an inline
+        # store: it flushes at the end of the turn itself, so a change need
+        # not schedule a flush of its own (a loop callback per request).
+        self.flushed_by_caller = False
         self.flushes = 0
         self.last_batch_size = 0
         self.max_batch_size = 0
@@ -96,7 +100,7 @@ class Journal:
             self._touched.add(key)
             batch.undo.append((task, before if before is not None else _NEW_SNAPSHOT))
         batch.tasks[task.id] = task
-        if not self._flush_scheduled and self._writing is None:
+        if not self._flush_scheduled and self._writing is None and not self.flushed_by_caller:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._start)
 
