@@ -144,8 +144,12 @@ class TaskCounts:
     def remove(self, topic: str, state: str) -> None:
         self._states[state] -= 1
         counts = self._topics[topic]
-        counts[state] -= 1
-        if not +counts:  # no task of this topic left in any state
+        left = counts[state] - 1
+        if left:
+            counts[state] = left
+            return
+        del counts[state]  # counts holds no zeros: empty when no task of the topic is left
+        if not counts:
             del self._topics[topic]
 
     def add_all(self, tasks: Iterable[Task]) -> None:
