@@ -61,11 +61,24 @@ Command = Sequence[str | bytes | int | float]
 
 
 def transaction(commands: Sequence[Command]) -> Flush:
-    """One flush: ``commands`` between MULTI and EXEC, packed by hiredis."""
+    """One flush: ``commands`` between MULTI and EXEC, packed by hiredis.
+
+    A single command goes alone: Redis runs each command atomically anyway,
+    and MULTI and EXEC would be two more commands for it to parse, run and
+    log (a write that only puts, or only removes, is the commonest one).
+    """
+    if len(commands) == 1:
+        return pipeline(commands)
     payload = b"".join(
         [_MULTI, *(hiredis.pack_command(cast(Any, tuple(command))) for command in commands), _EXEC]
     )
     return Flush(payload, len(commands) + 2)
+
+
+def pipeline(commands: Sequence[Command]) -> Flush:
+    """One flush: ``commands`` one after the other, no transaction."""
+    payload = b"".join([hiredis.pack_command(cast(Any, tuple(command))) for command in commands])
+    return Flush(payload, len(commands))
 
 
 _MULTI = hiredis.pack_command(("MULTI",))
@@ -181,10 +194,7 @@ class JournalLink(asyncio.Protocol):
         )
         if self._handshake:
             answered: asyncio.Future[Exception | None] = loop.create_future()
-            hello = transaction(self._handshake)
-            # Not a transaction: AUTH must run before MULTI is accepted.
-            hello.payload = hello.payload[len(_MULTI) : -len(_EXEC)]
-            hello.expected -= 2
+            hello = pipeline(self._handshake)  # not a transaction: AUTH must come before MULTI
             self._write_hello(hello, answered)
             error = await answered
             if error is not None:

@@ -8,12 +8,15 @@ put and a single HDEL carrying every remove. Both touch the same key, and
 Redis queues-then-runs a transaction, so a write is all or nothing: a command
 refused while queueing (out of memory, say) aborts the EXEC, and the only run-
 time error HSET or HDEL can meet (the key holding another type) would fail
-both. ``load()`` walks the hash with HSCAN COUNT batch_size, so Redis is never
-blocked for long, and re-cuts the replies into batches of at most batch_size
-(HSCAN's COUNT is a hint), dropping the duplicates HSCAN may return if the
-hash is rehashed mid walk (this costs a set of the ids seen while loading).
+both. A write with only puts, or only removes, is that one command without
+MULTI/EXEC: a single command is atomic in Redis already. ``load()`` walks
+the hash with HSCAN COUNT batch_size, so Redis is never blocked for long,
+and re-cuts the replies into batches of at most batch_size (HSCAN's COUNT
+is a hint), dropping the duplicates HSCAN may return if the hash is
+rehashed mid walk (this costs a set of the ids seen while loading).
 
-What "durable" means here: Redis acknowledged the EXEC. Whether that survives
+What "durable" means here: Redis acknowledged the EXEC (or the lone
+command). Whether that survives
 a crash is Redis's configuration, checked by ``warnings()`` at open:
 
 - AOF on with ``appendfsync always``: nothing acknowledged is lost, even on a
