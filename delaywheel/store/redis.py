@@ -16,8 +16,8 @@ is a hint), dropping the duplicates HSCAN may return if the hash is
 rehashed mid walk (this costs a set of the ids seen while loading).
 
 What "durable" means here: Redis acknowledged the EXEC (or the lone
-command). Whether that survives
-a crash is Redis's configuration, checked by ``warnings()`` at open:
+command). Whether that survives a crash is Redis's configuration, checked
+by ``warnings()`` at open:
 
 - AOF on with ``appendfsync always``: nothing acknowledged is lost, even on a
   power cut.
