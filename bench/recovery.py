@@ -9,11 +9,24 @@ logs (``loaded N tasks from ... in X s``: streaming the records and
 rebuilding wheel, queues and index). A fresh process, because that is where
 a restart loads: its heap is empty, not fragmented by the records just
 written. The note gives the time from exec to the open port, which adds
-interpreter start-up and imports. The server is started ``STARTS`` times on
+interpreter start-up and imports. The server is started ``FULL.starts`` times on
 the same records and the figure is the median (the machine we measure on
 varies by 20 % from run to run). Redis runs as a private redis-server on a
 free port in a temporary directory; SQLite is a temporary file. Target:
 <= 5 s per 1,000,000 tasks.
+
+The floor: on the main mix, the same records read and nothing else, with the
+store's own client, read-only, in a fresh process (spawned, as the server
+is): for Redis, redis-py (with hiredis) walking the store's hash with
+``HSCAN`` at the COUNT the store's load asks for; for SQLite, the stdlib
+``sqlite3`` running the store's ``SELECT`` with ``fetchmany`` of that batch
+size, on a read-only connection. The clock runs, as the server's does, from
+the first read to the last, the connection already open, with the cyclic GC
+off. Each start is followed by one read (A B A B A B), and the floor is their
+median. The ratio, the server's load over the floor, says what rebuilding
+wheel, queues and index costs beyond reading: target <= 2.
+
+``run(quick=True)`` does the same with ``QUICK`` counts: a smoke run.
 """
 
 from __future__ import annotations
@@ -23,19 +36,39 @@ import itertools
 import random
 import re
 import shutil
+import sqlite3
 import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
-from bench import Figure, Report, Target, progress
+import redis
+
+from bench import Figure, Report, Target, paused_gc, progress
 from bench._procs import private_redis, running_server
 from delaywheel.store import Store, open_store
+from delaywheel.store.base import DEFAULT_BATCH_SIZE
+from delaywheel.store.redis import RedisStore
+from delaywheel.store.sqlite import parse_sqlite_url
 from delaywheel.task import DELAYED, READY, RESERVED, Task
 
-TASKS = 1_000_000
-STARTS = 3
+
+@dataclass(frozen=True)
+class Plan:
+    """How much: the full run, or ``QUICK``."""
+
+    tasks: int  # records written to the store, then loaded
+    starts: int  # server starts (and floor reads) on the same records
+
+
+FULL = Plan(tasks=1_000_000, starts=3)
+QUICK = Plan(tasks=20_000, starts=1)
+# The batch size the server's load asks the store for (``Store.load()``'s default).
+READ_BATCH = DEFAULT_BATCH_SIZE
 WRITE_BATCH = 10_000
 WEEK_S = 7 * 24 * 3600.0
 # 90 % delayed tasks spread over a week or an hour (most are loaded packed),
@@ -80,10 +113,10 @@ def records(
         yield batch
 
 
-async def fill(url: str, spread_s: float, delayed: float) -> None:
+async def fill(url: str, count: int, spread_s: float, delayed: float) -> None:
     store: Store = open_store(url)
     async with store:
-        for batch in records(time.time(), TASKS, spread_s, delayed):
+        for batch in records(time.time(), count, spread_s, delayed):
             await store.write(dict(batch))
 
 
@@ -100,6 +133,49 @@ def timed_start(url: str) -> tuple[float, int, float]:
     raise RuntimeError(f"the server on {url} never logged its load: {start_log[-3:]}")
 
 
+def read_redis(url: str) -> tuple[float, int]:
+    """(s, records): HSCAN the store's hash to its end, COUNT ``READ_BATCH``."""
+    key = RedisStore(url).key  # the hash the store writes and loads (nothing connects)
+    client = redis.Redis.from_url(url)  # decode_responses off, as the store's
+    try:
+        client.ping()  # connected before the clock starts, as the server's store is
+        with paused_gc():
+            started = time.perf_counter()
+            cursor, count = 0, 0
+            while True:
+                cursor, fields = client.hscan(key, cursor, count=READ_BATCH)
+                count += len(fields)
+                if cursor == 0:
+                    return time.perf_counter() - started, count
+    finally:
+        client.close()
+
+
+def read_sqlite(url: str) -> tuple[float, int]:
+    """(s, records): the store's SELECT on a read-only connection, ``READ_BATCH`` a fetch."""
+    path, _ = parse_sqlite_url(url)
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        with paused_gc():
+            started = time.perf_counter()
+            cursor = conn.execute("SELECT id, record FROM tasks")
+            count = 0
+            while rows := cursor.fetchmany(READ_BATCH):
+                count += len(rows)
+            return time.perf_counter() - started, count
+    finally:
+        conn.close()
+
+
+READERS = {"redis": read_redis, "sqlite": read_sqlite}
+
+
+def timed_read(name: str, url: str) -> tuple[float, int]:
+    """The floor: ``READERS[name](url)`` in a fresh interpreter (spawned: an empty heap)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(READERS[name], url).result()
+
+
 def restart_figure(
     key: str, label: str, starts: list[tuple[float, int, float]], target: Target
 ) -> Figure:
@@ -112,13 +188,44 @@ def restart_figure(
         "s",
         target,
         runs=loads_s,
-        note=f"median of {STARTS} starts; {starts[0][1]:,} tasks;"
+        note=f"median of {len(starts)} starts; {starts[0][1]:,} tasks;"
         f" port open {listening_s:.2f} s after exec",
     )
 
 
-def run() -> Report:
+CLIENTS = {
+    "redis": f"redis-py HSCAN COUNT {READ_BATCH:,}",
+    "sqlite": f"sqlite3 SELECT, fetchmany {READ_BATCH:,}, read-only",
+}
+
+
+def floor_figures(name: str, restart: Figure, reads: list[tuple[float, int]]) -> list[Figure]:
+    """The read floor of ``name`` and the restart's load over it."""
+    reads_s = tuple(read[0] for read in reads)
+    floor_s = statistics.median(reads_s)
+    return [
+        Figure(
+            f"floor_{name}_s",
+            f"  read floor, {name}",
+            floor_s,
+            "s",
+            runs=reads_s,
+            note=f"median of {len(reads)} reads; {reads[0][1]:,} records; {CLIENTS[name]}",
+        ),
+        Figure(
+            f"recovery_{name}_vs_floor",
+            f"  restart / read floor, {name}",
+            restart.value / floor_s if floor_s else float("nan"),
+            "x",
+            Target("<=", 2.0),
+            note="load time over the time to only read the records",
+        ),
+    ]
+
+
+def run(quick: bool = False) -> Report:
     started = time.perf_counter()
+    plan = QUICK if quick else FULL
     figures: list[Figure] = []
     directory = Path(tempfile.mkdtemp(prefix="delaywheel-bench-"))
     target = Target("<=", 5.0)
@@ -132,16 +239,35 @@ def run() -> Report:
             for (name, store_url), (suffix, label, spread_s, delayed) in itertools.product(
                 stores, MIXES
             ):
-                progress(f"writing {TASKS:,} records to {name}{label}, then starting servers")
-                asyncio.run(fill(store_url, spread_s, delayed))  # the same ids: overwrites
-                starts = [timed_start(store_url) for _ in range(STARTS)]
-                figures.append(restart_figure(f"{name}{suffix}", f"{name}{label}", starts, target))
+                floor = not suffix  # the main mix: a read floor after each start
+                progress(
+                    f"writing {plan.tasks:,} records to {name}{label}, then starting servers"
+                    + (" and reading the records alone" if floor else "")
+                )
+                # the same ids: overwrites
+                asyncio.run(fill(store_url, plan.tasks, spread_s, delayed))
+                starts: list[tuple[float, int, float]] = []
+                reads: list[tuple[float, int]] = []
+                for _ in range(plan.starts):
+                    starts.append(timed_start(store_url))
+                    if floor:
+                        reads.append(timed_read(name, store_url))
+                restart = restart_figure(f"{name}{suffix}", f"{name}{label}", starts, target)
+                figures.append(restart)
+                if floor:
+                    figures += floor_figures(name, restart, reads)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return Report(
         "recovery",
-        f"Restart: a fresh server loads {TASKS:,} tasks from the store",
+        f"Restart{' (quick)' if quick else ''}: a fresh server loads {plan.tasks:,} tasks"
+        " from the store",
         figures,
-        params={"tasks": TASKS},
+        params={
+            "quick": quick,
+            "tasks": plan.tasks,
+            "starts": plan.starts,
+            "read_batch": READ_BATCH,
+        },
         elapsed_s=time.perf_counter() - started,
     )

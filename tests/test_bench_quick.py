@@ -1,11 +1,12 @@
 """The bench harness end to end, in quick mode: real servers, tiny counts.
 
-``python -m bench --quick --json --results DIR compare wheel`` runs in a subprocess (as
-``make bench`` would, each section in its own interpreter); the test checks
-the JSON it prints and saves: every compare figure there with a positive
-value, the beanstalkd and Redis figures there when those are installed and
-the skip message in their place when not. Nothing about the figures' size is
-asserted: this is the harness's test, not the server's.
+``python -m bench --quick --json --results DIR SECTION ...`` (``SECTIONS``)
+runs in a subprocess (as ``make bench`` would, each section in its own
+interpreter); the test checks the JSON it prints and saves: every compare
+figure there with a positive value, the beanstalkd and Redis figures there
+when those are installed and the skip message in their place when not; the
+journal and recovery figures there, finite and positive. Nothing about the
+figures' size is asserted: this is the harness's test, not the server's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("compare", "wheel")  # the sections with a quick mode that is quick
+# the sections with a quick mode that is quick
+SECTIONS = ("compare", "wheel", "journal", "recovery")
 RUN_TIMEOUT_S = 240.0  # the quick run takes ~25 s here; slow CI machines get room
 
 ALWAYS = {
@@ -155,3 +157,41 @@ def test_the_wheel_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
     assert wheel["params"]["quick"] is True
     assert wheel["figures"]["insert_rate"]["value"] > 0
     assert wheel["figures"]["fire_rate"]["value"] > 0
+
+
+def stores_measured() -> list[str]:
+    """The stores the journal and recovery sections run on here (Redis when installed)."""
+    return ["sqlite", "redis"] if shutil.which("redis-server") is not None else ["sqlite"]
+
+
+def assert_finite_positive(figures: dict[str, Any]) -> None:
+    for key, figure in figures.items():
+        value = figure["value"]
+        assert math.isfinite(value) and value > 0, (key, value)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_the_journal_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    journal = quick_run[0]["sections"]["journal"]
+    assert journal["params"]["quick"] is True
+    figures: dict[str, Any] = journal["figures"]
+    kinds = ("adds", "batch_mean", "round_trips")
+    stores = ["memory", *stores_measured()]
+    assert set(figures) == {f"{kind}_{store}" for kind in kinds for store in stores}
+    assert_finite_positive(figures)
+    for store in stores:
+        assert figures[f"round_trips_{store}"]["target"] == {"op": "<=", "value": 1.0}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_recovery_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    recovery = quick_run[0]["sections"]["recovery"]
+    assert recovery["params"]["quick"] is True
+    figures: dict[str, Any] = recovery["figures"]
+    expected: set[str] = set()
+    for store in stores_measured():
+        expected |= {f"recovery_{store}{mix}_s" for mix in ("", "_hour", "_ready")}
+        expected |= {f"floor_{store}_s", f"recovery_{store}_vs_floor"}
+        assert figures[f"recovery_{store}_vs_floor"]["target"] == {"op": "<=", "value": 2.0}
+    assert set(figures) == expected
+    assert_finite_positive(figures)
