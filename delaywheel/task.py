@@ -154,6 +154,10 @@ class Task(Entry):
     def to_record(self) -> bytes:
         """The journal record: every field needed to rebuild the task but its
         id, which the store keeps as the record's key."""
+        ttr_s = self.ttr_s
+        # 60 packs in 1 byte, 60.0 in 9 (and a huge whole float stays a float).
+        if type(ttr_s) is float and ttr_s.is_integer() and -_INT_TTR_S < ttr_s < _INT_TTR_S:
+            ttr_s = int(ttr_s)
         return _pack_record(  # type: ignore[no-any-return]
             (
                 RECORD_VERSION,
@@ -162,9 +166,9 @@ class Task(Entry):
                 self.at_s,
                 self.created_s,
                 self.attempts,
-                self.ttr_s,
+                ttr_s,
                 self.max_attempts,
-                self.deadline_s,
+                self.deadline_s or 0,  # no reservation: 1 byte, not 9
                 self.body_packed,
             )
         )
@@ -204,7 +208,7 @@ class Task(Entry):
         task.at_s = at_s
         task.created_s = created_s
         task.attempts = attempts
-        task.ttr_s = ttr_s
+        task.ttr_s = float(ttr_s)  # an int in the record when whole
         task.max_attempts = max_attempts
         # Most tasks hold no reservation: they share one 0.0 instead of each
         # keeping its own float (a million of them after a start).
@@ -245,14 +249,14 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         ) = fields
     except ValueError:
         raise ValueError(f"a record of {len(fields)} fields, not 10") from None
-    if version != RECORD_VERSION or type(state_code) is not int:
+    if version not in _READ_VERSIONS or type(state_code) is not int:
         raise ValueError(f"unknown record version {version!r} or state {state_code!r}")
     if not 0 <= state_code < len(STATE_CODE):
         raise ValueError(f"unknown state {state_code!r}")
     if not (
         type(topic) is str
         and type(at_s) is float
-        and type(deadline_s) is float
+        and type(deadline_s) in _NUMBERS
         and type(body_packed) is bytes
         and type(attempts) is int
         and type(max_attempts) is int
@@ -268,13 +272,17 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes,
 # and keep reading the old one.
+#   v3: as v2; ttr and deadline are ints when whole (a record without a
+#       reservation is 16 bytes shorter: a tenth of one with a 100-byte body).
 #   v2: (2, topic, state code, at, created, attempts, ttr, max_attempts,
 #        deadline, body); the state code is its index in STATES.
 #   v1: (1, id, topic, state name, at, ...the rest as in v2).
 # Version 2 left out the id (the store's key already holds it) and names the
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
-RECORD_VERSION = 2
+RECORD_VERSION = 3
+_READ_VERSIONS = frozenset({2, 3})  # v2 reads as v3 does
+_INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
 # One Packer for every record (see validate._pack: a packb per record cost
 # 0.82 us against 0.24 us). Records are packed on the event loop's thread.
 _pack_record = msgpack.Packer(use_bin_type=True).pack

@@ -312,19 +312,31 @@ def test_a_record_gives_back_every_field(
     assert again.snapshot() == task.snapshot(), CHANGEABLE
 
 
+def test_a_record_holds_a_whole_ttr_and_no_deadline_as_ints() -> None:
+    task = Task("id-1", "t", T0 + 10, body_packed=b"\xc0", ttr_s=60.0, max_attempts=3, created_s=T0)
+    task.state = "delayed"
+    fields = msgpack.unpackb(task.to_record())
+    assert fields[0] == 3
+    assert (fields[6], fields[8]) == (60, 0)
+    assert (type(fields[6]), type(fields[8])) == (int, int)
+    task.ttr_s, task.deadline_s = 2.5, T0 + 5
+    fields = msgpack.unpackb(task.to_record())
+    assert (fields[6], fields[8]) == (2.5, T0 + 5)
+
+
 def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture) -> None:
     def record(**changes: Any) -> bytes:
-        """A version 2 record (the current format), with ``changes``."""
+        """A version 3 record (the current format), with ``changes``."""
         fields = {
-            "version": 2,
+            "version": 3,
             "topic": "t",
             "state": 0,  # delayed
             "at": T0 + 10,
             "created": T0,
             "attempts": 0,
-            "ttr": 60.0,
+            "ttr": 60,  # whole: an int since version 3
             "max_attempts": 3,
-            "deadline": 0.0,
+            "deadline": 0,
             "body": b"\xc0",
         }
         fields.update(changes)
@@ -354,6 +366,7 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
         "reserved": record(state=2, deadline=T0 + 5),
         "ready": record(state=1, at=T0),
         "v1-delayed": record_v1("v1-delayed"),
+        "v2-ready": record(version=2, state=1, at=T0, ttr=30.0, deadline=0.0),
         "far": record(at=T0 + 10_000.0),  # laps away: loaded packed
     }
 
@@ -371,7 +384,10 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
         assert engine.stats(T0)["tasks"] == len(good)
         assert engine.stats(T0)["wheel"]["packed"] == 1
         assert engine.get("far", T0)["at"] == T0 + 10_000.0  # type: ignore[index]
+        assert engine.get("delayed", T0)["ttr"] == 60.0  # type: ignore[index]
+        assert type(engine.get("delayed", T0)["ttr"]) is float  # type: ignore[index]
         assert engine.try_reserve(["t"], T0)["id"] == "ready"  # type: ignore[index]
+        assert engine.try_reserve(["t"], T0)["ttr"] == 30.0  # type: ignore[index]
         assert engine.advance(T0 + 5) == 1  # the reservation expires: ready again
         assert engine.advance(T0 + 10) == 1  # and the delayed task falls due
         assert engine.advance(T0 + 20) == 1  # and the one from a version 1 record
