@@ -180,6 +180,8 @@ def to_json(report: Report) -> dict[str, Any]:
 # Section name -> module exposing ``run(quick: bool = False) -> Report``. Runs in this order.
 SECTIONS: dict[str, str] = {
     "compare": "bench.compare",
+    "fire": "bench.fire",
+    "lateness": "bench.lateness",
     "wheel": "bench.wheel",
     "journal": "bench.journal",
     "recovery": "bench.recovery",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -97,11 +97,15 @@ def _drain(stream: IO[str]) -> None:
 
 @contextmanager
 def server_process(
-    store_url: str, start_log: list[str] | None = None
+    store_url: str, start_log: list[str] | None = None, args: Sequence[str] = ()
 ) -> Iterator[tuple[int, tuple[str, int]]]:
-    """``running_server``, yielding (pid, (host, port)): for sections that watch the process."""
+    """``running_server``, yielding (pid, (host, port)): for sections that watch the process.
+
+    ``args`` are more ``serve`` options, e.g. ``("--tick", "0.01")``.
+    """
+    command = [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url],
+        [*command, *args],
         stderr=subprocess.PIPE,
         text=True,
     )

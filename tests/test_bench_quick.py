@@ -5,7 +5,8 @@ runs in a subprocess (as ``make bench`` would, each section in its own
 interpreter); the test checks the JSON it prints and saves: every compare
 figure there with a positive value, the beanstalkd and Redis figures there
 when those are installed and the skip message in their place when not; the
-journal and recovery figures there, finite and positive. Nothing about the
+fire, lateness, journal and recovery figures there, finite and positive (the
+lateness section's early count an int, 0 allowed). Nothing about the
 figures' size is asserted: this is the harness's test, not the server's.
 """
 
@@ -24,8 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # the sections with a quick mode that is quick
-SECTIONS = ("compare", "wheel", "journal", "recovery")
-RUN_TIMEOUT_S = 240.0  # the quick run takes ~25 s here; slow CI machines get room
+SECTIONS = ("compare", "fire", "lateness", "wheel", "journal", "recovery")
+RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
 ALWAYS = {
     "echo_ping_rate",
@@ -195,3 +196,37 @@ def test_recovery_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> No
         assert figures[f"recovery_{store}_vs_floor"]["target"] == {"op": "<=", "value": 2.0}
     assert set(figures) == expected
     assert_finite_positive(figures)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_the_fire_burst_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    fire = quick_run[0]["sections"]["fire"]
+    assert fire["params"]["quick"] is True
+    figures: dict[str, Any] = fire["figures"]
+    assert set(figures) == {"made_ready_rate", "burst_ms", "stall_ms"}
+    assert_finite_positive(figures)
+    for figure in figures.values():
+        assert len(figure["runs"]) == fire["params"]["runs"]
+    assert figures["made_ready_rate"]["target"] == {"op": ">=", "value": 200_000}
+    assert figures["stall_ms"]["target"] == {"op": "<=", "value": 20}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_lateness_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    lateness = quick_run[0]["sections"]["lateness"]
+    params = lateness["params"]
+    assert params["quick"] is True
+    assert params["received"] + params["missing"] == params["tasks"]
+    figures: dict[str, Any] = dict(lateness["figures"])
+    early = figures.pop("early")
+    assert isinstance(early["value"], int) and early["value"] >= 0, early
+    assert early["target"] == {"op": "<=", "value": 0}
+    assert set(figures) == {
+        "lateness_p50_ms",
+        "lateness_p99_ms",
+        "lateness_max_ms",
+        "load_add_rate",
+    }
+    assert_finite_positive(figures)
+    assert figures["lateness_p99_ms"]["target"] == {"op": "<=", "value": 15}
+    assert figures["lateness_max_ms"]["target"] == {"op": "<=", "value": 50}
