@@ -251,6 +251,24 @@ def test_a_task_changed_while_its_add_is_written_is_not_packed_as_added(
     asyncio.run(main())
 
 
+def test_a_task_whose_window_came_closer_while_its_add_was_written_is_scheduled() -> None:
+    """Added due after the next window, it waits out of the wheel; if time
+    moves on before the add is durable, packing it would miss its decoding
+    time, so it is scheduled in the wheel instead, and fires when due."""
+
+    async def scenario(engine: Engine) -> None:
+        add_delays(engine, {"soon-enough": 20})  # T0 + 20: packable at T0
+        assert engine.stats(T0)["wheel"]["pending"] == 0  # waiting for the store
+        assert engine.advance(T0 + 10) == 0  # before the journal's write starts
+        await engine.journal.drain()
+        assert packed_count(engine) == 0
+        assert engine.stats(T0 + 10)["wheel"]["pending"] == 1
+        assert engine.advance(T0 + 19.5) == 0
+        assert engine.advance(T0 + 20) == 1
+
+    running(scenario)
+
+
 def test_a_task_packed_at_run_time_fires_on_time_and_lists() -> None:
     async def scenario(engine: Engine) -> None:
         add_delays(engine, DELAYS)
