@@ -41,8 +41,8 @@ from itertools import islice
 from typing import Any
 
 from bench import Figure, Report, Target, progress
+from bench._loads import ADD_MANY_BATCH, BODY, Address, dw_client
 from bench._procs import server_process
-from bench.compare import ADD_MANY_BATCH, BODY, Address, dw_client
 
 TOPIC = "burst"
 LEAD_S = 1.5  # from the fill's expected end to the due time

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 from bench import Figure, Report, Target, progress
+from bench._loads import BODY, DELAY_S, Address, client_process, dw_client, warm_up
 from bench._procs import server_process
-from bench.compare import BODY, DELAY_S, Address, _idle, client_process, dw_client
 from bench.fire import add_in_batches
 
 TOPIC = "due"
@@ -99,7 +99,7 @@ def run(quick: bool = False) -> Report:
         ProcessPoolExecutor(plan.producers, mp_context=spawn) as pool,
     ):
         progress(f"starting {plan.producers} producer processes")
-        for future in [pool.submit(_idle) for _ in range(plan.producers)]:
+        for future in [pool.submit(warm_up) for _ in range(plan.producers)]:
             future.result()
         opens_s = time.time() + LEAD_S
         closes_s = opens_s + plan.span_s
