@@ -88,9 +88,8 @@ def consume(address: Address, count: int, until_s: float, lateness: list[float])
             client.ack(task["id"])
 
 
-def run(quick: bool = False) -> Report:
-    started = time.perf_counter()
-    plan = QUICK if quick else FULL
+def measure(plan: Plan) -> tuple[list[float], float]:
+    """One pass: every lateness seen (s), and the producers' total add rate."""
     rng = random.Random(SEED)
     lateness: list[float] = []
     spawn = get_context("spawn")
@@ -131,6 +130,13 @@ def run(quick: bool = False) -> Report:
         results = [share.result() for share in shares]
     adds = sum(ops for ops, _, _ in results)
     add_s = max(end for _, _, end in results) - min(begin for _, begin, _ in results)
+    return lateness, adds / add_s
+
+
+def run(quick: bool = False) -> Report:
+    started = time.perf_counter()
+    plan = QUICK if quick else FULL
+    lateness, add_rate = measure(plan)
     if not lateness:
         raise RuntimeError("no due task reached a consumer")
     ordered = sorted(lateness)
@@ -169,7 +175,7 @@ def run(quick: bool = False) -> Report:
         Figure(
             "load_add_rate",
             f"load: {plan.producers} processes adding",
-            adds / add_s,
+            add_rate,
             "/s",
             note=f"add one call at a time, due in {DELAY_S:,} s; total rate",
         ),
