@@ -22,6 +22,7 @@ ready; handing it over is itself a journaled change.
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import AsyncIterator, Mapping
 from itertools import count
@@ -84,8 +85,10 @@ class Engine:
         self._counts = TaskCounts()
         self._packed = PackedTasks(min(WINDOW_S, slots * tick_s))
         # Server-made ids: a random per-process prefix and a counter (unique
-        # across restarts without a round trip, and cheap to make).
-        self._id_prefix = os.urandom(6).hex()
+        # across restarts without a round trip, and cheap to make). 40 bits in
+        # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
+        # a str object of 64 bytes, not the 80 that a 17-character id takes.
+        self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
 
     # -- where a task lives --------------------------------------------------
