@@ -46,6 +46,7 @@ ALWAYS = {
     "add8_memory_rate",
     "add8_sqlite_rate",
     "memory_added_bytes",
+    "memory_added_sqlite_bytes",
     "memory_loaded_bytes",
 }
 WITH_REDIS = {
@@ -69,6 +70,7 @@ WITH_BEANSTALKD = {
     "add8_sqlite_vs_bs_binlog",
     "bs_memory_bytes",
     "memory_added_vs_bs",
+    "memory_added_sqlite_vs_bs",
     "memory_loaded_vs_bs",
 }
 WITH_BOTH = {"add_redis_vs_bs_binlog", "add8_redis_vs_bs_binlog"}
