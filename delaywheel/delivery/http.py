@@ -1,0 +1,314 @@
+"""HTTP targets: the target map checked at ``add``, and the sender.
+
+``check_target`` turns a client's ``{"type": "http", ...}`` map into the one
+the task keeps, every field present, or refuses it with ``bad_request``
+naming the field. The destination must pass ``AllowList.check_url``.
+
+``HttpSender`` makes the requests. How it works, and what it assumes:
+
+- One ``aiohttp.ClientSession`` for every delivery, created at the first
+  send (it must be made inside the running loop), so connections to a
+  receiver are reused. A semaphore bounds the requests in flight to
+  ``concurrency``; deliveries over it wait for a slot, and a target's
+  ``timeout`` (aiohttp's total timeout: connect, send, answer) starts only
+  once it has one, since the wait is our backlog, not the receiver's.
+- The destination is checked again at every attempt. For a host name, the
+  session's resolver (``allow.CheckedResolver``) drops every address the
+  allow list refuses, so the connection is only ever made to a checked
+  address, whatever DNS says this time (DNS rebinding). aiohttp calls no
+  resolver for an IP-literal host, so ``send`` checks the URL itself first
+  (``check_url`` decides an IP literal fully). The list may have changed
+  since ``add``: the server may have restarted with other settings.
+- No proxy from the environment (``trust_env=False``): the connection would
+  go to the proxy and the address check would mean nothing. No cookies kept
+  (``DummyCookieJar``): one receiver's cookies must not reach another.
+- Redirects are not followed: a 3xx is a failed attempt like any non-2xx
+  (following one would also be a way around the allow list).
+- The body goes out with every method but GET: a GET with content has no
+  defined meaning (RFC 9110, 9.3.1) and some servers and proxies refuse it.
+  A GET carries no Content-Type, and its signature covers the empty body.
+  A task's own ``Content-Type`` header wins over the body's default one.
+- The status decides the attempt. The answer's body is then read up to
+  ``DRAIN_BYTES`` and discarded, so that the connection goes back to the
+  pool; a longer, failing or stalling one only costs its connection.
+- ``send`` raises ``DeliveryFailed`` for every failure, with a message that
+  shows the URL without its query string (which may hold a token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import re
+import time
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from delaywheel import __version__
+from delaywheel.delivery import body
+from delaywheel.delivery.allow import AllowList, CheckedResolver, DestinationRefused
+from delaywheel.delivery.base import Delivery, DeliveryFailed
+from delaywheel.validate import bad, known_fields, number, show
+
+FIELDS = frozenset({"type", "url", "method", "headers", "timeout"})
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+DEFAULT_METHOD = "POST"
+DEFAULT_TIMEOUT_S = 10.0
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 300.0
+MAX_URL_CHARS = 2048  # what browsers and most servers take without trouble
+# Common servers (nginx, Apache) refuse a header line over 8 KiB; 50 headers
+# is far more than a callback needs, so more is a mistake.
+MAX_HEADERS = 50
+MAX_HEADER_VALUE_CHARS = 8192
+DEFAULT_CONCURRENCY = 64
+DRAIN_BYTES = 64 * 1024  # read to reuse the connection; past this, closing it is cheaper
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # CTLs but HTAB: never in a field value
+_URL_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]")  # a URL never holds spaces or CTLs
+# The server sets these (framing, the connection) or they change how the
+# request is made; a task cannot.
+_RESERVED = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+     "trailer", "upgrade", "proxy-connection", "expect"}
+)  # fmt: skip
+_OURS = "delaywheel-"
+
+
+def check_target(value: Any, allow: AllowList) -> dict[str, Any]:
+    """The HTTP target as the task keeps it; ``bad_request`` naming the field."""
+    fields = known_fields("target", value, FIELDS)
+    if fields.get("type") != "http":
+        raise bad(f"target.type must be 'http', got {show(fields.get('type'))}")
+    method = fields.get("method", DEFAULT_METHOD)
+    if type(method) is not str or method.upper() not in METHODS:
+        raise bad(f"target.method must be one of {', '.join(METHODS)}, got {show(method)}")
+    timeout_s = fields.get("timeout", DEFAULT_TIMEOUT_S)
+    return {
+        "type": "http",
+        "url": _check_url(fields.get("url"), allow),
+        "method": method.upper(),
+        "headers": _check_headers(fields.get("headers", {})),
+        "timeout": number("target.timeout", timeout_s, low=MIN_TIMEOUT_S, high=MAX_TIMEOUT_S),
+    }
+
+
+def _check_url(value: Any, allow: AllowList) -> str:
+    if value is None:
+        raise bad("target has no url")
+    if type(value) is not str or not value:
+        raise bad(f"target.url must be an http or https URL (str), got {show(value)}")
+    if len(value) > MAX_URL_CHARS:
+        raise bad(f"target.url is {len(value)} characters, over {MAX_URL_CHARS}: {show(value)}")
+    if _URL_BAD_CHARS.search(value):
+        raise bad(f"target.url has a space or control character: {show(value)}")
+    try:
+        url = URL(value)
+        port = url.explicit_port  # yarl checks the range only when asked
+    except ValueError as exc:
+        raise bad(f"target.url {show(value)} is not a URL: {exc}") from None
+    if url.scheme not in ("http", "https"):
+        raise bad(f"target.url must be http or https, got {show(value)}")
+    if url.raw_user is not None or url.raw_password is not None:
+        # Credentials in a URL end up in logs; headers (Authorization) are the place.
+        raise bad(f"target.url holds credentials; send them in headers: {show(_shown(url))}")
+    if port == 0:
+        raise bad(f"target.url has port 0: {show(value)}")
+    try:
+        allow.check_url(url)
+    except ValueError as exc:
+        raise bad(f"target.url {show(_shown(url))}: {exc}") from None
+    return value
+
+
+def _check_headers(value: Any) -> dict[str, str]:
+    if type(value) is not dict:
+        raise bad(f"target.headers must be a map of str to str, got {show(value)}")
+    if len(value) > MAX_HEADERS:
+        raise bad(f"target.headers has {len(value)} headers, over {MAX_HEADERS}")
+    seen: set[str] = set()
+    for name, text in value.items():
+        if type(name) is not str or not _TOKEN.fullmatch(name):
+            raise bad(f"target.headers name {show(name)} is not an HTTP token")
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith(_OURS):
+            raise bad(f"target.headers cannot set {show(name)}: the server sets it")
+        if lowered in seen:
+            raise bad(f"target.headers has {show(name)} twice (names are case-insensitive)")
+        seen.add(lowered)
+        if type(text) is not str or _CONTROL.search(text) or len(text) > MAX_HEADER_VALUE_CHARS:
+            raise bad(
+                f"target.headers {name} must be a str of at most {MAX_HEADER_VALUE_CHARS} "
+                f"characters without CR, LF or other control characters, got {show(text)}"
+            )
+    return dict(value)
+
+
+def _shown(url: URL) -> str:
+    """The URL for a message: no query string, fragment or credentials."""
+    bare = url.with_query(None).with_fragment(None)
+    return str(bare.with_user(None) if bare.raw_user or bare.raw_password else bare)
+
+
+def signature(secret: bytes, payload: bytes, t_s: int) -> str:
+    """``Delaywheel-Signature``: HMAC-SHA256 over ``"<t>."`` and the raw body."""
+    mac = hmac.new(secret, f"{t_s}.".encode() + payload, hashlib.sha256).hexdigest()
+    return f"t={t_s},v1={mac}"
+
+
+class HttpSender:
+    """Delivers to HTTP targets (``base.Sender``)."""
+
+    def __init__(
+        self,
+        allow: AllowList,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        signing_secret: str | bytes | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self._allow = allow
+        self._concurrency = concurrency
+        if isinstance(signing_secret, str):
+            signing_secret = signing_secret.encode()
+        self._secret = signing_secret
+        self._slots = asyncio.Semaphore(concurrency)
+        self._waiting = 0
+        self._in_flight = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._resolver: CheckedResolver | None = None
+        self._closed = False
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "in_flight": self._in_flight,
+            "waiting": self._waiting,
+            "concurrency": self._concurrency,
+        }
+
+    async def close(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        if self._resolver is not None:
+            await self._resolver.close()  # the connector closes only a resolver it made
+
+    async def send(self, delivery: Delivery) -> None:
+        url, method, headers, payload = self._request(delivery)
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._in_flight += 1
+        try:
+            if self._secret is not None:  # signed once it has a slot, so t is when it goes
+                signed = signature(self._secret, payload or b"", int(time.time()))
+                headers["Delaywheel-Signature"] = signed
+            await self._attempt(method, url, headers, payload, float(delivery.target["timeout"]))
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
+
+    def _request(self, delivery: Delivery) -> tuple[URL, str, CIMultiDict[str], bytes | None]:
+        target = delivery.target
+        try:
+            url = URL(target["url"])
+        except ValueError as exc:
+            raise DeliveryFailed(f"the target's url is not a URL: {exc}") from None
+        try:
+            # An IP literal never reaches the resolver: this is its check at the attempt.
+            self._allow.check_url(url)
+        except ValueError as exc:
+            raise DeliveryFailed(f"refused {_shown(url)}: {exc}") from None
+        try:
+            payload, content_type = body.encode(delivery.body_packed)
+        except (TypeError, ValueError) as exc:  # checked at add: a record from elsewhere
+            raise DeliveryFailed(f"the body cannot be sent: {exc}") from None
+        method: str = target["method"]
+        headers: CIMultiDict[str] = CIMultiDict(target["headers"])
+        if method == "GET":
+            payload = b""
+        else:
+            headers.setdefault("Content-Type", content_type)
+        for name, text in (("Id", delivery.task_id), ("Topic", delivery.topic)):
+            if _CONTROL.search(text):
+                raise DeliveryFailed(f"the task's {name.lower()} cannot be an HTTP header value")
+            headers[f"Delaywheel-{name}"] = text
+        headers["Delaywheel-Attempt"] = str(delivery.attempt)
+        return url, method, headers, (None if method == "GET" else payload)
+
+    async def _attempt(
+        self,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        payload: bytes | None,
+        timeout_s: float,
+    ) -> None:
+        shown = _shown(url)
+        try:
+            async with self._get_session().request(
+                method,
+                url,
+                headers=headers,
+                data=payload,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as response:
+                await _drain(response)
+                status = response.status
+        except asyncio.TimeoutError:  # aiohttp's timeouts are ClientErrors too: first
+            raise DeliveryFailed(f"timed out after {timeout_s:g} s waiting for {shown}") from None
+        except aiohttp.ClientConnectorError as exc:
+            refused = isinstance(exc.os_error, DestinationRefused)
+            what = "refused" if refused else "cannot connect to"
+            raise DeliveryFailed(f"{what} {shown}: {_reason(exc.os_error, url)}") from None
+        except Exception as exc:  # send raises DeliveryFailed only, whatever aiohttp does
+            raise DeliveryFailed(f"request to {shown} failed: {_reason(exc, url)}") from None
+        if not 200 <= status < 300:
+            note = " (redirects are not followed)" if 300 <= status < 400 else ""
+            raise DeliveryFailed(f"HTTP {status} from {shown}{note}")
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise DeliveryFailed("the HTTP sender is closed (the server is stopping)")
+        if self._session is None:
+            self._resolver = CheckedResolver(self._allow, aiohttp.ThreadedResolver())
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(resolver=self._resolver, limit=self._concurrency),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+                auto_decompress=False,  # the answer is discarded: never inflate it
+                headers={"User-Agent": f"delaywheel/{__version__}"},
+            )
+        return self._session
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read and drop up to DRAIN_BYTES of the answer; the answer already
+    decided the attempt, so a failure here only costs the connection."""
+    left = DRAIN_BYTES
+    try:
+        while left > 0:
+            chunk = await response.content.read(min(left, 16 * 1024))
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        pass
+    response.close()  # not at the end of the answer: the connection cannot be reused
+
+
+def _reason(exc: BaseException, url: URL) -> str:
+    # A ClientResponseError's str() holds the full URL; its message does not.
+    text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    if url.raw_query_string:
+        text = text.replace(url.raw_query_string, "...")
+    return text or type(exc).__name__
