@@ -172,14 +172,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 _redis_dbs = itertools.cycle(range(1, REDIS_DATABASES))
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """``redis://127.0.0.1:PORT/N``: a database of the private server, this test's alone."""
+def _fresh_database_url(redis_server: RedisServer) -> str:
     redis_server.start()
     db = next(_redis_dbs)
     with redis_server.client(db) as client:
         client.flushdb()
     return f"redis://127.0.0.1:{redis_server.port}/{db}"
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """``redis://127.0.0.1:PORT/N``: a database of the private server, this test's alone."""
+    return _fresh_database_url(redis_server)
 
 
 # -- a private Redis Cluster (owner: store) --------------------------------------
@@ -287,3 +291,15 @@ def client(server: ServerProcess) -> Iterator[Client]:
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic no other test uses, so tests can share a server."""
     return f"topic-{request.node.name}"
+
+
+# -- a Redis database for a module's own server (owner: client targets) ----------
+#
+# `redis_url` is per test; a module that starts one server for all its tests on
+# a Redis store takes `module_redis_url`, a database drawn from the same cycle,
+# so no `redis_url` test is handed it while the module runs.
+
+
+@pytest.fixture(scope="module")
+def module_redis_url(redis_server: RedisServer) -> str:
+    return _fresh_database_url(redis_server)

@@ -17,9 +17,19 @@ Quick start::
 
 ``AsyncClient`` (``await AsyncClient.connect(...)``) has the same methods as coroutines;
 ``Client.pipeline()`` batches many calls into one write. Errors are in ``errors``: one
-class per protocol error code under ``DelaywheelError``.
+class per protocol error code under ``DelaywheelError``. ``targets`` builds the maps
+``target=`` takes, to deliver a due task somewhere other than its topic's ready queue::
+
+    from delaywheel_client import targets
+
+    dw.add("invoices", {"invoice": 7}, delay=3600,
+           target=targets.http("https://billing.example.com/hooks/due"))
+    dw.add("emails", {"to": "a@example.com"}, target=targets.redis_list("emails"))
+
+(``http``, ``redis_list``, ``redis_stream``, ``amqp``, ``nats``, and ``QUEUE``, the default.)
 """
 
+from delaywheel_client import targets
 from delaywheel_client.aio import AsyncClient, AsyncPipeline
 from delaywheel_client.client import Client, Pipeline
 from delaywheel_client.errors import (
@@ -61,4 +71,5 @@ __all__ = [
     "Worker",
     "__version__",
     "error_from",
+    "targets",
 ]

@@ -1,7 +1,8 @@
 """Managing tasks: ``add``, ``update``, ``delete``, ``get`` and ``list``.
 
-``add`` and ``update`` share the time, body and task options; ``_as_changes`` folds
-the ones given into the one map of fields the client sends.
+``add`` and ``update`` share the time, body, task and target options (the target ones
+are in ``targets``); ``_as_changes`` folds the ones given into the one map of fields the
+client sends.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from delaywheel.cli.env import Env, client_command, task_id_argument
 from delaywheel.cli.errors import missing_is, not_found
 from delaywheel.cli.output import from_json, task_table, task_text, when_text
 from delaywheel.cli.params import DURATION, WHEN
+from delaywheel.cli.targets import target_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,11 +57,7 @@ def _body_options(func: F) -> F:
 
 
 def _task_options(func: F) -> F:
-    func = click.option(
-        "--target",
-        metavar="JSON",
-        help='Delivery target map, e.g. {"type": "http", "url": "https://..."}.',
-    )(func)
+    func = target_options(func)
     func = click.option(
         "--max-attempts", type=click.IntRange(min=1), help="Deliveries before the task is dead."
     )(func)
@@ -95,7 +93,7 @@ def _changes(
     body: Any,
     ttr: float | None,
     max_attempts: int | None,
-    target: str | None,
+    target: dict[str, Any] | None,
 ) -> dict[str, Any]:
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
@@ -110,9 +108,8 @@ def _changes(
         fields["ttr"] = ttr
     if max_attempts is not None:
         fields["max_attempts"] = max_attempts
-    parsed_target = _json_option(target, "--target")
-    if parsed_target is not _UNSET:
-        fields["target"] = parsed_target
+    if target is not None:
+        fields["target"] = target
     return fields
 
 
@@ -129,7 +126,7 @@ def _as_changes(func: Callable[..., None]) -> Callable[..., None]:
         json_body: str | None,
         ttr: float | None,
         max_attempts: int | None,
-        target: str | None,
+        target: dict[str, Any] | None,
         **kwargs: Any,
     ) -> None:
         changes = _changes(delay, at, _body(body, body_file, json_body), ttr, max_attempts, target)
