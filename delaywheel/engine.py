@@ -14,6 +14,10 @@ from the stored record and the clock alone: a restart loads the record
 into the wheel at the same time, which fires at once and makes the same
 move, so writing them would cost a store write per fired task for nothing.
 
+A task with an HTTP or broker target is not made ready when due: ``_fire``
+hands it to ``Attempts`` (``delaywheel.attempts``), which journals the
+attempt, sends it once durable and journals its outcome, all through ``_move``.
+
 Methods take ``now_s`` instead of reading a clock. Mutating methods return at
 once; the server holds their replies until ``journal.pending()`` is durable.
 A blocked ``reserve`` is a ``Waiter`` that gets its task when one becomes
@@ -24,11 +28,14 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from itertools import count
 from typing import Any
 
 from delaywheel import __version__, validate
+from delaywheel.attempts import Attempts, RetryPolicy
+from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.targets import TargetRules
 from delaywheel.errors import RequestError
 from delaywheel.index import TaskCounts, TaskIndex
 from delaywheel.journal import Journal
@@ -39,6 +46,7 @@ from delaywheel.store.base import Store
 from delaywheel.task import (
     DEAD,
     DELAYED,
+    DELIVERING,
     GONE,
     IN_WHEEL,
     NEW,
@@ -74,12 +82,16 @@ class Engine:
         slots: int = 3600,
         tick_s: float = 1.0,
         limits: Limits | None = None,
+        targets: TargetRules | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
+        self.targets = targets or TargetRules()
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
         self.journal = Journal(store, self._rollback, durable=self._durable)
+        self.attempts = Attempts(self._move, self.journal, self.wheel, retry or RetryPolicy())
         self.started_s = now_s
         self._tasks = TaskIndex(self._thaw)
         self._counts = TaskCounts()
@@ -106,6 +118,8 @@ class Engine:
             self.queues.push_ready(task)
         elif state == DEAD:
             self.queues.push_dead(task)
+        elif state == DELIVERING:
+            self.attempts.delivering[task.id] = task
         else:
             return False
         return True
@@ -119,6 +133,8 @@ class Engine:
             self.queues.drop_ready(task)
         elif state == DEAD:
             self.queues.drop_dead(task)
+        elif state == DELIVERING:
+            del self.attempts.delivering[task.id]
         else:
             return
         self._counts.remove(task.topic, state)
@@ -146,6 +162,9 @@ class Engine:
         """A task whose timer the wheel fired: ``_move`` without the journal
         (see the module docstring). The wheel has unscheduled it already."""
         if task.state == DELAYED:
+            if task.target is not None:
+                self.attempts.begin(task)
+                return
             event, to = "due", READY
         else:  # a reservation's TTR ran out
             event, to = "expire", DEAD if task.attempts >= task.max_attempts else READY
@@ -200,6 +219,11 @@ class Engine:
             task_id = f"{self._id_prefix}{next(self._id_counter):x}"
         elif task_id in self._tasks:
             raise RequestError("exists", f"a task with id {task_id!r} already exists")
+        target = None
+        if new.target is not None:
+            target = self.targets.check(
+                new.target, new.body_packed, task_id=new.id, topic=new.topic
+            )
         task = Task(
             task_id,
             new.topic,
@@ -208,9 +232,12 @@ class Engine:
             ttr_s=new.ttr_s,
             max_attempts=new.max_attempts,
             created_s=now_s,
+            target=target,
         )
         self._tasks.add(task)
-        self._move(task, "add", DELAYED if new.at_s > now_s else READY)
+        # A targeted task due now is delayed all the same: the next tick sends it.
+        due_later = new.at_s > now_s or target is not None
+        self._move(task, "add", DELAYED if due_later else READY)
         return task
 
     def _added(self, task: Task) -> dict[str, Any]:
@@ -222,11 +249,24 @@ class Engine:
         changes = validate.changes(fields, now_s, self.limits)
         # Changes' fields are named as the task's: the ones given become them.
         new = {name: value for name, value in vars(changes).items() if value is not None}
+        if changes.target is not None or (task.target and (changes.body_packed or changes.topic)):
+            # Checked against the task it will be (a new body must suit the target).
+            target = task.target if changes.target is None else changes.target
+            assert target is not None
+            new["target"] = self.targets.check(
+                target,
+                new.get("body_packed", task.body_packed),
+                task_id=task.id,
+                topic=new.get("topic", task.topic),
+            )
         to = task.state
         if changes.at_s is not None:
             to = DELAYED if changes.at_s > now_s else READY
             if task.state == DEAD:
                 new["attempts"] = 0  # a dead task given a new time starts afresh
+        if to == READY and new.get("target", task.target) is not None:
+            to = DELAYED  # a targeted task is never ready: due now, the next tick sends it
+            new.setdefault("at_s", now_s)
         self._move(task, "update", to, **new)
         self._serve_waiters(now_s)
         return self.describe(task)
@@ -311,7 +351,10 @@ class Engine:
             raise bad(f"count must be an int >= 1, got {validate.show(count_)}")
         kicked = self.queues.oldest_dead(name, count_)
         for task in kicked:
-            self._move(task, "kick", READY, attempts=0)
+            if task.target is None:
+                self._move(task, "kick", READY, attempts=0)
+            else:  # due now: the next tick sends it
+                self._move(task, "kick", DELAYED, attempts=0, at_s=now_s)
         self._serve_waiters(now_s)
         return len(kicked)
 
@@ -363,6 +406,16 @@ class Engine:
         if fire_s is None or thaw_s is None:
             return thaw_s if fire_s is None else fire_s
         return min(fire_s, thaw_s)
+
+    # -- deliveries --------------------------------------------------------------
+
+    def start_deliveries(self, deliver: Callable[[Delivery], None]) -> None:
+        """Send targeted tasks' attempts through ``deliver`` (``delaywheel.attempts``)."""
+        self.attempts.start(deliver)
+
+    def delivered(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
+        """The outcome of a delivery attempt: None for delivered, else why it failed."""
+        self.attempts.outcome(task_id, attempt, error, now_s)
 
     # -- waiters -----------------------------------------------------------------
 

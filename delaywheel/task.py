@@ -3,8 +3,13 @@
 A task lives in exactly one place, chosen by its state: ``delayed`` and
 ``reserved`` tasks sit in the wheel (at their due time and their TTR deadline),
 ``ready`` tasks in their topic's ready queue, ``dead`` tasks in their topic's
-dead list. ``new`` and ``gone`` are the pseudo-states before ``add`` and after
-``ack``/``delete``: such a task is nowhere.
+dead list, ``delivering`` tasks (an HTTP or broker target's attempt in flight)
+in the engine's set of deliveries. ``new`` and ``gone`` are the pseudo-states
+before ``add`` and after ``ack``/``delete``: such a task is nowhere.
+
+A task with a ``target`` (HTTP, a broker) never becomes ``ready``: when due it
+is ``delivering``, and the attempt's outcome makes it ``gone`` (delivered),
+``delayed`` again (its next try) or ``dead``.
 
 The body is kept packed (MessagePack bytes): it is packed anyway to check its
 size and to journal it, and most tasks are never read before they are due.
@@ -47,7 +52,10 @@ TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
     (RESERVED, "release"): frozenset({DELAYED, READY, DEAD}),
     (RESERVED, "expire"): frozenset({READY, DEAD}),
     (RESERVED, "touch"): frozenset({RESERVED}),
-    (DEAD, "kick"): frozenset({READY}),
+    (DELAYED, "deliver"): frozenset({DELIVERING}),  # a targeted task fell due
+    (DELIVERING, "delivered"): frozenset({GONE}),
+    (DELIVERING, "fail"): frozenset({DELAYED, DEAD}),  # its next try, or no tries left
+    (DEAD, "kick"): frozenset({READY, DELAYED}),  # delayed: a targeted task, due now
     (DELAYED, "update"): frozenset({DELAYED, READY}),
     (READY, "update"): frozenset({DELAYED, READY}),
     (DEAD, "update"): frozenset({DELAYED, READY, DEAD}),
@@ -65,6 +73,8 @@ CHANGEABLE = (
     "max_attempts",
     "attempts",
     "deadline_s",
+    "target",
+    "last_error",
 )
 _snapshot = attrgetter(*CHANGEABLE)
 
@@ -96,10 +106,12 @@ class Task(Entry):
         "created_s",
         "deadline_s",
         "id",
+        "last_error",
         "max_attempts",
         "queue_seq",
         "seq",
         "state",
+        "target",
         "topic",
         "ttr_s",
     )
@@ -117,6 +129,7 @@ class Task(Entry):
         attempts: int = 0,
         state: str = NEW,
         deadline_s: float = 0.0,
+        target: dict[str, Any] | None = None,
     ) -> None:
         # Entry's own fields, set here rather than through super().__init__():
         # this runs once per add, and the call costs as much as the rest.
@@ -132,6 +145,8 @@ class Task(Entry):
         self.attempts = attempts
         self.state = state
         self.deadline_s = deadline_s
+        self.target = target  # None: the ready queue (most tasks; no dict each)
+        self.last_error: str | None = None  # why the last delivery attempt failed
         self.seq = 0  # creation order, for list paging
         self.queue_seq = -1  # ready-queue membership ticket; -1 when not queued
 
@@ -170,6 +185,8 @@ class Task(Entry):
                 self.max_attempts,
                 self.deadline_s or 0,  # no reservation: 1 byte, not 9
                 self.body_packed,
+                self.target,
+                self.last_error,
             )
         )
 
@@ -198,6 +215,8 @@ class Task(Entry):
             max_attempts,
             deadline_s,
             body_packed,
+            target,
+            last_error,
         ) = fields
         task = cls.__new__(cls)
         task._home = None
@@ -214,6 +233,8 @@ class Task(Entry):
         # keeping its own float (a million of them after a start).
         task.deadline_s = deadline_s or 0.0
         task.body_packed = body_packed
+        task.target = target
+        task.last_error = last_error
         task.seq = 0
         task.queue_seq = -1
         return task
@@ -234,6 +255,8 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         raise ValueError(f"not a record: {fields!r:.80}")
     if len(fields) == 11 and fields[0] == 1:
         fields = _fields_of_v1(task_id, fields)
+    if len(fields) == 10 and fields[0] in (2, 3):
+        fields = (*fields, None, None)  # before v4: a queue task, no error
     try:
         (
             version,
@@ -246,9 +269,11 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
             max_attempts,
             deadline_s,
             body_packed,
+            target,
+            last_error,
         ) = fields
     except ValueError:
-        raise ValueError(f"a record of {len(fields)} fields, not 10") from None
+        raise ValueError(f"a record of {len(fields)} fields, not 12") from None
     if version not in _READ_VERSIONS or type(state_code) is not int:
         raise ValueError(f"unknown record version {version!r} or state {state_code!r}")
     if not 0 <= state_code < len(STATE_CODE):
@@ -262,6 +287,8 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         and type(max_attempts) is int
         and type(ttr_s) in _NUMBERS
         and type(created_s) in _NUMBERS
+        and (target is None or (type(target) is dict and type(target.get("type")) is str))
+        and (last_error is None or type(last_error) is str)
     ):
         raise ValueError("a field has the wrong type")
     if not (_isfinite(at_s) and _isfinite(deadline_s)):
@@ -272,6 +299,8 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes,
 # and keep reading the old one.
+#   v4: as v3, then the target (nil: the ready queue) and the last delivery
+#       error (nil: none); 2 bytes more for a queue task.
 #   v3: as v2; ttr and deadline are ints when whole (a record without a
 #       reservation is 16 bytes shorter: a tenth of one with a 100-byte body).
 #   v2: (2, topic, state code, at, created, attempts, ttr, max_attempts,
@@ -280,8 +309,8 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # Version 2 left out the id (the store's key already holds it) and names the
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
-RECORD_VERSION = 3
-_READ_VERSIONS = frozenset({2, 3})  # v2 reads as v3 does
+RECORD_VERSION = 4
+_READ_VERSIONS = frozenset({2, 3, 4})  # v2 and v3 read as v4 without its last two fields
 _INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
 # One Packer for every record (see validate._pack: a packb per record cost
 # 0.82 us against 0.24 us). Records are packed on the event loop's thread.
@@ -308,7 +337,7 @@ def _fields_of_v1(task_id: str, fields: tuple[Any, ...]) -> tuple[Any, ...]:
     code = STATE_CODE.get(state) if type(state) is str else None
     if code is None:
         raise ValueError(f"unknown state {state!r}")
-    return (RECORD_VERSION, topic, code, *rest)
+    return (RECORD_VERSION, topic, code, *rest, None, None)
 
 
 _QUEUE_TARGET = {"type": "queue"}
@@ -341,10 +370,12 @@ def describe(task: Task, wheel: TimingWheel) -> dict[str, Any]:
         "max_attempts": task.max_attempts,
         "attempts": task.attempts,
         "created": task.created_s,
-        "target": _QUEUE_TARGET,
+        "target": _QUEUE_TARGET if task.target is None else task.target,
         "cycle": cycle,
         "slot": slot,
     }
     if task.state == RESERVED:
         info["deadline"] = task.deadline_s
+    if task.last_error is not None:
+        info["last_error"] = task.last_error
     return info

@@ -86,13 +86,18 @@ def max_attempts(value: Any) -> int:
     return value
 
 
-def target(value: Any) -> None:
-    if type(value) is not dict or value.get("type") != "queue" or len(value) != 1:
-        # http and redis targets are described in the protocol but not built
-        # yet; refusing them beats silently delivering to the ready queue.
+TARGET_TYPES = ("queue", "http", "redis", "amqp", "nats")
+
+
+def target(value: Any) -> dict[str, Any]:
+    """The shape every target shares: a map with a known ``type``. What each
+    type holds is checked against the server's settings (``delivery.targets``)."""
+    if type(value) is not dict or value.get("type") not in TARGET_TYPES:
         raise bad(
-            f'target must be {{"type": "queue"}} (the only kind served so far), got {show(value)}'
+            f"target must be a map whose type is one of {', '.join(TARGET_TYPES)}, "
+            f"got {show(value)}"
         )
+    return value
 
 
 # One Packer, reused: msgpack.packb builds a new one per call, which costs
@@ -151,14 +156,13 @@ class NewTask:
     body_packed: bytes
     ttr_s: float
     max_attempts: int
+    target: dict[str, Any] | None  # as sent; None when not given (the ready queue)
 
 
 def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
     fields = known_fields("task", value, TASK_FIELDS)
     if "topic" not in fields:
         raise bad("task has no topic")
-    if "target" in fields:
-        target(fields["target"])
     at_s = due_time(fields, now_s, limits)
     return NewTask(
         id=task_id(fields["id"]) if "id" in fields else None,
@@ -167,6 +171,7 @@ def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
         body_packed=packed_body(fields.get("body"), limits),
         ttr_s=number("ttr", fields.get("ttr", DEFAULT_TTR_S), high=limits.max_delay_s),
         max_attempts=max_attempts(fields.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+        target=target(fields["target"]) if "target" in fields else None,
     )
 
 
@@ -177,18 +182,18 @@ class Changes:
     body_packed: bytes | None = None
     ttr_s: float | None = None
     max_attempts: int | None = None
+    target: dict[str, Any] | None = None  # as sent; checked by the engine
 
 
 def changes(value: Any, now_s: float, limits: Limits) -> Changes:
     fields = known_fields("changes", value, UPDATE_FIELDS)
-    if "target" in fields:
-        target(fields["target"])
     return Changes(
         at_s=due_time(fields, now_s, limits),
         topic=topic(fields["topic"]) if "topic" in fields else None,
         body_packed=packed_body(fields["body"], limits) if "body" in fields else None,
         ttr_s=number("ttr", fields["ttr"], high=limits.max_delay_s) if "ttr" in fields else None,
         max_attempts=max_attempts(fields["max_attempts"]) if "max_attempts" in fields else None,
+        target=target(fields["target"]) if "target" in fields else None,
     )
 
 

@@ -217,7 +217,8 @@ def test_blocked_reserves_are_served_first_come_first_served() -> None:
         ({"topic": "t", "ttr": "soon"}, "ttr must be"),
         ({"topic": "t", "max_attempts": 0}, "max_attempts"),
         ({"topic": "t", "id": "x" * 201}, "id must be"),
-        ({"topic": "t", "target": {"type": "http", "url": "http://x"}}, "target"),
+        ({"topic": "t", "target": {"type": "http", "url": "ftp://x/"}}, "url"),
+        ({"topic": "t", "target": {"type": "mail"}}, "target"),
         ({"topic": "t", "colour": "red"}, "unknown field 'colour'"),
         ({"topic": "t", "delay": 11 * 365 * 86400}, "delay must be"),
     ],
@@ -316,7 +317,7 @@ def test_a_record_holds_a_whole_ttr_and_no_deadline_as_ints() -> None:
     task = Task("id-1", "t", T0 + 10, body_packed=b"\xc0", ttr_s=60.0, max_attempts=3, created_s=T0)
     task.state = "delayed"
     fields = msgpack.unpackb(task.to_record())
-    assert fields[0] == 3
+    assert fields[0] == 4
     assert (fields[6], fields[8]) == (60, 0)
     assert (type(fields[6]), type(fields[8])) == (int, int)
     task.ttr_s, task.deadline_s = 2.5, T0 + 5
@@ -408,6 +409,10 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
         "kick",
         "update",
         "delete",
+        # A targeted task's: reached in tests/test_engine_deliveries.py.
+        "deliver",
+        "delivered",
+        "fail",
     }
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:

@@ -1,0 +1,116 @@
+"""Delivery attempts of targeted tasks: journaled first, sent once durable, outcomes journaled.
+
+A task with an HTTP or broker target is not made ready when due. The engine
+hands it here (``begin``): the attempt is a journaled change (``delivering``,
+``attempts`` counted), and only once that record is durable does the task
+go to the dispatcher. So no delivery starts before its ``add`` is durable
+(the attempt's batch comes after it), and a crash during an attempt leaves
+the task ``delivering`` in the store, where loading finds it: it is sent
+again with the same attempt number (``start``), which tells a receiver it
+may be a repeat. The dispatcher reports the outcome (``outcome``): the task
+is removed, or goes back to ``delayed`` at its next try (``RetryPolicy``),
+or to ``dead`` after ``max_attempts``.
+
+Every change goes through the engine's ``_move`` (passed in as ``move``), so
+the transition table, the counts and the journal see it as any other.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from delaywheel.delivery.base import Delivery
+from delaywheel.journal import Journal
+from delaywheel.store.base import StoreError
+from delaywheel.task import DEAD, DELAYED, DELIVERING, GONE, Task
+from delaywheel.wheel import TimingWheel
+
+DEFAULT_RETRY_BASE_S = 1.0
+DEFAULT_RETRY_CAP_S = 3600.0
+# A retry waits base * 2^(attempt-1); past this exponent the cap has long won
+# (and 2.0**1024 would overflow).
+_MAX_RETRY_EXPONENT = 60
+
+# engine._move(task, event, to, **fields)
+Move = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    base_s: float = DEFAULT_RETRY_BASE_S
+    cap_s: float = DEFAULT_RETRY_CAP_S
+    jitter: Callable[[], float] = field(default=random.random)  # in [0, 1)
+
+    def delay_s(self, attempts: int) -> float:
+        """How long after failed attempt number ``attempts`` the next one starts:
+        the base doubled per attempt, plus up to 10 % jitter, at most the cap."""
+        exponent = min(attempts - 1, _MAX_RETRY_EXPONENT)
+        return min(self.base_s * 2.0**exponent * (1.0 + 0.1 * self.jitter()), self.cap_s)
+
+
+class Attempts:
+    def __init__(
+        self, move: Move, journal: Journal, wheel: TimingWheel, retry: RetryPolicy
+    ) -> None:
+        self._move = move
+        self._journal = journal
+        self._wheel = wheel
+        self.retry = retry
+        # The place of ``delivering`` tasks (see task.py): by id.
+        self.delivering: dict[str, Task] = {}
+        self._deliver: Callable[[Delivery], None] | None = None  # None until start
+
+    def start(self, deliver: Callable[[Delivery], None]) -> None:
+        """Hand every attempt to ``deliver`` from now on, starting with those
+        loaded from the store (attempts a crash or a stop interrupted)."""
+        self._deliver = deliver
+        for task in list(self.delivering.values()):
+            if not self._journal.is_pending(task):  # else its write's callback sends it
+                self._send(task)
+
+    def begin(self, task: Task) -> None:
+        """A targeted task fell due: journal the attempt, send it once durable."""
+        self._move(task, "deliver", DELIVERING, attempts=task.attempts + 1)
+        batch = self._journal.pending()
+        assert batch is not None  # _move has just recorded the change
+        batch.add_callback(partial(self._durable, task, task.attempts))
+
+    def _durable(self, task: Task, attempt: int, error: StoreError | None) -> None:
+        if error is None:
+            if task.state == DELIVERING and task.attempts == attempt:  # not deleted since
+                self._send(task)
+        elif task.state == DELAYED and task.scheduled:
+            # Undone (the engine's rollback): due again, in the past. Try again
+            # after a retry base rather than at once, or a store that fails
+            # fast would spin.
+            self._wheel.remove(task)
+            self._wheel.insert(task, self._wheel.now_s + self.retry.base_s)
+
+    def _send(self, task: Task) -> None:
+        if self._deliver is None:
+            return  # start() sends it
+        assert task.target is not None
+        self._deliver(
+            Delivery(task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target)
+        )
+
+    def outcome(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
+        """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
+        else why it failed. A task deleted during its attempt is gone already."""
+        task = self.delivering.get(task_id)
+        if task is None or task.attempts != attempt:
+            return
+        if error is None:
+            self._move(task, "delivered", GONE)
+        elif task.attempts >= task.max_attempts:
+            self._move(task, "fail", DEAD, last_error=error)
+        else:
+            retry_at_s = now_s + self.retry.delay_s(task.attempts)
+            self._move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error)
+
+    def stats(self) -> dict[str, Any]:
+        return {"delivering": len(self.delivering)}

@@ -1,0 +1,238 @@
+"""Targeted tasks in the engine: attempts journaled, outcomes, retries, dead, kick, restart.
+
+The engine is driven with a manual clock; what the dispatcher would send is
+collected by the callback ``start_deliveries`` takes, and outcomes go back
+through ``Engine.delivered`` as the dispatcher reports them. Real sending is
+in tests/test_deliveries.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+from delaywheel.attempts import RetryPolicy
+from delaywheel.delivery.allow import AllowList
+from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.targets import TargetRules
+from delaywheel.engine import Engine
+from delaywheel.errors import RequestError
+from delaywheel.store.memory import MemoryStore
+from delaywheel.task import Task, read_record
+
+T0 = 1_800_000_000.0
+URL = "http://127.0.0.1:9/hook"
+HTTP = {"type": "http", "url": URL}
+
+
+def rules() -> TargetRules:
+    return TargetRules(AllowList.parse("127.0.0.1"))
+
+
+def make_engine(store: MemoryStore, **kwargs: Any) -> Engine:
+    kwargs.setdefault("retry", RetryPolicy(jitter=lambda: 0.0))
+    return Engine(store, now_s=T0, targets=rules(), **kwargs)
+
+
+def run(scenario: Callable[[Engine, MemoryStore, list[Delivery]], Awaitable[None]]) -> None:
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        engine = make_engine(store)
+        sent: list[Delivery] = []
+        engine.start_deliveries(sent.append)
+        await scenario(engine, store, sent)
+        await engine.journal.drain()
+
+    asyncio.run(main())
+
+
+async def stored(store: MemoryStore, task_id: str) -> tuple[Any, ...] | None:
+    for batch in [batch async for batch in store.load()]:
+        for found_id, record in batch:
+            if found_id == task_id:
+                return read_record(found_id, record)
+    return None
+
+
+def test_a_targeted_task_is_sent_once_its_attempt_is_durable() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        added = engine.add({"topic": "hooks", "delay": 5, "body": {"n": 1}, "target": HTTP}, T0)
+        target = engine.get(added["id"], T0)["target"]
+        assert target == {**HTTP, "method": "POST", "headers": {}, "timeout": 10.0}
+        assert engine.advance(T0 + 5) == 1
+        task = engine.get(added["id"], T0 + 5)
+        assert task["state"] == "delivering" and task["attempts"] == 1
+        assert sent == []  # not before the attempt is in the store
+        await engine.journal.drain()
+        record = await stored(store, added["id"])
+        assert record is not None and record[2] == 3  # the state code of delivering
+        assert [(d.task_id, d.attempt, d.target) for d in sent] == [(added["id"], 1, target)]
+        assert msgpack.unpackb(sent[0].body_packed) == {"n": 1}
+        engine.delivered(added["id"], 1, None, T0 + 5.2)
+        assert engine.get(added["id"], T0 + 6) is None
+        await engine.journal.drain()
+        assert await stored(store, added["id"]) is None
+
+    run(scenario)
+
+
+def test_a_targeted_task_never_reaches_the_ready_queue() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        added = engine.add({"topic": "hooks", "target": HTTP}, T0)  # due now
+        assert engine.get(added["id"], T0)["state"] == "delayed"
+        assert engine.try_reserve(["hooks"], T0) is None
+        engine.advance(T0 + 1)
+        assert engine.try_reserve(["hooks"], T0 + 1) is None
+        for call in (engine.ack, engine.touch):
+            with pytest.raises(RequestError) as caught:
+                call(added["id"], T0 + 1)
+            assert caught.value.code == "conflict"
+        with pytest.raises(RequestError) as caught:
+            engine.update(added["id"], {"body": "x"}, T0 + 1)
+        assert caught.value.code == "conflict" and "delivering" in caught.value.message
+
+    run(scenario)
+
+
+def test_failed_attempts_back_off_then_the_task_is_dead_and_kick_revives_it() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        task = {"topic": "hooks", "delay": 1, "target": HTTP, "max_attempts": 3}
+        task_id = engine.add(task, T0)["id"]
+        now_s = T0 + 1
+        for attempt, wait_s in ((1, 1.0), (2, 2.0)):
+            engine.advance(now_s)
+            await engine.journal.drain()
+            assert sent[-1].attempt == attempt
+            engine.delivered(task_id, attempt, "HTTP 500 from http://127.0.0.1:9/hook", now_s)
+            shown = engine.get(task_id, now_s)
+            assert shown["state"] == "delayed" and shown["at"] == now_s + wait_s
+            assert shown["last_error"] == "HTTP 500 from http://127.0.0.1:9/hook"
+            now_s += wait_s
+        engine.advance(now_s)
+        await engine.journal.drain()
+        engine.delivered(task_id, 3, "timed out", now_s)
+        shown = engine.get(task_id, now_s)
+        assert shown["state"] == "dead" and shown["attempts"] == 3
+        assert engine.list_tasks({"state": "dead"}, now_s)["tasks"][0]["id"] == task_id
+        await engine.journal.drain()
+        record = await stored(store, task_id)
+        assert record is not None and record[2] == 4 and record[11] == "timed out"
+        assert engine.kick("hooks", 10, now_s) == 1
+        assert engine.get(task_id, now_s)["state"] == "delayed"
+        engine.advance(now_s + 1)
+        await engine.journal.drain()
+        assert sent[-1].attempt == 1  # kicked: a fresh count
+
+    run(scenario)
+
+
+def test_retry_waits_double_with_jitter_up_to_the_cap() -> None:
+    policy = RetryPolicy(base_s=2.0, cap_s=60.0, jitter=lambda: 0.5)
+    assert [policy.delay_s(n) for n in (1, 2, 3, 4, 5)] == [2.1, 4.2, 8.4, 16.8, 33.6]
+    assert policy.delay_s(6) == 60.0
+    assert policy.delay_s(10_000) == 60.0  # no overflow
+
+
+def test_an_outcome_for_a_task_deleted_during_its_attempt_changes_nothing() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        task_id = engine.add({"topic": "hooks", "target": HTTP}, T0)["id"]
+        engine.advance(T0 + 1)
+        await engine.journal.drain()
+        assert engine.delete(task_id, T0 + 1) is True
+        engine.delivered(task_id, 1, None, T0 + 1)
+        engine.delivered(task_id, 1, "HTTP 500", T0 + 1)
+        assert engine.get(task_id, T0 + 1) is None
+        assert engine.stats(T0 + 1)["states"]["delivering"] == 0
+
+    run(scenario)
+
+
+def test_a_task_deleted_before_its_attempt_is_durable_is_not_sent() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        task_id = engine.add({"topic": "hooks", "target": HTTP}, T0)["id"]
+        engine.advance(T0 + 1)
+        engine.delete(task_id, T0 + 1)  # in the same batch as the attempt
+        await engine.journal.drain()
+        assert sent == []
+
+    run(scenario)
+
+
+def test_update_moves_a_task_between_the_queue_and_a_target() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        task_id = engine.add({"topic": "mail", "body": "hi"}, T0)["id"]
+        assert engine.get(task_id, T0)["state"] == "ready"
+        updated = engine.update(task_id, {"target": HTTP}, T0)
+        assert updated["state"] == "delayed" and updated["target"]["url"] == URL
+        assert engine.try_reserve(["mail"], T0) is None
+        back = engine.update(task_id, {"target": {"type": "queue"}, "delay": 0}, T0)
+        assert back["state"] == "ready" and back["target"] == {"type": "queue"}
+
+    run(scenario)
+
+
+def test_targets_and_bodies_a_target_cannot_carry_are_refused_at_add() -> None:
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        cases = [
+            ({"type": "http", "url": "http://10.1.2.3/"}, "x", "10.1.2.3"),
+            ({"type": "queue", "url": URL}, "x", "queue target"),
+            ({"type": "smtp"}, "x", "smtp"),
+            (HTTP, {"raw": b"\x00"}, "JSON"),
+            ({"type": "amqp", "broker": "nope", "routing_key": "k"}, "x", "nope"),
+        ]
+        for target, body, named in cases:
+            with pytest.raises(RequestError) as caught:
+                engine.add({"topic": "t", "target": target, "body": body}, T0)
+            assert caught.value.code == "bad_request" and named in caught.value.message
+        for fields in ({"topic": "a\nb"}, {"topic": "t", "id": "x\ry"}):
+            with pytest.raises(RequestError) as caught:  # both go out as header values
+                engine.add({**fields, "target": HTTP}, T0)
+            assert "control character" in caught.value.message
+        assert engine.stats(T0)["tasks"] == 0
+        queued = engine.add({"topic": "t", "target": {"type": "queue"}}, T0)
+        assert engine.get(queued["id"], T0)["target"] == {"type": "queue"}
+        with pytest.raises(RequestError):  # the body is checked against the target on update
+            task_id = engine.add({"topic": "t", "delay": 60, "target": HTTP, "body": 1}, T0)["id"]
+            engine.update(task_id, {"body": {"raw": b"\x00"}}, T0)
+        assert engine.get(task_id, T0)["body"] == 1
+
+    run(scenario)
+
+
+def test_an_attempt_a_crash_cut_off_is_sent_again_after_loading() -> None:
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        first = make_engine(store)
+        first.start_deliveries(lambda delivery: None)  # "sent", then the process dies
+        task_id = first.add({"topic": "hooks", "target": HTTP, "body": b"z"}, T0)["id"]
+        far_id = first.add({"topic": "hooks", "delay": 86_400, "target": HTTP}, T0)["id"]
+        first.advance(T0 + 1)
+        await first.journal.drain()
+
+        second = make_engine(store)
+        assert await second.load(store.load()) == 2
+        assert second.get(task_id, T0 + 2)["state"] == "delivering"
+        sent: list[Delivery] = []
+        second.start_deliveries(sent.append)
+        # The same attempt again: its number tells a receiver it may be a repeat.
+        assert [(d.task_id, d.attempt, d.body_packed) for d in sent] == [
+            (task_id, 1, msgpack.packb(b"z"))
+        ]
+        assert second.get(far_id, T0 + 2)["target"]["url"] == URL  # packed and back
+
+    asyncio.run(main())
+
+
+def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
+    fields = (3, "mail", 0, T0 + 60, T0, 0, 60, 5, 0, msgpack.packb("hi"))
+    task = Task.from_record("old", msgpack.packb(fields, use_bin_type=True))
+    assert task.target is None and task.last_error is None and task.topic == "mail"
+    new_record = task.to_record()
+    assert msgpack.unpackb(new_record)[0] == 4
+    assert Task.from_record("old", new_record).target is None
