@@ -13,7 +13,9 @@ import logging
 import signal
 import time
 
+from delaywheel.attempts import RetryPolicy
 from delaywheel.config import Settings
+from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine import Engine
 from delaywheel.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store
@@ -47,15 +49,19 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
+        rules = target_rules(settings, settings.store_url)  # store.url hides the password
         engine = Engine(
             store,
             now_s=time.time(),
             slots=settings.slots,
             tick_s=settings.tick_s,
             limits=settings.limits,
+            targets=rules,
+            retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
         )
         await recover(engine, store)
-        server = Server(settings, engine)
+        deliveries = Deliveries(settings, rules)
+        server = Server(settings, engine, deliveries)
         host, port = await server.start()
         # Tests and scripts read this line to learn the port when given port 0.
         log.warning("delaywheel listening on %s:%d", host, port)

@@ -21,6 +21,11 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
 DEFAULT_MESSAGE_TIMEOUT_S = 30.0
+DEFAULT_HTTP_ALLOW = "public"
+DEFAULT_HTTP_CONCURRENCY = 64
+DEFAULT_RETRY_BASE_S = 1.0
+DEFAULT_RETRY_CAP_S = 3600.0
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
 
 
 class ConfigError(ValueError):
@@ -44,6 +49,17 @@ class Settings:
     # connection is closed: half-sent messages pin memory (msgpack allocates
     # containers from their headers), so a peer may not park them forever.
     message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S
+    # Delivery (docs/delivery.md): where HTTP targets may point, how many
+    # requests are in flight to one destination, the key that signs them,
+    # the brokers tasks may name (NAME=URL each), and the retry schedule.
+    http_allow: str = DEFAULT_HTTP_ALLOW
+    http_concurrency: int = DEFAULT_HTTP_CONCURRENCY
+    signing_secret: str | None = None
+    brokers: tuple[str, ...] = ()
+    retry_base_s: float = DEFAULT_RETRY_BASE_S
+    retry_cap_s: float = DEFAULT_RETRY_CAP_S
+    # How long deliveries in flight may take to finish after SIGTERM.
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -67,6 +83,34 @@ class Settings:
             raise ConfigError(f"message timeout must be > 0 s, got {self.message_timeout_s}")
         if self.token == "":
             raise ConfigError("token must not be empty (leave it unset for no auth)")
+        self._check_delivery()
+
+    def _check_delivery(self) -> None:
+        if self.http_concurrency < 1:
+            raise ConfigError(f"http concurrency must be at least 1, got {self.http_concurrency}")
+        if self.signing_secret == "":
+            raise ConfigError("signing secret must not be empty (leave it unset to not sign)")
+        if not (math.isfinite(self.retry_base_s) and self.retry_base_s > 0):
+            raise ConfigError(f"retry base must be > 0 s, got {self.retry_base_s}")
+        if not (math.isfinite(self.retry_cap_s) and self.retry_cap_s >= self.retry_base_s):
+            raise ConfigError(
+                f"retry cap must be at least the retry base ({self.retry_base_s} s), "
+                f"got {self.retry_cap_s}"
+            )
+        if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
+            raise ConfigError(f"shutdown grace must be >= 0 s, got {self.shutdown_grace_s}")
+        # Parsed here too, so that a bad value stops the start with its message.
+        from delaywheel.delivery.allow import AllowList
+        from delaywheel.delivery.brokers import parse_broker_specs
+
+        try:
+            AllowList.parse(self.http_allow)
+        except ValueError as exc:
+            raise ConfigError(f"http allow: {exc}") from None
+        try:
+            parse_broker_specs(list(self.brokers))
+        except ValueError as exc:
+            raise ConfigError(f"broker: {exc}") from None
 
     @property
     def limits(self) -> Limits:

@@ -19,6 +19,7 @@ from typing import Any
 from delaywheel import validate
 from delaywheel.config import Settings
 from delaywheel.connection import Connection
+from delaywheel.delivery.service import Deliveries
 from delaywheel.engine import Engine
 from delaywheel.errors import RequestError
 
@@ -66,13 +67,17 @@ def _ping(conn: Connection, params: list[Any], now_s: float) -> str:
 
 
 class Server:
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(
+        self, settings: Settings, engine: Engine, deliveries: Deliveries | None = None
+    ) -> None:
         self.settings = settings
         self.engine = engine
+        self.deliveries = deliveries
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._armed_s: float | None = None
+        self._stopping = False
         self._sweeper: asyncio.TimerHandle | None = None
         handlers: dict[str, Callable[..., Any]] = {
             "add": engine.add,
@@ -100,26 +105,35 @@ class Server:
         self._server = await loop.create_server(
             lambda: Connection(self), self.settings.host, self.settings.port, reuse_address=True
         )
+        if self.deliveries is not None:
+            await self.deliveries.start(self.engine, self.rearm)
         self._on_tick()
         self._sweep()
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
 
     async def stop(self) -> None:
-        """Stop accepting, close connections, and wait for the journal to drain."""
+        """Stop accepting, close connections, give deliveries in flight their
+        grace period, and wait for the journal to drain."""
+        self._stopping = True  # the wheel stops: nothing fires, no delivery starts
         if self._server is not None:
             self._server.close()
         for timer in (self._timer, self._sweeper):
             if timer is not None:
                 timer.cancel()
+        self._timer = self._sweeper = None
         for conn in list(self.connections):
             conn.close()
+        if self.deliveries is not None:
+            await self.deliveries.stop(self.settings.shutdown_grace_s)
         await self.engine.journal.drain()
 
     # -- the tick driver -------------------------------------------------------
 
     def rearm(self) -> None:
         """Sleep until the wheel's next non-empty tick (called after every change)."""
+        if self._stopping:
+            return
         next_s = self.engine.next_fire_s()
         if next_s is None:
             next_s = time.time() + MAX_DRIVER_SLEEP_S
@@ -155,6 +169,8 @@ class Server:
         validate.params("stats", params)
         stats = self.engine.stats(now_s)
         stats["connections"] = len(self.connections)
+        if self.deliveries is not None:
+            stats["deliveries"] = self.deliveries.stats()
         return stats
 
     def _auth(self, conn: Connection, params: list[Any], now_s: float) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,14 +14,20 @@ from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from delaywheel.cli.errors import EXIT_UNREACHABLE
 from delaywheel.config import (
     DEFAULT_HOST,
+    DEFAULT_HTTP_ALLOW,
+    DEFAULT_HTTP_CONCURRENCY,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MESSAGE_TIMEOUT_S,
     DEFAULT_PORT,
+    DEFAULT_RETRY_BASE_S,
+    DEFAULT_RETRY_CAP_S,
+    DEFAULT_SHUTDOWN_GRACE_S,
     DEFAULT_STORE,
     ConfigError,
     Settings,
 )
+from delaywheel.delivery.brokers import split_env
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,6 +101,57 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Seconds a peer may take to finish a message it has started.",
 )
 @_serve_option(
+    "--http-allow",
+    default=DEFAULT_HTTP_ALLOW,
+    show_default=True,
+    help="Where HTTP targets may point: host names, *.suffix, addresses, CIDR ranges, "
+    "public (publicly routable addresses only) or *; comma-separated.",
+)
+@_serve_option(
+    "--http-concurrency",
+    default=DEFAULT_HTTP_CONCURRENCY,
+    show_default=True,
+    type=int,
+    help="HTTP requests in flight to one destination (scheme, host and port).",
+)
+@_serve_option(
+    "--signing-secret",
+    default=None,
+    help="Sign HTTP deliveries with this key (the Delaywheel-Signature header).",
+)
+@click.option(
+    "--broker",
+    "brokers",
+    multiple=True,
+    metavar="NAME=URL",
+    help="A broker tasks may name (redis://, amqp://, nats://); repeat for more. "
+    "Also DELAYWHEEL_BROKERS=NAME=URL,NAME=URL.",
+)
+@_serve_option(
+    "--retry-base",
+    "retry_base_s",
+    default=DEFAULT_RETRY_BASE_S,
+    show_default=True,
+    type=float,
+    help="Seconds before a failed delivery's first retry; doubled per attempt.",
+)
+@_serve_option(
+    "--retry-cap",
+    "retry_cap_s",
+    default=DEFAULT_RETRY_CAP_S,
+    show_default=True,
+    type=float,
+    help="Longest wait between delivery attempts, in seconds.",
+)
+@_serve_option(
+    "--shutdown-grace",
+    "shutdown_grace_s",
+    default=DEFAULT_SHUTDOWN_GRACE_S,
+    show_default=True,
+    type=float,
+    help="Seconds deliveries in flight get to finish after SIGTERM.",
+)
+@_serve_option(
     "--log-level",
     default="info",
     show_default=True,
@@ -104,6 +162,10 @@ def serve(log_level: str, **options: object) -> None:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not options["brokers"]:
+        # One variable for them all, NAME=URL,NAME=URL (click's envvar for a
+        # multiple option would split on spaces).
+        options["brokers"] = tuple(split_env(os.environ.get("DELAYWHEEL_BROKERS", "")))
     try:
         settings = Settings(**options)  # type: ignore[arg-type]
     except ConfigError as exc:

@@ -1,0 +1,151 @@
+"""Runs deliveries beside the tick and the requests, and reports their outcome.
+
+The engine hands over each attempt once it is journaled (``submit``); the
+dispatcher sends it with the target's sender and tells the engine how it
+went (``Engine.delivered``), which journals the outcome.
+
+Deliveries wait in lanes, one per destination: an HTTP origin (scheme, host
+and port) or a broker. A lane runs at most its limit at a time, so a slow or
+dead destination fills its own lane and nothing else: 1,000 callbacks to an
+endpoint that takes a second each hold 64 requests in flight there, while
+the other lanes, the wheel and the clients go on. Waiting deliveries are a
+deque entry each, not a coroutine: a burst of 200,000 due at once costs
+their ``Delivery`` objects, not 200,000 tasks on the loop.
+
+At shutdown ``drain`` gives the deliveries in flight a grace period and then
+cancels them; those, and the ones still waiting, stay ``delivering`` in the
+store and are tried again after the restart (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
+
+log = logging.getLogger(__name__)
+
+# Pushes in flight to one broker: each waits for the broker's confirmation
+# over one connection, so a few hundred keep it busy without a backlog there.
+BROKER_LANE_LIMIT = 256
+
+# (task id, attempt, error or None, now_s): Engine.delivered.
+Report = Callable[[str, int, str | None, float], None]
+# The sender for a target: the HTTP sender, or a broker's.
+SenderFor = Callable[[dict[str, Any]], Sender]
+
+
+class _Lane:
+    __slots__ = ("limit", "running", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.waiting: deque[Delivery] = deque()
+
+
+def lane_of(target: dict[str, Any]) -> str:
+    """The destination a delivery waits in line for."""
+    if target["type"] == "http":
+        url = urlsplit(target["url"])
+        return f"{url.scheme}://{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
+    return f"broker {target['broker']}"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        sender_for: SenderFor,
+        report: Report,
+        *,
+        http_lane_limit: int,
+        changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._sender_for = sender_for
+        self._report = report
+        self._changed = changed  # the wheel may have a new next fire time
+        self._http_lane_limit = http_lane_limit
+        self._lanes: dict[str, _Lane] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.delivered = 0
+        self.failed = 0
+
+    def submit(self, delivery: Delivery) -> None:
+        if self._closed:
+            return  # shutting down: it stays delivering in the store, for the restart
+        key = lane_of(delivery.target)
+        lane = self._lanes.get(key)
+        if lane is None:
+            is_http = delivery.target["type"] == "http"
+            limit = self._http_lane_limit if is_http else BROKER_LANE_LIMIT
+            lane = self._lanes[key] = _Lane(limit)
+        lane.waiting.append(delivery)
+        self._pump(key, lane)
+
+    def _pump(self, key: str, lane: _Lane) -> None:
+        loop = asyncio.get_running_loop()
+        while lane.running < lane.limit and lane.waiting and not self._closed:
+            lane.running += 1
+            task = loop.create_task(self._run(key, lane, lane.waiting.popleft()))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        if not lane.running and not lane.waiting and self._lanes.get(key) is lane:
+            del self._lanes[key]  # lanes come and go with their destinations
+
+    async def _run(self, key: str, lane: _Lane, delivery: Delivery) -> None:
+        error: str | None = None
+        try:
+            await self._sender_for(delivery.target).send(delivery)
+        except DeliveryFailed as exc:
+            error = str(exc) or type(exc).__name__
+        except Exception as exc:  # a sender's bug: the attempt fails, the server goes on
+            log.exception("delivering task %r failed unexpectedly", delivery.task_id)
+            error = f"internal error: {exc!r}"
+        finally:
+            lane.running -= 1
+        if self._closed:
+            return  # cut off by drain: left delivering, for the restart
+        if error is None:
+            self.delivered += 1
+        else:
+            self.failed += 1
+            log.info(
+                "task %r attempt %d to %s failed: %s",
+                *(delivery.task_id, delivery.attempt, key, error),
+            )
+        try:
+            self._report(delivery.task_id, delivery.attempt, error, time.time())
+            self._changed()
+        finally:
+            self._pump(key, lane)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "in_flight": len(self._running),
+            "waiting": sum(len(lane.waiting) for lane in self._lanes.values()),
+            "delivered": self.delivered,
+            "failed": self.failed,
+        }
+
+    async def drain(self, grace_s: float) -> int:
+        """Let deliveries in flight finish for up to ``grace_s``; start no more.
+        Returns how many were cut off (they are tried again after a restart)."""
+        for lane in self._lanes.values():
+            lane.waiting.clear()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=grace_s)
+        self._closed = True
+        cut = list(self._running)
+        for task in cut:
+            task.cancel()
+        if cut:
+            await asyncio.wait(cut)
+            log.warning("shutdown: %d deliveries cut off, tried again after a restart", len(cut))
+        return len(cut)

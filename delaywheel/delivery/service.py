@@ -1,0 +1,64 @@
+"""A server's deliveries: its senders and dispatcher, started and stopped together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from delaywheel.config import Settings
+from delaywheel.delivery.allow import AllowList
+from delaywheel.delivery.base import Sender
+from delaywheel.delivery.brokers import Brokers, parse_broker_specs
+from delaywheel.delivery.dispatcher import Dispatcher
+from delaywheel.delivery.http import HttpSender
+from delaywheel.delivery.targets import TargetRules
+
+
+def target_rules(settings: Settings, store_url: str) -> TargetRules:
+    """What targets the server accepts (the engine checks every ``add`` with it)."""
+    brokers = Brokers(
+        parse_broker_specs(list(settings.brokers)),
+        store_url=store_url,
+        store_prefix=settings.redis_prefix,
+    )
+    return TargetRules(AllowList.parse(settings.http_allow), brokers)
+
+
+class Deliveries:
+    def __init__(self, settings: Settings, rules: TargetRules) -> None:
+        self.brokers = rules.brokers
+        # The HTTP sender's own bound is only a backstop: the dispatcher's lanes
+        # keep each destination to --http-concurrency requests in flight.
+        self.http = HttpSender(
+            rules.allow,
+            concurrency=settings.http_concurrency * 16,
+            signing_secret=settings.signing_secret,
+        )
+        self.dispatcher: Dispatcher | None = None
+        self._http_lane_limit = settings.http_concurrency
+
+    def _sender_for(self, target: dict[str, Any]) -> Sender:
+        if target["type"] == "http":
+            return self.http
+        return self.brokers.sender(target["broker"])
+
+    async def start(self, engine: Any, changed: Any) -> None:
+        """Connect the brokers (in the background: one that is down fails its
+        own deliveries) and start sending the engine's attempts."""
+        await self.brokers.start()
+        self.dispatcher = Dispatcher(
+            self._sender_for,
+            engine.delivered,
+            http_lane_limit=self._http_lane_limit,
+            changed=changed,
+        )
+        engine.start_deliveries(self.dispatcher.submit)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.dispatcher is not None:
+            await self.dispatcher.drain(grace_s)
+        await self.http.close()
+        await self.brokers.close()
+
+    def stats(self) -> dict[str, Any]:
+        running = {} if self.dispatcher is None else self.dispatcher.stats()
+        return {**running, "http": self.http.state(), "brokers": self.brokers.state()}
