@@ -37,6 +37,8 @@ _MAX_RETRY_EXPONENT = 60
 
 # engine._move(task, event, to, **fields)
 Move = Callable[..., None]
+# engine._defer(task, at_s): back to delayed at at_s, not journaled
+Defer = Callable[[Task, float], None]
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,10 @@ class RetryPolicy:
 
 class Attempts:
     def __init__(
-        self, move: Move, journal: Journal, wheel: TimingWheel, retry: RetryPolicy
+        self, move: Move, defer: Defer, journal: Journal, wheel: TimingWheel, retry: RetryPolicy
     ) -> None:
         self._move = move
+        self._defer = defer
         self._journal = journal
         self._wheel = wheel
         self.retry = retry
@@ -111,6 +114,18 @@ class Attempts:
         else:
             retry_at_s = now_s + self.retry.delay_s(task.attempts)
             self._move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error)
+        batch = self._journal.pending()
+        assert batch is not None
+        batch.add_callback(partial(self._outcome_written, task, attempt))
+
+    def _outcome_written(self, task: Task, attempt: int, error: StoreError | None) -> None:
+        """An outcome the store did not take was undone: the task is delivering
+        again, in memory as in the store, and nothing would ever send it. Try
+        it again a retry base from now; its next attempt is journaled first as
+        always, so while the store stays down nothing is sent (and after a
+        restart the store's ``delivering`` record sends it)."""
+        if error is not None and task.state == DELIVERING and task.attempts == attempt:
+            self._defer(task, self._wheel.now_s + self.retry.base_s)
 
     def stats(self) -> dict[str, Any]:
         return {"delivering": len(self.delivering)}

@@ -91,7 +91,9 @@ class Engine:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
         self.journal = Journal(store, self._rollback, durable=self._durable)
-        self.attempts = Attempts(self._move, self.journal, self.wheel, retry or RetryPolicy())
+        self.attempts = Attempts(
+            self._move, self._defer, self.journal, self.wheel, retry or RetryPolicy()
+        )
         self.started_s = now_s
         self._tasks = TaskIndex(self._thaw)
         self._counts = TaskCounts()
@@ -171,6 +173,15 @@ class Engine:
         check_transition(task.id, task.state, event, to)
         self._unplace(task)
         task.state = to
+        self._place(task)
+
+    def _defer(self, task: Task, at_s: float) -> None:
+        """A delivering task back to delayed without a journal write: for an
+        outcome the store failed to take (``Attempts._outcome_written``)."""
+        check_transition(task.id, task.state, "fail", DELAYED)
+        self._unplace(task)
+        task.state = DELAYED
+        task.at_s = at_s
         self._place(task)
 
     def _rollback(self, undo: list[tuple[Task, tuple[Any, ...]]]) -> None:

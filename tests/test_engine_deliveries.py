@@ -9,11 +9,13 @@ in tests/test_deliveries.py.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
+from conftest import RedisServer
 
 from delaywheel.attempts import RetryPolicy
 from delaywheel.delivery.allow import AllowList
@@ -21,6 +23,7 @@ from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import Engine
 from delaywheel.errors import RequestError
+from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
 from delaywheel.task import Task, read_record
 
@@ -236,3 +239,40 @@ def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     new_record = task.to_record()
     assert msgpack.unpackb(new_record)[0] == 4
     assert Task.from_record("old", new_record).target is None
+
+
+def test_an_outcome_the_store_failed_to_take_is_tried_again(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    async def main() -> None:
+        store = open_store(redis_url, redis_prefix=f"t-{uuid.uuid4().hex[:8]}")
+        await store.open()
+        engine = make_engine(store)  # type: ignore[arg-type]
+        sent: list[Delivery] = []
+        engine.start_deliveries(sent.append)
+        task_id = engine.add({"topic": "hooks", "target": HTTP}, T0)["id"]
+        engine.advance(T0 + 1)
+        await engine.journal.drain()
+        assert len(sent) == 1
+        redis_server.stop()  # Redis goes away before the outcome is written
+        engine.delivered(task_id, 1, None, T0 + 1.5)
+        await engine.journal.drain()
+        shown = engine.get(task_id, T0 + 1.5)
+        assert shown is not None and shown["state"] == "delayed"  # undone, not stuck
+        engine.advance(T0 + 3)  # a retry base later: the attempt's write fails too
+        await engine.journal.drain()
+        assert len(sent) == 1  # nothing is sent while the store is down
+        redis_server.start()
+        now_s = T0 + 3
+        while len(sent) < 2 and now_s < T0 + 30:  # the store reconnects with a back-off
+            await asyncio.sleep(0.05)
+            now_s += 1
+            engine.advance(now_s)
+            await engine.journal.drain()
+        assert [d.attempt for d in sent] == [1, 2]
+        engine.delivered(task_id, 2, None, now_s)
+        await engine.journal.drain()
+        assert engine.get(task_id, now_s) is None
+        await store.close()
+
+    asyncio.run(main())
