@@ -21,7 +21,8 @@ from multidict import CIMultiDict
 
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery, DeliveryFailed
-from delaywheel.delivery.http import HttpSender, check_target
+from delaywheel.delivery.http import HttpSender
+from delaywheel.delivery.http_target import check_target
 from delaywheel.errors import RequestError
 
 LOCAL = AllowList("127.0.0.1")

@@ -11,8 +11,15 @@ removed (delivered), or goes back to ``delayed`` at its next try, or to
 - ``base``: what a delivery is and what a sender does.
 - ``body``: the task body as an HTTP request, AMQP message or NATS message carries it.
 - ``allow``: ``--http-allow``, the destinations the server may call.
-- ``http``: the HTTP sender (one aiohttp session, bounded requests in flight).
-- ``brokers``: Redis list and stream, RabbitMQ, NATS JetStream senders.
-- ``targets``: a target map as a client sends it, checked at ``add``.
-- ``dispatcher``: runs deliveries and reports their outcome to the engine.
+- ``targets``: a target map as a client sends it, checked at ``add``
+  (``http_target`` for HTTP, ``brokers`` for the rest).
+- ``http``: the HTTP sender (one aiohttp session, its resolver in ``_resolver``).
+- ``brokers``: the named brokers and their senders (Redis list and stream,
+  RabbitMQ, NATS JetStream; ``_*_broker``).
+- ``dispatcher``: runs deliveries in lanes, one per destination, and reports
+  their outcome to the engine (``Engine.delivered``).
+- ``service``: a server's senders and dispatcher, started and stopped together.
+
+What checks targets (the engine, the CLI) never imports aiohttp, aio-pika or
+nats-py; the senders import them when the server first needs one.
 """

@@ -39,10 +39,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
 from collections.abc import Iterable
 
-from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -245,31 +243,3 @@ class AllowList:
         if not any(self.allows_address(addr) for addr in addrs):
             kind = _kind(addrs[0])
             raise ValueError(f"host {host} ({kind}) is refused by --http-allow={self}")
-
-
-class DestinationRefused(OSError):
-    """DNS gave only addresses the allow list refuses."""
-
-
-class CheckedResolver(AbstractResolver):
-    """Resolves with ``inner``, then keeps only the addresses ``allow`` allows."""
-
-    def __init__(self, allow: AllowList, inner: AbstractResolver) -> None:
-        self._allow = allow
-        self._inner = inner
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
-        allowed = set(self._allow.allowed_addresses(host, [r["host"] for r in found]))
-        kept = [r for r in found if r["host"] in allowed]
-        if not kept:
-            addresses = ", ".join(dict.fromkeys(r["host"] for r in found))
-            raise DestinationRefused(
-                f"{host} resolves to {addresses}, which --http-allow={self._allow} refuses"
-            )
-        return kept
-
-    async def close(self) -> None:
-        await self._inner.close()

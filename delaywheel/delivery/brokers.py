@@ -16,16 +16,14 @@ errors and ``stats`` show.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from delaywheel.delivery._amqp_broker import AmqpSender
 from delaywheel.delivery._broker_link import BrokerLink
 from delaywheel.delivery._broker_targets import check_target as _check_target
-from delaywheel.delivery._nats_broker import NatsSender
-from delaywheel.delivery._redis_broker import RedisSender
 from delaywheel.delivery.base import Sender
 from delaywheel.store.base import redact_url, scrub, url_secrets
 
@@ -49,11 +47,21 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # so a comma inside a URL (in a password, say) stays in it.
 _ENTRY_SEPARATOR = re.compile(r",(?=\s*[A-Za-z0-9_.-]{1,64}\s*=)")
 _AROUND_ENTRIES = " \t\r\n,"
-_SENDERS: dict[str, type[BrokerLink]] = {
-    "redis": RedisSender,
-    "amqp": AmqpSender,
-    "nats": NatsSender,
+# Each kind's sender, imported when a broker of that kind starts: aio-pika and
+# nats-py together take a tenth of a second to import, which the CLI (it
+# reads DELAYWHEEL_BROKERS through this module) and a server without such a
+# broker need not pay.
+_SENDERS = {
+    "redis": ("delaywheel.delivery._redis_broker", "RedisSender"),
+    "amqp": ("delaywheel.delivery._amqp_broker", "AmqpSender"),
+    "nats": ("delaywheel.delivery._nats_broker", "NatsSender"),
 }
+
+
+def _sender_class(kind: str) -> type[BrokerLink]:
+    module, name = _SENDERS[kind]
+    found: type[BrokerLink] = getattr(importlib.import_module(module), name)
+    return found
 
 
 def redact(url: str) -> str:
@@ -196,7 +204,7 @@ class Brokers:
         for name, url in self._urls.items():
             if name in self._senders:
                 continue
-            sender = _SENDERS[self._kinds[name]](
+            sender = _sender_class(self._kinds[name])(
                 name,
                 url,
                 display_url=redact(url),

@@ -1,8 +1,4 @@
-"""HTTP targets: the target map checked at ``add``, and the sender.
-
-``check_target`` turns a client's ``{"type": "http", ...}`` map into the one
-the task keeps, every field present, or refuses it with ``bad_request``
-naming the field. The destination must pass ``AllowList.check_url``.
+"""The HTTP sender (the target map is checked at ``add`` by ``http_target``).
 
 ``HttpSender`` makes the requests. How it works, and what it assumes:
 
@@ -13,7 +9,7 @@ naming the field. The destination must pass ``AllowList.check_url``.
   ``timeout`` (aiohttp's total timeout: connect, send, answer) starts only
   once it has one, since the wait is our backlog, not the receiver's.
 - The destination is checked again at every attempt. For a host name, the
-  session's resolver (``allow.CheckedResolver``) drops every address the
+  session's resolver (``_resolver.CheckedResolver``) drops every address the
   allow list refuses, so the connection is only ever made to a checked
   address, whatever DNS says this time (DNS rebinding). aiohttp calls no
   resolver for an IP-literal host, so ``send`` checks the URL itself first
@@ -40,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import re
 import time
 from typing import Any
 
@@ -50,108 +45,13 @@ from yarl import URL
 
 from delaywheel import __version__
 from delaywheel.delivery import body
-from delaywheel.delivery.allow import AllowList, CheckedResolver, DestinationRefused
+from delaywheel.delivery._resolver import CheckedResolver, DestinationRefused
+from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery, DeliveryFailed
-from delaywheel.validate import bad, known_fields, number, show
+from delaywheel.delivery.http_target import CONTROL_CHARS, shown_url
 
-FIELDS = frozenset({"type", "url", "method", "headers", "timeout"})
-METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-DEFAULT_METHOD = "POST"
-DEFAULT_TIMEOUT_S = 10.0
-MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 300.0
-MAX_URL_CHARS = 2048  # what browsers and most servers take without trouble
-# Common servers (nginx, Apache) refuse a header line over 8 KiB; 50 headers
-# is far more than a callback needs, so more is a mistake.
-MAX_HEADERS = 50
-MAX_HEADER_VALUE_CHARS = 8192
 DEFAULT_CONCURRENCY = 64
 DRAIN_BYTES = 64 * 1024  # read to reuse the connection; past this, closing it is cheaper
-
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # CTLs but HTAB: never in a field value
-_URL_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]")  # a URL never holds spaces or CTLs
-# The server sets these (framing, the connection) or they change how the
-# request is made; a task cannot.
-_RESERVED = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
-     "trailer", "upgrade", "proxy-connection", "expect"}
-)  # fmt: skip
-_OURS = "delaywheel-"
-
-
-def check_target(value: Any, allow: AllowList) -> dict[str, Any]:
-    """The HTTP target as the task keeps it; ``bad_request`` naming the field."""
-    fields = known_fields("target", value, FIELDS)
-    if fields.get("type") != "http":
-        raise bad(f"target.type must be 'http', got {show(fields.get('type'))}")
-    method = fields.get("method", DEFAULT_METHOD)
-    if type(method) is not str or method.upper() not in METHODS:
-        raise bad(f"target.method must be one of {', '.join(METHODS)}, got {show(method)}")
-    timeout_s = fields.get("timeout", DEFAULT_TIMEOUT_S)
-    return {
-        "type": "http",
-        "url": _check_url(fields.get("url"), allow),
-        "method": method.upper(),
-        "headers": _check_headers(fields.get("headers", {})),
-        "timeout": number("target.timeout", timeout_s, low=MIN_TIMEOUT_S, high=MAX_TIMEOUT_S),
-    }
-
-
-def _check_url(value: Any, allow: AllowList) -> str:
-    if value is None:
-        raise bad("target has no url")
-    if type(value) is not str or not value:
-        raise bad(f"target.url must be an http or https URL (str), got {show(value)}")
-    if len(value) > MAX_URL_CHARS:
-        raise bad(f"target.url is {len(value)} characters, over {MAX_URL_CHARS}: {show(value)}")
-    if _URL_BAD_CHARS.search(value):
-        raise bad(f"target.url has a space or control character: {show(value)}")
-    try:
-        url = URL(value)
-        port = url.explicit_port  # yarl checks the range only when asked
-    except ValueError as exc:
-        raise bad(f"target.url {show(value)} is not a URL: {exc}") from None
-    if url.scheme not in ("http", "https"):
-        raise bad(f"target.url must be http or https, got {show(value)}")
-    if url.raw_user is not None or url.raw_password is not None:
-        # Credentials in a URL end up in logs; headers (Authorization) are the place.
-        raise bad(f"target.url holds credentials; send them in headers: {show(_shown(url))}")
-    if port == 0:
-        raise bad(f"target.url has port 0: {show(value)}")
-    try:
-        allow.check_url(url)
-    except ValueError as exc:
-        raise bad(f"target.url {show(_shown(url))}: {exc}") from None
-    return value
-
-
-def _check_headers(value: Any) -> dict[str, str]:
-    if type(value) is not dict:
-        raise bad(f"target.headers must be a map of str to str, got {show(value)}")
-    if len(value) > MAX_HEADERS:
-        raise bad(f"target.headers has {len(value)} headers, over {MAX_HEADERS}")
-    seen: set[str] = set()
-    for name, text in value.items():
-        if type(name) is not str or not _TOKEN.fullmatch(name):
-            raise bad(f"target.headers name {show(name)} is not an HTTP token")
-        lowered = name.lower()
-        if lowered in _RESERVED or lowered.startswith(_OURS):
-            raise bad(f"target.headers cannot set {show(name)}: the server sets it")
-        if lowered in seen:
-            raise bad(f"target.headers has {show(name)} twice (names are case-insensitive)")
-        seen.add(lowered)
-        if type(text) is not str or _CONTROL.search(text) or len(text) > MAX_HEADER_VALUE_CHARS:
-            raise bad(
-                f"target.headers {name} must be a str of at most {MAX_HEADER_VALUE_CHARS} "
-                f"characters without CR, LF or other control characters, got {show(text)}"
-            )
-    return dict(value)
-
-
-def _shown(url: URL) -> str:
-    """The URL for a message: no query string, fragment or credentials."""
-    bare = url.with_query(None).with_fragment(None)
-    return str(bare.with_user(None) if bare.raw_user or bare.raw_password else bare)
 
 
 def signature(secret: bytes, payload: bytes, t_s: int) -> str:
@@ -226,7 +126,7 @@ class HttpSender:
             # An IP literal never reaches the resolver: this is its check at the attempt.
             self._allow.check_url(url)
         except ValueError as exc:
-            raise DeliveryFailed(f"refused {_shown(url)}: {exc}") from None
+            raise DeliveryFailed(f"refused {shown_url(url)}: {exc}") from None
         try:
             payload, content_type = body.encode(delivery.body_packed)
         except (TypeError, ValueError) as exc:  # checked at add: a record from elsewhere
@@ -238,7 +138,7 @@ class HttpSender:
         else:
             headers.setdefault("Content-Type", content_type)
         for name, text in (("Id", delivery.task_id), ("Topic", delivery.topic)):
-            if _CONTROL.search(text):
+            if CONTROL_CHARS.search(text):
                 raise DeliveryFailed(f"the task's {name.lower()} cannot be an HTTP header value")
             headers[f"Delaywheel-{name}"] = text
         headers["Delaywheel-Attempt"] = str(delivery.attempt)
@@ -252,7 +152,7 @@ class HttpSender:
         payload: bytes | None,
         timeout_s: float,
     ) -> None:
-        shown = _shown(url)
+        shown = shown_url(url)
         try:
             async with self._get_session().request(
                 method,

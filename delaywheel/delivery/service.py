@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delaywheel.config import Settings
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Sender
 from delaywheel.delivery.brokers import Brokers, parse_broker_specs
 from delaywheel.delivery.dispatcher import Dispatcher
-from delaywheel.delivery.http import HttpSender
 from delaywheel.delivery.targets import TargetRules
+
+if TYPE_CHECKING:
+    from delaywheel.delivery.http import HttpSender
 
 
 def target_rules(settings: Settings, store_url: str) -> TargetRules:
@@ -26,20 +28,27 @@ def target_rules(settings: Settings, store_url: str) -> TargetRules:
 class Deliveries:
     def __init__(self, settings: Settings, rules: TargetRules) -> None:
         self.brokers = rules.brokers
-        # The HTTP sender's own bound is only a backstop: the dispatcher's lanes
-        # keep each destination to --http-concurrency requests in flight.
-        self.http = HttpSender(
-            rules.allow,
-            concurrency=settings.http_concurrency * 16,
-            signing_secret=settings.signing_secret,
-        )
         self.dispatcher: Dispatcher | None = None
-        self._http_lane_limit = settings.http_concurrency
+        self._settings = settings
+        self._allow = rules.allow
+        self._http: HttpSender | None = None  # made at the first HTTP delivery
 
     def _sender_for(self, target: dict[str, Any]) -> Sender:
-        if target["type"] == "http":
-            return self.http
-        return self.brokers.sender(target["broker"])
+        if target["type"] != "http":
+            return self.brokers.sender(target["broker"])
+        if self._http is None:
+            # Imported here: aiohttp takes a tenth of a second to import, which
+            # a server that never calls out need not spend at every start.
+            from delaywheel.delivery.http import HttpSender
+
+            # Its own bound is only a backstop: the dispatcher's lanes keep
+            # each destination to --http-concurrency requests in flight.
+            self._http = HttpSender(
+                self._allow,
+                concurrency=self._settings.http_concurrency * 16,
+                signing_secret=self._settings.signing_secret,
+            )
+        return self._http
 
     async def start(self, engine: Any, changed: Any) -> None:
         """Connect the brokers (in the background: one that is down fails its
@@ -48,7 +57,7 @@ class Deliveries:
         self.dispatcher = Dispatcher(
             self._sender_for,
             engine.delivered,
-            http_lane_limit=self._http_lane_limit,
+            http_lane_limit=self._settings.http_concurrency,
             changed=changed,
         )
         engine.start_deliveries(self.dispatcher.submit)
@@ -56,9 +65,11 @@ class Deliveries:
     async def stop(self, grace_s: float) -> None:
         if self.dispatcher is not None:
             await self.dispatcher.drain(grace_s)
-        await self.http.close()
+        if self._http is not None:
+            await self._http.close()
         await self.brokers.close()
 
     def stats(self) -> dict[str, Any]:
         running = {} if self.dispatcher is None else self.dispatcher.stats()
-        return {**running, "http": self.http.state(), "brokers": self.brokers.state()}
+        http = {} if self._http is None else self._http.state()
+        return {**running, "http": http, "brokers": self.brokers.state()}

@@ -20,7 +20,7 @@ from typing import Any
 from delaywheel.delivery import body
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.brokers import Brokers
-from delaywheel.delivery.http import check_target as check_http_target
+from delaywheel.delivery.http_target import check_target as check_http_target
 from delaywheel.validate import bad, show
 
 # The targets that send the body encoded (``body.encode``); a Redis push
