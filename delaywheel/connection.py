@@ -63,7 +63,9 @@ class Connection(asyncio.Protocol):
         # Replies in request order: [msgid, bytes, batch it waits for or None].
         self.replies: deque[list[Any]] = deque()
         self.waiting_on: set[int] = set()  # id() of batches we have a callback on
-        self.waiters: dict[Waiter, asyncio.TimerHandle | None] = {}
+        # Blocked reserves: each one's timeout timer and the msgid it answers.
+        self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
+        self.stopping = False  # the server is shutting down: read nothing more
         self.writing_paused = False
         self.reading_paused = False
         # When the message now half-received started to be waited for, or None.
@@ -90,9 +92,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        for waiter, timer in self.waiters.items():
-            if timer is not None:
-                timer.cancel()
+        for waiter, (timer, _) in self.waiters.items():
+            timer.cancel()
             self.engine.cancel_wait(waiter)
         self.waiters.clear()
         self.transport = None
@@ -228,7 +229,12 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None:
             return
-        should_pause = self.writing_paused or self.busy or len(self.replies) > MAX_QUEUED_REPLIES
+        should_pause = (
+            self.stopping
+            or self.writing_paused
+            or self.busy
+            or len(self.replies) > MAX_QUEUED_REPLIES
+        )
         if should_pause and not self.reading_paused:
             self.transport.pause_reading()
             self.reading_paused = True
@@ -262,13 +268,13 @@ class Connection(asyncio.Protocol):
         timer = asyncio.get_running_loop().call_later(
             timeout_s, lambda: self._reserve_timed_out(waiter, msgid)
         )
-        self.waiters[waiter] = timer
+        self.waiters[waiter] = (timer, msgid)
         self.engine.wait_reserve(waiter)
 
     def _reserved(self, waiter: Waiter, msgid: int, task: dict[str, Any]) -> None:
-        timer = self.waiters.pop(waiter, None)
-        if timer is not None:
-            timer.cancel()
+        blocked = self.waiters.pop(waiter, None)
+        if blocked is not None:
+            blocked[0].cancel()
         payload = self.encoder.response(msgid, task)
         batch = self.engine.journal.pending()
         if batch is None:
@@ -284,8 +290,10 @@ class Connection(asyncio.Protocol):
         batch.add_callback(durable)
 
     def _reserve_timed_out(self, waiter: Waiter, msgid: int) -> None:
-        if self.waiters.pop(waiter, None) is None:
+        blocked = self.waiters.pop(waiter, None)
+        if blocked is None:
             return
+        blocked[0].cancel()  # when called before its time, by stop_reading
         self.engine.cancel_wait(waiter)
         self._send(self.encoder.response(msgid, None))
 
@@ -303,6 +311,16 @@ class Connection(asyncio.Protocol):
             self.transport.write(self.encoder.notification("error", [code, message]))
             self.transport.close()
 
+    def stop_reading(self) -> None:
+        """The server is stopping: read nothing more, and answer what is in
+        flight. Requests already read are still handled (``_work``) and their
+        replies go once durable; a blocked reserve is answered nil now, as if
+        its timeout had run out, rather than cut off."""
+        self.stopping = True
+        self._update_reading()
+        for waiter, (_, msgid) in list(self.waiters.items()):
+            self._reserve_timed_out(waiter, msgid)
+
     def close(self) -> None:
         if self.transport is not None:
-            self.transport.close()
+            self.transport.close()  # after writing what is buffered

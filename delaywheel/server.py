@@ -113,8 +113,9 @@ class Server:
         return host, port
 
     async def stop(self) -> None:
-        """Stop accepting, close connections, give deliveries in flight their
-        grace period, and wait for the journal to drain."""
+        """Stop accepting and reading, answer what is in flight, close the
+        connections, give deliveries in flight their grace period, and wait
+        for the journal to drain."""
         self._stopping = True  # the wheel stops: nothing fires, no delivery starts
         if self._server is not None:
             self._server.close()
@@ -122,6 +123,13 @@ class Server:
             if timer is not None:
                 timer.cancel()
         self._timer = self._sweeper = None
+        for conn in list(self.connections):
+            conn.stop_reading()
+        # A connection holding more than a turn's requests handles the rest on
+        # the next turns; then every reply waits only for the journal.
+        while any(conn.busy for conn in self.connections):
+            await asyncio.sleep(0)
+        await self.engine.journal.drain()
         for conn in list(self.connections):
             conn.close()
         if self.deliveries is not None:
