@@ -63,8 +63,9 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         deliveries = Deliveries(settings, rules)
         server = Server(settings, engine, deliveries)
         host, port = await server.start()
-        # Tests and scripts read this line to learn the port when given port 0.
-        log.warning("delaywheel listening on %s:%d", host, port)
+        # Tests and scripts read this line to learn the port when given port 0
+        # (tests/serverproc.py); what follows the port is free text.
+        log.warning("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
         if ready is not None:
             ready.set()
         try:
@@ -74,6 +75,12 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             await server.stop()
     finally:
         await store.close()
+
+
+def _tls_note(settings: Settings) -> str:
+    if settings.tls_cert is None:
+        return ""
+    return " (TLS, client certificates required)" if settings.tls_client_ca else " (TLS)"
 
 
 async def recover(engine: Engine, store: Store) -> int:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
 from delaywheel.validate import Limits
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3450
@@ -60,6 +64,12 @@ class Settings:
     retry_cap_s: float = DEFAULT_RETRY_CAP_S
     # How long deliveries in flight may take to finish after SIGTERM.
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    # TLS (docs/operations.md, "TLS"): PEM paths of the server's certificate
+    # chain and key, both or neither, and the CA that client certificates
+    # must be signed by (mutual TLS), which needs them.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -84,6 +94,7 @@ class Settings:
         if self.token == "":
             raise ConfigError("token must not be empty (leave it unset for no auth)")
         self._check_delivery()
+        self.tls_context()  # loaded now, so that a bad file stops the start with its name
 
     def _check_delivery(self) -> None:
         if self.http_concurrency < 1:
@@ -111,6 +122,22 @@ class Settings:
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
             raise ConfigError(f"broker: {exc}") from None
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""
+        if self.tls_cert is None or self.tls_key is None:
+            if self.tls_cert is not None or self.tls_key is not None:
+                given, missing = ("cert", "key") if self.tls_key is None else ("key", "cert")
+                raise ConfigError(f"tls {given} needs a tls {missing} too (both or neither)")
+            if self.tls_client_ca is not None:
+                raise ConfigError("tls client ca needs a tls cert and key (mutual TLS)")
+            return None
+        from delaywheel.tls import server_context
+
+        try:
+            return server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def limits(self) -> Limits:

@@ -102,8 +102,18 @@ class Server:
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
+        tls = self.settings.tls_context()
+        # A TLS peer gets --message-timeout to finish its handshake, as it gets
+        # to finish a message. A failed handshake (a plain-text client, a
+        # certificate that does not verify) just closes that connection: the
+        # loop logs OSErrors only in debug mode, and Connection never sees it.
         self._server = await loop.create_server(
-            lambda: Connection(self), self.settings.host, self.settings.port, reuse_address=True
+            lambda: Connection(self),
+            self.settings.host,
+            self.settings.port,
+            reuse_address=True,
+            ssl=tls,
+            ssl_handshake_timeout=None if tls is None else self.settings.message_timeout_s,
         )
         if self.deliveries is not None:
             await self.deliveries.start(self.engine, self.rearm)
@@ -177,6 +187,7 @@ class Server:
         validate.params("stats", params)
         stats = self.engine.stats(now_s)
         stats["connections"] = len(self.connections)
+        stats["tls"] = self.settings.tls_cert is not None
         if self.deliveries is not None:
             stats["deliveries"] = self.deliveries.stats()
         return stats

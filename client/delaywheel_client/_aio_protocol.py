@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Any, cast
 
+from delaywheel_client._tls import CLOSED_UNANSWERED_HINT, tls_reason
 from delaywheel_client.connection import (
     MAX_REPLY_BYTES,
     MAX_REPLY_CONTAINER_LEN,
@@ -44,6 +46,8 @@ class ClientProtocol(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future[Response]] = {}
         self.msgid = 0
         self.lost = False
+        self.tls = False
+        self.heard = False  # anything received yet
         self.closed = self.loop.create_future()  # set by connection_lost
         self.why: str | None = None  # what went wrong, when we know better than the OS
         self.closed_by: tuple[str, str] | None = None
@@ -58,12 +62,14 @@ class ClientProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, so no isinstance.
         self.transport = cast(asyncio.Transport, transport)
+        self.tls = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         pending = self.pending
+        self.heard = True
         try:
             self.decoder.feed(data)
             for message in self.decoder:
@@ -79,16 +85,23 @@ class ClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        # An SSLError is an alert (the server wanted our certificate, say): trying
+        # again would end the same way.
+        alert = exc if isinstance(exc, ssl.SSLError) else None
         if self.closed_by is not None:
-            reason = f"the server closed the connection: {self.closed_by[1]}"
+            why = f"the server closed the connection: {self.closed_by[1]}"
         elif self.why is not None:
-            reason = self.why
+            why = self.why
+        elif alert is not None:
+            why = f"the server ended TLS: {tls_reason(alert)}"
+        elif exc is None and self.tls and not self.heard:
+            why = "the server closed the connection" + CLOSED_UNANSWERED_HINT
         else:
-            reason = "connection lost" + (f": {type(exc).__name__}: {exc}" if exc else "")
+            why = "connection lost" + (f": {type(exc).__name__}: {exc}" if exc else "")
         pending, self.pending = self.pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(Dropped(reason, True, self.closed_by))
+                future.set_exception(Dropped(why, True, self.closed_by, alert is not None))
         if not self.closed.done():
             self.closed.set_result(None)
         self._wake_writers()

@@ -16,11 +16,13 @@ that task reserved until its ttr runs out).
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from delaywheel_client._aio_protocol import ClientProtocol
+from delaywheel_client._tls import PathLike, handshake_failure
 from delaywheel_client.calls import (
     Task,
     TaskList,
@@ -56,6 +58,10 @@ class AsyncClient(ClientBase):
     One connection carries every call, concurrent ones included. Errors and retries are
     as in ``Client``: server errors raise their ``errors`` class, a lost connection raises
     ``ConnectionFailed`` for the calls in flight and the next call reconnects.
+
+    TLS takes the parameters of ``Client`` (see ``ClientBase``): ``tls``, ``tls_ca``,
+    ``tls_cert``, ``tls_key``, ``server_hostname``; ``connect_timeout_s`` bounds the
+    handshake too.
     """
 
     def __post_init__(self) -> None:
@@ -73,6 +79,11 @@ class AsyncClient(ClientBase):
         timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
         retries: int = 3,
+        tls: bool | ssl.SSLContext = False,
+        tls_ca: PathLike | None = None,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        server_hostname: str | None = None,
     ) -> AsyncClient:
         """A client with its connection open (and authenticated when ``token`` is given)."""
         client = cls(
@@ -82,6 +93,11 @@ class AsyncClient(ClientBase):
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             retries=retries,
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            server_hostname=server_hostname,
         )
         await client._ready()
         return client
@@ -101,11 +117,19 @@ class AsyncClient(ClientBase):
             if self._closed:
                 raise ConnectionFailed(f"{self._label}: the client is closed")
             loop = asyncio.get_running_loop()
+            tls = self._ssl
+            connecting = loop.create_connection(
+                ClientProtocol,
+                self.host,
+                self.port,
+                ssl=tls,
+                server_hostname=None if tls is None else self._server_hostname,
+                ssl_handshake_timeout=None if tls is None else self.connect_timeout_s,
+            )
             try:
-                _, opened = await asyncio.wait_for(
-                    loop.create_connection(ClientProtocol, self.host, self.port),
-                    self.connect_timeout_s,
-                )
+                _, opened = await asyncio.wait_for(connecting, self.connect_timeout_s)
+            except ssl.SSLError as exc:
+                raise Dropped(handshake_failure(exc), False, permanent=True) from exc
             except (OSError, asyncio.TimeoutError) as exc:
                 raise Dropped(f"cannot connect: {describe(exc)}", False) from exc
             if self.token is not None:

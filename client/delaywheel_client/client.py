@@ -58,7 +58,17 @@ class Client(ClientBase):
     an ``id`` to make it idempotent: adding the same id again answers ``Exists``.
 
     ``timeout_s`` is how long to wait for a reply (``reserve`` waits its own ``timeout`` on
-    top of it); ``connect_timeout_s`` bounds opening a connection.
+    top of it); ``connect_timeout_s`` bounds opening a connection (and its TLS handshake).
+
+    TLS (see ``ClientBase``)::
+
+        Client("queue.internal", 3450, tls_ca="ca.pem")  # verified against a private CA
+        Client("queue.internal", 3450, tls_ca="ca.pem",  # mutual TLS
+               tls_cert="client.pem", tls_key="client.key")
+        Client("queue.example.com", 3450, tls=True)  # a certificate the system trusts
+
+    A certificate that does not verify raises ``ConnectionFailed`` at the first call,
+    without retrying.
     """
 
     def __post_init__(self) -> None:
@@ -74,7 +84,14 @@ class Client(ClientBase):
     def _connect(self) -> Connection:
         if self._closed:
             raise ConnectionFailed(f"{self._label}: the client is closed")
-        conn = Connection.open(self.host, self.port, self.connect_timeout_s, self.timeout_s)
+        conn = Connection.open(
+            self.host,
+            self.port,
+            self.connect_timeout_s,
+            self.timeout_s,
+            self._ssl,
+            self._server_hostname,
+        )
         if self.token is not None:
             try:
                 reply = conn.exchange("auth", (self.token,), self.timeout_s)

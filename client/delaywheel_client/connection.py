@@ -13,7 +13,8 @@ whose reply never came may have been applied, so only the read-only methods (``p
 ``auth``, ``get``, ``list``, ``stats``) are sent again; the others raise
 ``ConnectionFailed``. When the server said why it closed the connection, the call raises
 ``ServerClosed`` at once. Give ``add`` an ``id`` to make it safe to repeat yourself: a
-second add of the same id answers ``Exists``.
+second add of the same id answers ``Exists``. A TLS failure (a certificate that does not
+verify, a server that refuses ours) is not retried either: it would fail the same way.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ from __future__ import annotations
 import dataclasses
 import select
 import socket
+import ssl
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from delaywheel_client._tls import (
+    CLOSED_UNANSWERED_HINT,
+    PathLike,
+    client_context,
+    handshake_failure,
+    tls_reason,
+)
 from delaywheel_client.errors import ConnectionFailed, ServerClosed
 from delaywheel_client.protocol import (
     MAX_MSGID,
@@ -102,13 +111,21 @@ def describe(exc: BaseException) -> str:
 
 class Dropped(Exception):
     """The connection failed; ``sent`` says whether the request may have reached the server.
-    ``closed_by`` is the server's ``(code, message)`` when it said why it closed."""
+    ``closed_by`` is the server's ``(code, message)`` when it said why it closed;
+    ``permanent`` that trying again would fail the same way (TLS refused either way)."""
 
-    def __init__(self, reason: str, sent: bool, closed_by: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        sent: bool,
+        closed_by: tuple[str, str] | None = None,
+        permanent: bool = False,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.sent = sent
         self.closed_by = closed_by
+        self.permanent = permanent
 
 
 # -- the settings and the retry policy of both clients ---------------------------------------
@@ -120,7 +137,18 @@ _C = TypeVar("_C", bound="ClientBase")
 class ClientBase:
     """Where to connect and how long to wait: the settings ``Client`` and ``AsyncClient``
     share, and what both do when a connection drops. Subclasses set up their connection
-    state in ``__post_init__``."""
+    state in ``__post_init__``.
+
+    TLS, for a server started with ``--tls-cert``: ``tls=True`` connects with TLS and
+    verifies the server's certificate against the system's CAs and the host name;
+    ``tls_ca`` (a PEM file) trusts a private CA instead; ``tls_cert`` and ``tls_key`` (PEM;
+    the key may sit in the cert file) are this client's certificate, for a server with
+    ``--tls-client-ca`` (mutual TLS); ``server_hostname`` is the name the server's
+    certificate must carry when it is not ``host``. Giving ``tls_ca`` or ``tls_cert``
+    turns TLS on by itself. For anything else (no verification, pinned ciphers) pass an
+    ``ssl.SSLContext`` of your own as ``tls``. The files are loaded when the client is made:
+    one that cannot be raises ``ValueError`` naming it.
+    """
 
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -129,11 +157,18 @@ class ClientBase:
     timeout_s: float = 10.0
     connect_timeout_s: float = 5.0
     retries: int = 3
+    tls: bool | ssl.SSLContext = False
+    tls_ca: PathLike | None = None
+    tls_cert: PathLike | None = None
+    tls_key: PathLike | None = None
+    server_hostname: str | None = None
 
     def __post_init__(self) -> None:
         host, port = self.host, self.port
         self._label = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         self._closed = False
+        self._ssl = client_context(self.tls, self.tls_ca, self.tls_cert, self.tls_key)
+        self._server_hostname = self.server_hostname or host
 
     @classmethod
     def from_url(cls: type[_C], url: str, **kw: Any) -> _C:
@@ -148,7 +183,7 @@ class ClientBase:
     def _backoff_s(self, exc: Dropped, read_only: bool, attempt: int) -> float:
         """After a drop: how long to wait before trying again, or raises when the call may
         not be repeated (see the module docstring)."""
-        retry = (read_only or not exc.sent) and exc.closed_by is None
+        retry = (read_only or not exc.sent) and exc.closed_by is None and not exc.permanent
         if retry and attempt < self.retries and not self._closed:
             return retry_delay_s(attempt)
         raise self._failure(exc, read_only) from exc
@@ -167,7 +202,7 @@ class ClientBase:
 class Connection:
     """One socket and its codec. Not thread-safe: one borrower at a time."""
 
-    __slots__ = ("decoder", "encoder", "msgid", "poller", "sock", "timeout_s")
+    __slots__ = ("decoder", "encoder", "heard", "msgid", "poller", "sock", "timeout_s")
 
     def __init__(self, sock: socket.socket, timeout_s: float) -> None:
         self.sock = sock
@@ -178,25 +213,44 @@ class Connection:
         )
         self.encoder = Encoder()
         self.msgid = 0
+        self.heard = False  # anything received yet
         self.poller: Any = None
         if hasattr(select, "poll"):
             self.poller = select.poll()
             self.poller.register(sock, select.POLLIN)
 
     @classmethod
-    def open(cls, host: str, port: int, connect_timeout_s: float, timeout_s: float) -> Connection:
-        """A new connection; raises ``Dropped`` (not sent) when it cannot be opened."""
+    def open(
+        cls,
+        host: str,
+        port: int,
+        connect_timeout_s: float,
+        timeout_s: float,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> Connection:
+        """A new connection, with its TLS handshake done when ``tls`` is given; raises
+        ``Dropped`` (not sent) when it cannot be opened."""
         try:
             sock = socket.create_connection((host, port), connect_timeout_s)
         except OSError as exc:
             raise Dropped(f"cannot connect: {describe(exc)}", sent=False) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:  # the handshake, within connect_timeout_s; a failure closes the socket
+                sock = tls.wrap_socket(sock, server_hostname=server_hostname or host)
+            except ssl.SSLError as exc:
+                raise Dropped(handshake_failure(exc), sent=False, permanent=True) from exc
+            except OSError as exc:  # reset or timed out: worth another try
+                raise Dropped(f"TLS handshake failed: {describe(exc)}", sent=False) from exc
         return cls(sock, timeout_s)
 
     def stale(self) -> bool:
         """True when, while idle, the server closed this connection or sent something."""
         if self.decoder.buffered_bytes:
             return True
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+            return True  # decrypted, but not read yet
         if self.poller is not None:
             return bool(self.poller.poll(0))
         return bool(select.select([self.sock], [], [], 0)[0])
@@ -267,7 +321,8 @@ class Connection:
             while waiting:
                 data = sock.recv(READ_CHUNK_BYTES)
                 if not data:
-                    raise self._dropped(f"the server closed the connection during {what}")
+                    raise self._dropped(self._closed_reason(what))
+                self.heard = True
                 decoder.feed(data)
                 for message in decoder:
                     if type(message) is Response:
@@ -281,10 +336,19 @@ class Connection:
                         self._notified(message)
         except TimeoutError as exc:
             raise self._dropped(f"no reply to {what} within {self.timeout_s:g} s") from exc
+        except ssl.SSLError as exc:  # an alert: e.g. the server wanted our certificate
+            why = f"the server ended TLS during {what}: {tls_reason(exc)}"
+            raise self._dropped(why, permanent=True) from exc
         except OSError as exc:
             raise self._dropped(f"reading the reply to {what} failed: {describe(exc)}") from exc
         except ProtocolError as exc:
             raise self._dropped(f"undecodable reply to {what}: {exc}") from exc
+
+    def _closed_reason(self, what: str) -> str:
+        reason = f"the server closed the connection during {what}"
+        if not self.heard and isinstance(self.sock, ssl.SSLSocket):
+            reason += CLOSED_UNANSWERED_HINT
+        return reason
 
     def _notified(self, message: Notification) -> None:
         """The server's parting ``[2, "error", [code, message]]``; other notifications are
@@ -296,10 +360,14 @@ class Connection:
         raise self._dropped(reason, closed_by=(code, text))
 
     def _dropped(
-        self, reason: str, sent: bool = True, closed_by: tuple[str, str] | None = None
+        self,
+        reason: str,
+        sent: bool = True,
+        closed_by: tuple[str, str] | None = None,
+        permanent: bool = False,
     ) -> Dropped:
         self.close()
-        return Dropped(reason, sent, closed_by)
+        return Dropped(reason, sent, closed_by, permanent)
 
     def close(self) -> None:
         self.sock.close()

@@ -8,8 +8,11 @@ is ``unavailable``. A failure is one line on stderr, never a traceback.
 Every setting of ``serve`` can also come from an environment variable named
 ``DELAYWHEEL_<OPTION>`` (``--tick`` from ``DELAYWHEEL_TICK``, ``--max-body`` from
 ``DELAYWHEEL_MAX_BODY``); the global client options likewise (``DELAYWHEEL_SERVER``,
-``DELAYWHEEL_TOKEN``, ``DELAYWHEEL_JSON``, ``DELAYWHEEL_TIMEOUT``). ``DELAYWHEEL_TOKEN``
-is read by both sides on purpose: one secret for the server and its clients.
+``DELAYWHEEL_TOKEN``, ``DELAYWHEEL_JSON``, ``DELAYWHEEL_TIMEOUT``, ``DELAYWHEEL_TLS``,
+``DELAYWHEEL_TLS_CA``). ``DELAYWHEEL_TOKEN`` is read by both sides on purpose: one secret
+for the server and its clients. The client's own certificate is not: ``--tls-cert`` and
+``--tls-key`` read ``DELAYWHEEL_TLS_CLIENT_CERT`` and ``DELAYWHEEL_TLS_CLIENT_KEY``, as
+``DELAYWHEEL_TLS_CERT`` and ``DELAYWHEEL_TLS_KEY`` are the server's.
 
 With ``--json`` every command prints one JSON document on stdout: the server's result
 for the method it calls. Bytes (a bin ``body``) are written as ``{"$bin": "<base64>"}``,
@@ -36,6 +39,9 @@ from delaywheel.config import DEFAULT_PORT
 __all__ = ["main"]
 
 DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
+# Checked only when a command connects (Env.client), not here: --tls-key without
+# --tls-cert, say, must not stop ``serve``, which has TLS options of its own.
+_TLS_FILE = click.Path(dir_okay=False)
 
 _EPILOG = """\
 Exit codes: 0 success; 1 not found, conflict or exists; 2 usage error or a request
@@ -126,10 +132,46 @@ def _command_name(ctx: click.Context | None) -> str:
     show_envvar=True,
     help="Seconds to wait for each reply (reserve adds its own --timeout).",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    envvar="DELAYWHEEL_TLS",
+    show_envvar=True,
+    help="Connect with TLS, verifying the server's certificate (the system's CAs).",
+)
+@click.option(
+    "--tls-ca",
+    type=_TLS_FILE,
+    envvar="DELAYWHEEL_TLS_CA",
+    show_envvar=True,
+    help="Trust this PEM CA for the server's certificate (implies --tls).",
+)
+@click.option(
+    "--tls-cert",
+    type=_TLS_FILE,
+    envvar="DELAYWHEEL_TLS_CLIENT_CERT",
+    show_envvar=True,
+    help="This client's PEM certificate, for a server that wants one (implies --tls).",
+)
+@click.option(
+    "--tls-key",
+    type=_TLS_FILE,
+    envvar="DELAYWHEEL_TLS_CLIENT_KEY",
+    show_envvar=True,
+    help="The PEM private key of --tls-cert (if not in the same file).",
+)
 @click.version_option(__version__, prog_name="delaywheel")
 @click.pass_context
 def main(
-    ctx: click.Context, server: tuple[str, int], token: str | None, as_json: bool, timeout_s: float
+    ctx: click.Context,
+    server: tuple[str, int],
+    token: str | None,
+    as_json: bool,
+    timeout_s: float,
+    tls: bool,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
 ) -> None:
     """delaywheel: a delay-queue server built on a hierarchical time wheel.
 
@@ -140,7 +182,8 @@ def main(
             f"must be more than 0, got {timeout_s:g}", param_hint="'--timeout'"
         )
     env = Env(host=server[0], port=server[1], token=token or None, as_json=as_json,
-              timeout_s=timeout_s)  # fmt: skip
+              timeout_s=timeout_s, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
+              tls_key=tls_key)  # fmt: skip
     ctx.obj = env
     ctx.call_on_close(env.close)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from delaywheel.cli.errors import cli_error, server_error
+from delaywheel.cli.errors import EXIT_USAGE, cli_error, server_error
 from delaywheel.cli.output import dumps
 from delaywheel.config import DEFAULT_HOST, DEFAULT_PORT
 
@@ -29,19 +30,32 @@ class Env:
     token: str | None = None
     as_json: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     _clients: list[Client] = field(default_factory=list)
 
     def client(self) -> Client:
-        """A ``delaywheel_client.Client`` for the global options (it connects on first use)."""
+        """A ``delaywheel_client.Client`` for the global options (it connects on first use).
+        A TLS file it cannot load is a usage error naming it."""
         from delaywheel_client import Client
 
-        made = Client(
-            self.host,
-            self.port,
-            token=self.token,
-            timeout_s=self.timeout_s,
-            connect_timeout_s=min(5.0, self.timeout_s),
-        )
+        try:
+            made = Client(
+                self.host,
+                self.port,
+                token=self.token,
+                timeout_s=self.timeout_s,
+                connect_timeout_s=min(5.0, self.timeout_s),
+                tls=self.tls,
+                tls_ca=self.tls_ca,
+                tls_cert=self.tls_cert,
+                tls_key=self.tls_key,
+            )
+        except ValueError as exc:  # the client names the file: tls_ca 'ca.pem': ...
+            message = re.sub(r"(^|, |needs )tls_(ca|cert|key)\b", r"\1--tls-\2", str(exc))
+            raise cli_error(message, EXIT_USAGE) from None
         self._clients.append(made)
         return made
 

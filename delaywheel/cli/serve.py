@@ -152,6 +152,19 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Seconds deliveries in flight get to finish after SIGTERM.",
 )
 @_serve_option(
+    "--tls-cert",
+    metavar="FILE",
+    default=None,
+    help="Serve TLS with this PEM certificate chain (needs --tls-key).",
+)
+@_serve_option("--tls-key", metavar="FILE", default=None, help="The PEM private key of --tls-cert.")
+@_serve_option(
+    "--tls-client-ca",
+    metavar="FILE",
+    default=None,
+    help="Mutual TLS: clients must present a certificate signed by this PEM CA.",
+)
+@_serve_option(
     "--log-level",
     default="info",
     show_default=True,
