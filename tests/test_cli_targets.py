@@ -4,9 +4,9 @@ The server (one per module) has a Redis store, so ``store`` is a broker, plus a 
 broker ``r`` (the same Redis), a RabbitMQ broker ``q`` and a NATS broker ``n`` (both run
 on this machine), and lets HTTP targets point at 127.0.0.1. Tasks are added an hour
 ahead, so nothing is delivered: each test reads the target back with ``get`` and
-compares it with the normalized map the server keeps. The usage errors are caught
-before any connection, so they run against an address where nothing listens: reaching
-the network would exit 3, not 2.
+compares it with the normalized map the server keeps, or with the line that ``get``
+shows of it in text. The usage errors are caught before any connection, so they run
+against an address where nothing listens: reaching the network would exit 3, not 2.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from conftest import free_port
 from serverproc import ServerProcess
 
 from delaywheel.cli import main
+from delaywheel.cli.output import task_text
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -128,6 +129,49 @@ def test_update_option_changes_the_target(address: str, args: list[str], expecte
     updated = run_json(address, "update", added["id"], *args)
     assert updated["target"] == expected
     assert run_json(address, "get", added["id"])["target"] == expected
+
+
+# What `get` shows on its target row for the same options (no header values: they
+# may be credentials).
+TEXTS = {
+    "http": f"http POST {HOOK}",
+    "http-all-options": f"http PUT {HOOK}",
+    "http-timeout-duration": f"http POST {HOOK}",
+    "redis-list": "redis list jobs, broker store",
+    "redis-stream-store": "redis stream events, broker store",
+    "redis-stream": "redis stream events, broker r",
+    "amqp": "amqp routing key work, default exchange, broker q",
+    "amqp-exchange": "amqp routing key work, exchange amq.direct, broker q",
+    "nats": "nats subject jobs.due, broker n",
+    "target-json": "nats subject s, broker n",
+}
+assert list(TEXTS) == IDS
+
+
+def target_row(address: str, task_id: str) -> str:
+    shown = run(address, "get", task_id)
+    assert shown.exit_code == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if line.startswith("target:")]
+    return row.removeprefix("target:").strip()
+
+
+@pytest.mark.parametrize(("args", "text"), [(TARGETS[i][0], TEXTS[i]) for i in IDS], ids=IDS)
+def test_get_shows_where_the_target_points(address: str, args: list[str], text: str) -> None:
+    added = run_json(address, "add", "--topic", unique(), "--delay", "3600", *args)
+    assert target_row(address, added["id"]) == text
+
+
+def test_get_quotes_a_name_that_is_not_one_word(address: str) -> None:
+    args = ["--amqp", "a b, exchange x", "--broker", "q"]
+    added = run_json(address, "add", "--topic", unique(), "--delay", "1h", *args)
+    expected = 'amqp routing key "a b, exchange x", default exchange, broker q'
+    assert target_row(address, added["id"]) == expected
+
+
+def test_a_target_kind_newer_than_the_cli_is_shown_with_its_fields() -> None:
+    task = {"id": "x", "target": {"type": "kafka", "broker": "k", "topic": "due"}}
+    [row] = [line for line in task_text(task).splitlines() if line.startswith("target:")]
+    assert row.removeprefix("target:").strip() == 'kafka {"broker": "k", "topic": "due"}'
 
 
 def test_update_back_to_the_ready_queue(address: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -98,15 +99,44 @@ def _body_text(body: Any) -> tuple[str, str]:
     return "body (json)", dumps(body, indent=2)
 
 
+# A name shown as is; any other is quoted, so that a key such as "a, broker b"
+# cannot pass for the fields after it.
+_PLAIN_NAME = re.compile(r'[^\s,"]+')
+
+
+def _name_text(value: Any) -> str:
+    """A key, routing key, subject or broker name: as is, or quoted as JSON."""
+    if isinstance(value, str) and value.isprintable() and _PLAIN_NAME.fullmatch(value):
+        return value
+    return json.dumps(to_json(value), ensure_ascii=False)
+
+
 def _target_text(target: Any) -> str:
+    """Where a due task goes, on one line: the kind, what it names, and the broker.
+
+    HTTP headers are left out, since they may hold credentials (``Authorization``);
+    ``--json`` shows the whole target.
+    """
     if not isinstance(target, dict):
         return str(target)
     kind = target.get("type", "queue")
+    if kind == "queue":
+        return "queue"
     if kind == "http":
         return f"http {target.get('method', 'POST')} {target.get('url')}"
     if kind == "redis":
-        return f"redis {target.get('mode', 'list')} {target.get('key')}"
-    return str(kind)
+        mode, key = target.get("mode", "list"), _name_text(target.get("key"))
+        return f"redis {mode} {key}, broker {_name_text(target.get('broker', 'store'))}"
+    if kind == "amqp":
+        exchange = target.get("exchange", "")
+        on = f"exchange {_name_text(exchange)}" if exchange else "default exchange"
+        routing_key = _name_text(target.get("routing_key"))
+        return f"amqp routing key {routing_key}, {on}, broker {_name_text(target.get('broker'))}"
+    if kind == "nats":
+        subject = _name_text(target.get("subject"))
+        return f"nats subject {subject}, broker {_name_text(target.get('broker'))}"
+    rest = {key: value for key, value in target.items() if key != "type"}
+    return f"{kind} {dumps(rest)}" if rest else str(kind)  # a kind newer than this CLI
 
 
 # Fields task_text shows in rows of their own; the rest are listed as JSON after them.
