@@ -62,6 +62,9 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         await recover(engine, store)
         deliveries = Deliveries(settings, rules)
         server = Server(settings, engine, deliveries)
+        # Handlers first: a signal right after the listening line (a test, a
+        # supervisor) must stop the server cleanly, not kill it.
+        stop = _stop_on_signal()
         host, port = await server.start()
         # Tests and scripts read this line to learn the port when given port 0
         # (tests/serverproc.py); what follows the port is free text.
@@ -69,8 +72,9 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         if ready is not None:
             ready.set()
         try:
-            await _until_signal()
+            await stop.wait()
         finally:
+            _remove_signal_handlers()
             log.info("shutting down")
             await server.stop()
     finally:
@@ -106,16 +110,22 @@ async def recover(engine: Engine, store: Store) -> int:
     return loaded
 
 
-async def _until_signal() -> None:
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_on_signal() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (the handlers stay until removed)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
+    return stop
+
+
+def _remove_signal_handlers() -> None:
+    loop = asyncio.get_running_loop()
+    for signum in _STOP_SIGNALS:
+        loop.remove_signal_handler(signum)
 
 
 def run(settings: Settings) -> None:

@@ -200,8 +200,7 @@ class Engine:
     # -- requests ------------------------------------------------------------
 
     def add(self, fields: Any, now_s: float) -> dict[str, Any]:
-        new = validate.new_task(fields, now_s, self.limits)
-        task = self._create(new, now_s)
+        task = self._create(self._checked(fields, now_s), now_s)
         self._serve_waiters(now_s)
         return self._added(task)
 
@@ -212,7 +211,7 @@ class Engine:
         seen: set[str] = set()
         for index, fields in enumerate(tasks):
             try:
-                new = validate.new_task(fields, now_s, self.limits)
+                new = self._checked(fields, now_s)
                 if new.id is not None:
                     if new.id in self._tasks or new.id in seen:
                         raise RequestError("exists", f"a task with id {new.id!r} already exists")
@@ -224,17 +223,24 @@ class Engine:
         self._serve_waiters(now_s)
         return [self._added(task) for task in created]
 
+    def _checked(self, fields: Any, now_s: float) -> validate.NewTask:
+        """A new task's fields, checked, its target too (``add_many`` checks
+        every task before it creates any: all or nothing)."""
+        new = validate.new_task(fields, now_s, self.limits)
+        if new.target is not None:
+            new.target = self.targets.check(
+                new.target, new.body_packed, task_id=new.id, topic=new.topic
+            )
+        return new
+
     def _create(self, new: validate.NewTask, now_s: float) -> Task:
+        """Create a task from ``_checked`` fields (``target`` None: the ready queue)."""
         task_id = new.id
         if task_id is None:
             task_id = f"{self._id_prefix}{next(self._id_counter):x}"
         elif task_id in self._tasks:
             raise RequestError("exists", f"a task with id {task_id!r} already exists")
-        target = None
-        if new.target is not None:
-            target = self.targets.check(
-                new.target, new.body_packed, task_id=new.id, topic=new.topic
-            )
+        target = new.target
         task = Task(
             task_id,
             new.topic,

@@ -156,7 +156,9 @@ class NewTask:
     body_packed: bytes
     ttr_s: float
     max_attempts: int
-    target: dict[str, Any] | None  # as sent; None when not given (the ready queue)
+    # As sent, None when not given; the engine replaces it with the checked
+    # target (delivery.targets), None for the ready queue.
+    target: dict[str, Any] | None
 
 
 def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
