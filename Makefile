@@ -4,15 +4,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: install test lint build bench run clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The server depends on delaywheel-client, which lives in client/: naming both
+# in one command makes pip take it from there instead of asking an index.
+$(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e ./client -e '.[test]'
 	touch $(STAMP)
 
 test: install
@@ -22,13 +25,24 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two distributions, an sdist and a wheel each: delaywheel-client (the client
+# library and Worker, msgpack alone) and delaywheel (the server and CLI, which
+# depends on it). Then the image, when a Docker engine answers: a docker command
+# without an engine (as on our CI machines) skips that step, saying so.
+# A stale *.egg-info/SOURCES.txt is read back into the next sdist: start clean.
 build: install
-	rm -rf dist
+	rm -rf dist build *.egg-info client/build client/*.egg-info
+	$(BIN)/python -m build --outdir dist client
 	$(BIN)/python -m build --outdir dist .
+	@if docker info >/dev/null 2>&1; then \
+		docker build --tag delaywheel:$(VERSION) --tag delaywheel:latest . ; \
+	else \
+		echo "no Docker engine answers (docker info failed): image not built"; \
+	fi
 
 # The bench also needs the `bench` extra (greenstalk, the beanstalkd client).
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e ./client -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
@@ -38,4 +52,4 @@ run: install
 	$(BIN)/delaywheel serve --store sqlite:///delaywheel.db
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist build *.egg-info client/build client/*.egg-info .pytest_cache .mypy_cache .ruff_cache

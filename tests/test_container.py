@@ -1,0 +1,495 @@
+"""The container pieces, checked without a Docker engine (our CI machines have none).
+
+- docker-compose-run-sample.yml is valid compose (`docker-compose config`, which
+  needs no engine), and refuses to start without a token.
+- Its delaywheel service, as compose resolves it, runs for real: the image's
+  CMD with the service's environment, from this venv, against a private
+  redis-server started with the redis service's own flags. Only the store's
+  host:port and the port binding change. The healthcheck (the Dockerfile's and
+  the service's) passes against it and fails once it is gone, and a task goes
+  through with the token.
+- The optional RabbitMQ and NATS block, uncommented, is valid compose too, and
+  the server takes the brokers it names.
+- The two distributions `make build` makes, built from a copy of the tree and
+  installed by file into fresh venvs that hold nothing else of ours: the
+  server (with [fast], as the image installs it) serves and answers ping; the
+  client alone imports with msgpack as its only company, and delaywheel does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.parse
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import RedisServer
+from delaywheel_client import Client, errors
+from serverproc import LISTENING, START_TIMEOUT_S, ServerProcess
+
+from delaywheel import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose-run-sample.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+VENV_BIN = Path(sys.executable).parent
+VERSION = __version__  # tests/test_packaging.py checks it against both pyproject.toml files
+
+# What the compose file needs from its environment; the rest have defaults.
+COMPOSE_ENV = {"DELAYWHEEL_TOKEN": "container-test-token", "RABBITMQ_PASSWORD": "rabbit-pass"}
+CONTAINER_PORT = 3450  # the server's default, EXPOSEd and published by the sample
+OUR_VARIABLES = ("DELAYWHEEL_", "RABBITMQ_", "COMPOSE_", "PYTHON", "VIRTUAL_ENV")
+OPTIONAL_START, OPTIONAL_END = "# >>> optional", "# <<< optional"
+COMMAND_TIMEOUT_S = 60
+PIP_TIMEOUT_S = 240  # a fresh venv's dependencies, from the index (or its mirror)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without our settings or Python's search paths, plus ``extra``."""
+    kept = {key: value for key, value in os.environ.items() if not key.startswith(OUR_VARIABLES)}
+    return {**kept, **extra}
+
+
+def _run(argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``argv``; a failure fails the test, saying what could not be done and why."""
+    kwargs.setdefault("timeout", COMMAND_TIMEOUT_S)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+        pytest.fail(f"{what} failed (exit {done.returncode}): {shlex.join(argv)}\n{tail}")
+    return done
+
+
+# -- compose ------------------------------------------------------------------------------
+
+
+def _compose(file: Path, *args: str) -> list[str]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.fail(
+            "docker-compose is not installed: Debian's package docker-compose has it"
+            " (.ci/run installs it)"
+        )
+    return [exe, "--project-directory", str(ROOT), "-f", str(file), *args]
+
+
+def _resolved(file: Path) -> dict[str, Any]:
+    """The file as compose resolves it: variables filled in, defaults applied."""
+    done = _run(_compose(file, "config"), "docker-compose config", env=_clean_env(**COMPOSE_ENV))
+    config: dict[str, Any] = yaml.safe_load(done.stdout)
+    return config
+
+
+def _argv(command: str | list[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def _dockerfile_instruction(name: str) -> str:
+    """The arguments of the Dockerfile's last ``name`` instruction, continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    found = re.findall(rf"^{name}\s+(.*)$", joined, re.MULTILINE)
+    assert found, f"no {name} in the Dockerfile"
+    return str(found[-1])
+
+
+def _dockerfile_cmd() -> list[str]:
+    cmd: list[str] = json.loads(_dockerfile_instruction("CMD"))
+    return cmd
+
+
+def _dockerfile_healthcheck() -> list[str]:
+    check: list[str] = json.loads(_dockerfile_instruction("HEALTHCHECK").split(" CMD ", 1)[1])
+    return check
+
+
+def _ours(argv: list[str]) -> list[str]:
+    """``delaywheel ...`` as this venv's delaywheel."""
+    assert argv[0] == "delaywheel", argv
+    return [str(VENV_BIN / "delaywheel"), *argv[1:]]
+
+
+def _uncomment_optional(text: str) -> tuple[str, int]:
+    """The file with its optional blocks uncommented (their ``##`` lines are prose)."""
+    lines, inside, blocks = [], False, 0
+    for line in text.splitlines(keepends=True):
+        body = line.lstrip()
+        if body.startswith((OPTIONAL_START, OPTIONAL_END)):
+            inside = body.startswith(OPTIONAL_START)
+            blocks += inside
+            continue
+        if inside and not body.startswith("##"):
+            assert body.startswith("# "), f"not a commented-out line in an optional block: {line!r}"
+            line = line[: len(line) - len(body)] + body[2:]
+        lines.append(line)
+    assert not inside, "an optional block is not closed"
+    return "".join(lines), blocks
+
+
+class Served:
+    """A server started from an exact command line; stopped on leaving the ``with``."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        self.log: list[str] = []
+        self.host, self.port = "", 0
+        self._listening = threading.Event()
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"{shlex.join(argv)} did not start:\n" + "\n".join(self.log))
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        with self.proc.stderr:
+            for line in self.proc.stderr:
+                self.log.append(line.rstrip())
+                match = LISTENING.search(line)
+                if match and not self._listening.is_set():
+                    self.host, self.port = match.group(1), int(match.group(2))
+                    self._listening.set()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def _container_env(service: Mapping[str, Any], store_at: str) -> dict[str, str]:
+    """The service's environment, its Redis moved to ``store_at`` (host:port) and
+    its port to a free one: the two things a container's network decides."""
+    env = {key: str(value) for key, value in service["environment"].items()}
+    store = urllib.parse.urlsplit(env["DELAYWHEEL_STORE"])
+    assert (store.scheme, store.hostname, store.port) == ("redis", "redis", 6379), store
+    env["DELAYWHEEL_STORE"] = store._replace(netloc=store_at).geturl()
+    assert "DELAYWHEEL_PORT" not in env  # the server listens on its default, 3450
+    return _clean_env(**env, DELAYWHEEL_PORT="0")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return _resolved(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="module")
+def compose_redis(
+    compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    """A private redis-server started with the redis service's own flags, standing
+    in for it (the store URL keeps the service's database 0: each test flushes it)."""
+    argv = _argv(compose["services"]["redis"]["command"])
+    assert argv[0] == "redis-server"
+    redis = RedisServer(tmp_path_factory.mktemp("compose-redis"), extra_args=argv[1:])
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
+def _stand_in(redis: RedisServer) -> str:
+    """``host:port`` of ``redis``, flushed, to put in the service's store URL."""
+    with redis.client() as client:
+        client.flushdb()
+    return f"127.0.0.1:{redis.port}"
+
+
+def test_the_compose_sample_is_valid_and_wants_a_token() -> None:
+    check = _compose(COMPOSE_FILE, "config", "-q")
+    _run(check, "docker-compose config -q", env=_clean_env(**COMPOSE_ENV))
+    without = subprocess.run(
+        check,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
+    assert without.returncode != 0
+    assert "set DELAYWHEEL_TOKEN" in without.stderr
+
+
+def test_the_compose_service_runs_as_configured(
+    compose: dict[str, Any], compose_redis: RedisServer, tmp_path: Path
+) -> None:
+    services = compose["services"]
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    service = services["delaywheel"]
+    assert service["depends_on"] == {"redis": {"condition": "service_healthy"}}
+    assert service["ports"] == [f"127.0.0.1:{CONTAINER_PORT}:{CONTAINER_PORT}/tcp"]
+    assert f"EXPOSE {CONTAINER_PORT}" in DOCKERFILE.read_text()
+    assert service["restart"] == "unless-stopped"
+    check = service["healthcheck"]["test"]
+    assert check[0] == "CMD" and check[1:] == _dockerfile_healthcheck()
+    address = f"127.0.0.1:{CONTAINER_PORT}"
+    assert address in check
+
+    env = _container_env(service, _stand_in(compose_redis))
+    command = _ours(_argv(service.get("command") or _dockerfile_cmd()))
+    with Served(command, env, tmp_path) as dw:
+        assert dw.host == "0.0.0.0"  # listening beyond loopback, as a container must
+        # The redis service's flags are what the server checks Redis for.
+        assert not [line for line in dw.log if " store redis://" in line], dw.log
+        healthcheck = _ours([f"127.0.0.1:{dw.port}" if a == address else a for a in check[1:]])
+        assert "pong" in _run(healthcheck, "the healthcheck", env=env, cwd=tmp_path).stdout
+        wrong = {**env, "DELAYWHEEL_TOKEN": "wrong"}
+        refused = subprocess.run(healthcheck, env=wrong, capture_output=True, check=False)
+        assert refused.returncode != 0, "the healthcheck does not send the token"
+
+        with Client("127.0.0.1", dw.port) as anonymous, pytest.raises(errors.Unauthorized):
+            anonymous.add("container", "no token")
+        with Client("127.0.0.1", dw.port, token=env["DELAYWHEEL_TOKEN"]) as client:
+            client.add("container", {"order": 42}, id="container-1")
+            task = client.reserve(["container"], timeout=5)
+            assert task is not None and task["body"] == {"order": 42}
+            assert client.ack("container-1")
+            assert client.get("container-1") is None
+    gone = subprocess.run(healthcheck, env=env, capture_output=True, check=False)
+    assert gone.returncode != 0, "the healthcheck passes with no server"
+
+
+def test_the_optional_brokers_uncommented(compose_redis: RedisServer, tmp_path: Path) -> None:
+    text, blocks = _uncomment_optional(COMPOSE_FILE.read_text())
+    assert blocks == 3  # the broker setting, the two services, their volumes
+    file = tmp_path / "compose-with-brokers.yml"
+    file.write_text(text)
+    resolved = _resolved(file)
+    services = resolved["services"]
+    assert "-js" in _argv(services["nats"]["command"])  # JetStream: NATS targets need it
+    assert set(resolved["volumes"]) == {"redis-data", "rabbitmq-data", "nats-data"}
+    service = services["delaywheel"]
+    password = COMPOSE_ENV["RABBITMQ_PASSWORD"]
+    assert service["environment"]["DELAYWHEEL_BROKERS"] == (
+        f"jobs=amqp://delaywheel:{password}@rabbitmq:5672/,events=nats://nats:4222"
+    )
+    env = _container_env(service, _stand_in(compose_redis))
+    # The brokers' hosts exist only on a compose network: the server starts
+    # anyway and keeps trying them in the background. It is stopped only once
+    # it has tried both: a SIGTERM while its first AMQP connect is in flight
+    # can leave it hanging after "shutting down" (not what this test is about).
+    with (
+        Served(_ours(_dockerfile_cmd()), env, tmp_path) as dw,
+        Client("127.0.0.1", dw.port, token=env["DELAYWHEEL_TOKEN"]) as client,
+    ):
+        deadline = time.monotonic() + 10
+        while True:
+            state = client.stats()["deliveries"]["brokers"]
+            tried = [state[name]["failing_since"] is not None for name in ("jobs", "events")]
+            if all(tried) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert state["jobs"]["kind"] == "amqp" and password not in state["jobs"]["url"]
+    assert state["events"]["kind"] == "nats"
+    assert all(tried), state
+
+
+# -- the two distributions, installed alone -----------------------------------------------
+
+
+SKIPPED_IN_COPY = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "dist",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".hypothesis",
+    "*.db",
+    "*.db-wal",
+    "*.db-shm",
+)
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `make build` makes, built the same way (sdist, then the wheel from it)
+    from a copy of the tree, so the build's leftovers stay out of the checkout."""
+    src = tmp_path_factory.mktemp("src") / "delaywheel"
+    shutil.copytree(ROOT, src, ignore=SKIPPED_IN_COPY)
+    out = tmp_path_factory.mktemp("dist")
+    for project in (src / "client", src):
+        _run(
+            [sys.executable, "-m", "build", "--outdir", str(out), str(project)],
+            f"building {project.name}",
+            timeout=PIP_TIMEOUT_S,
+            env=_clean_env(),
+        )
+    return out
+
+
+def _venv(path: Path, *requirements: str) -> Path:
+    """A new venv (no system site-packages) with ``requirements``; its python."""
+    _run([sys.executable, "-m", "venv", str(path)], "python -m venv", env=_clean_env())
+    python = path / "bin" / "python"
+    what = (
+        f"pip installing {', '.join(Path(r).name for r in requirements)} into a fresh venv"
+        " (the third-party dependencies come from the index or its mirror)"
+    )
+    _run(
+        [str(python), "-m", "pip", "install", "--quiet", *requirements],
+        what,
+        timeout=PIP_TIMEOUT_S,
+        env=_clean_env(),
+        cwd=path,
+    )
+    return python
+
+
+def _wheel(dists: Path, name: str) -> Path:
+    return dists / f"{name}-{VERSION}-py3-none-any.whl"
+
+
+# Which of our distributions a venv has, where from, and where their code is.
+REPORT = """\
+import importlib.metadata as md, importlib.util, json, sys
+dists = {d.metadata["Name"]: d for d in md.distributions()}
+ours = {}
+for name in ("delaywheel", "delaywheel-client"):
+    if name in dists:
+        url = json.loads(dists[name].read_text("direct_url.json") or "{}").get("url")
+        ours[name] = {"version": dists[name].version, "from": url}
+found = {m: (s.origin if (s := importlib.util.find_spec(m)) else None)
+         for m in ("delaywheel", "delaywheel_client", "uvloop")}
+print(json.dumps({"dists": sorted(dists), "ours": ours, "modules": found,
+                  "prefix": sys.prefix}))
+"""
+
+
+def _report(python: Path) -> dict[str, Any]:
+    done = _run([str(python), "-c", REPORT], "inspecting the venv", cwd=python.parent)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+@pytest.fixture(scope="module")
+def server_venv(dists: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both wheels named by file, as the Dockerfile installs them: an index is
+    asked only for the third-party dependencies."""
+    return _venv(
+        tmp_path_factory.mktemp("venv") / "server",
+        str(_wheel(dists, "delaywheel_client")),
+        f"{_wheel(dists, 'delaywheel')}[fast]",
+    )
+
+
+@pytest.fixture(scope="module")
+def client_venv(dists: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _venv(
+        tmp_path_factory.mktemp("venv") / "client", str(_wheel(dists, "delaywheel_client"))
+    )
+
+
+def _members(archive: Path) -> list[str]:
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            return wheel.namelist()
+    with tarfile.open(archive) as sdist:
+        return sdist.getnames()
+
+
+def _requires(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"{wheel.name.split('-')[0]}-{VERSION}.dist-info/METADATA")
+    return re.findall(r"^Requires-Dist: (.*)$", metadata.decode(), re.MULTILINE)
+
+
+@pytest.mark.timeout(300)
+def test_build_makes_two_distributions(dists: Path) -> None:
+    assert sorted(path.name for path in dists.iterdir()) == [
+        f"delaywheel-{VERSION}-py3-none-any.whl",
+        f"delaywheel-{VERSION}.tar.gz",
+        f"delaywheel_client-{VERSION}-py3-none-any.whl",
+        f"delaywheel_client-{VERSION}.tar.gz",
+    ]
+    server, client = _wheel(dists, "delaywheel"), _wheel(dists, "delaywheel_client")
+    assert {name.split("/")[0] for name in _members(server)} == {
+        "delaywheel",
+        f"delaywheel-{VERSION}.dist-info",
+    }
+    assert {name.split("/")[0] for name in _members(client)} == {
+        "delaywheel_client",
+        f"delaywheel_client-{VERSION}.dist-info",
+    }
+    assert "delaywheel/py.typed" in _members(server)
+    assert "delaywheel_client/py.typed" in _members(client)
+    assert f"delaywheel_client-{VERSION}.dist-info/licenses/LICENSE" in _members(client)
+    assert f"delaywheel-client=={VERSION}" in _requires(server)
+    assert _requires(client) == ["msgpack>=1.0.5"]
+    sdist = _members(dists / f"delaywheel-{VERSION}.tar.gz")
+    assert not [name for name in sdist if "delaywheel_client" in name or "/client/" in name]
+
+
+@pytest.mark.timeout(300)
+def test_the_server_wheels_alone_serve(server_venv: Path, dists: Path, tmp_path: Path) -> None:
+    report = _report(server_venv)
+    assert report["prefix"] == str(server_venv.parent.parent)
+    for name, wheel in (("delaywheel", "delaywheel"), ("delaywheel-client", "delaywheel_client")):
+        assert report["ours"][name] == {
+            "version": VERSION,
+            "from": _wheel(dists, wheel).as_uri(),
+        }, report
+    for module in ("delaywheel", "delaywheel_client", "uvloop"):
+        assert report["modules"][module].startswith(report["prefix"]), report
+
+    bin_dir = server_venv.parent
+    serve = [str(bin_dir / "delaywheel"), "serve", "--store", "memory://", "--port", "0"]
+    with Served(serve, _clean_env(), tmp_path) as dw:
+        ping = [str(bin_dir / "delaywheel"), "--server", f"127.0.0.1:{dw.port}", "ping"]
+        assert "pong" in _run(ping, "delaywheel ping", env=_clean_env(), cwd=tmp_path).stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_client_wheel_alone_needs_msgpack_only(
+    client_venv: Path, dists: Path, server: ServerProcess
+) -> None:
+    report = _report(client_venv)
+    assert set(report["dists"]) - {"pip", "setuptools"} == {"delaywheel-client", "msgpack"}
+    assert report["ours"] == {
+        "delaywheel-client": {
+            "version": VERSION,
+            "from": _wheel(dists, "delaywheel_client").as_uri(),
+        }
+    }
+    assert report["modules"]["delaywheel_client"].startswith(report["prefix"])
+    server_import = subprocess.run(
+        [str(client_venv), "-c", "import delaywheel"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=client_venv.parent,
+        env=_clean_env(),
+    )
+    assert server_import.returncode != 0
+    assert "No module named 'delaywheel'" in server_import.stderr
+    ping = f"from delaywheel_client import Client; print(Client('127.0.0.1', {server.port}).ping())"
+    done = _run([str(client_venv), "-c", ping], "the client alone", cwd=client_venv.parent)
+    assert done.stdout.strip() == "pong"
