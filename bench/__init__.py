@@ -185,6 +185,7 @@ SECTIONS: dict[str, str] = {
     "wheel": "bench.wheel",
     "journal": "bench.journal",
     "recovery": "bench.recovery",
+    "deliveries": "bench.deliveries",
 }
 
 

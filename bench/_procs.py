@@ -1,4 +1,5 @@
-"""Processes the benchmarks run against: a private redis-server, the real server."""
+"""Processes the benchmarks run against: a private redis-server, the real server,
+and the small servers of bench/ that print the address they listen on."""
 
 from __future__ import annotations
 
@@ -75,6 +76,27 @@ def private_redis_process(directory: Path) -> Iterator[tuple[int, str] | None]:
     finally:
         proc.terminate()
         proc.wait()
+
+
+@contextmanager
+def listening_child(
+    command: Sequence[str], listening: str
+) -> Iterator[tuple[int, tuple[str, int]]]:
+    """``command`` as a child process that prints a line matching ``listening``
+    (a pattern whose groups are the host and the port) on stdout once it serves;
+    yields (pid, (host, port)) and stops it on the way out."""
+    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        match = re.search(listening, proc.stdout.readline())
+        if match is None:
+            raise RuntimeError(f"{' '.join(command)} did not start")
+        yield proc.pid, (match.group(1), int(match.group(2)))
+    finally:
+        proc.terminate()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @contextmanager

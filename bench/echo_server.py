@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import cast
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from bench._procs import listening_child
 
 HOST = "127.0.0.1"
 LISTENING = re.compile(r"echo listening on (\S+):(\d+)")
@@ -86,20 +87,9 @@ def main(argv: list[str]) -> None:
 @contextmanager
 def running() -> Iterator[tuple[int, tuple[str, int]]]:
     """The echo server as a child process; yields (pid, (host, port))."""
-    proc: subprocess.Popen[Any] = subprocess.Popen(
-        [sys.executable, "-m", "bench.echo_server", "0"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        match = LISTENING.search(proc.stdout.readline())
-        if match is None:
-            raise RuntimeError("the echo server did not start")
-        yield proc.pid, (match.group(1), int(match.group(2)))
-    finally:
-        proc.terminate()
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    command = [sys.executable, "-m", "bench.echo_server", "0"]
+    with listening_child(command, LISTENING.pattern) as found:
+        yield found
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
+from typing import Any
 
 from bench import Figure, Report, Target, progress
 from bench._loads import BODY, DELAY_S, Address, client_process, dw_client, warm_up
@@ -88,10 +89,26 @@ def consume(address: Address, count: int, until_s: float, lateness: list[float])
             client.ack(task["id"])
 
 
+def consume_all(address: Address, count: int, until_s: float, consumers: int) -> list[float]:
+    """``consumers`` threads, each on a connection of its own, running ``consume``
+    until ``count`` tasks came in all or ``until_s``: every lateness seen (s)."""
+    lateness: list[float] = []
+    threads = [
+        threading.Thread(
+            target=consume, args=(address, count, until_s, lateness), name=f"consumer-{number}"
+        )
+        for number in range(consumers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return lateness
+
+
 def measure(plan: Plan) -> tuple[list[float], float]:
     """One pass: every lateness seen (s), and the producers' total add rate."""
     rng = random.Random(SEED)
-    lateness: list[float] = []
     spawn = get_context("spawn")
     with (
         server_process("memory://", args=("--tick", str(TICK_S))) as (_, address),
@@ -115,75 +132,85 @@ def measure(plan: Plan) -> tuple[list[float], float]:
             for _ in range(plan.producers)
         ]
         progress(f"{plan.producers} producers adding, {plan.consumers} consumers reserving")
-        consumers = [
-            threading.Thread(
-                target=consume,
-                args=(address, plan.tasks, closes_s + GIVE_UP_S, lateness),
-                name=f"consumer-{number}",
-            )
-            for number in range(plan.consumers)
-        ]
-        for consumer in consumers:
-            consumer.start()
-        for consumer in consumers:
-            consumer.join()
+        lateness = consume_all(address, plan.tasks, closes_s + GIVE_UP_S, plan.consumers)
         results = [share.result() for share in shares]
     adds = sum(ops for ops, _, _ in results)
     add_s = max(end for _, _, end in results) - min(begin for _, begin, _ in results)
     return lateness, adds / add_s
 
 
-def run(quick: bool = False) -> Report:
-    started = time.perf_counter()
-    plan = QUICK if quick else FULL
-    lateness, add_rate = measure(plan)
+def lateness_figures(
+    lateness: list[float], expected: int, key_prefix: str = "", label: str = "lateness"
+) -> tuple[list[Figure], dict[str, Any]]:
+    """The figures of one pass's lateness (s): p50, p99 and max (ms) and the early
+    count, with their targets; and the params that go with them (received, missing).
+
+    ``key_prefix`` goes before every key and ``label`` starts every label, for a
+    section that measures lateness under another load (bench/deliveries.py).
+    """
     if not lateness:
         raise RuntimeError("no due task reached a consumer")
     ordered = sorted(lateness)
     received = len(ordered)
-    missing = plan.tasks - received
+    missing = expected - received
     early = sum(1 for late in ordered if late < -EARLY_TOLERANCE_S)
-    progress(f"received {received:,} of {plan.tasks:,}, {early} early")
-    got = f"{received:,} of {plan.tasks:,} received" + (f", {missing:,} MISSING" if missing else "")
+    progress(f"received {received:,} of {expected:,}, {early} early")
+    got = f"{received:,} of {expected:,} received" + (f", {missing:,} MISSING" if missing else "")
     ms = 1e3
     figures = [
         Figure(
-            "lateness_p50_ms",
-            "lateness, 50th percentile",
+            f"{key_prefix}lateness_p50_ms",
+            f"{label}, 50th percentile",
             percentile(ordered, 0.50) * ms,
             "ms",
             note=f"reserve reply read - task at; {TICK_S * ms:g} ms tick",
         ),
         Figure(
-            "lateness_p99_ms",
-            "lateness, 99th percentile",
+            f"{key_prefix}lateness_p99_ms",
+            f"{label}, 99th percentile",
             percentile(ordered, 0.99) * ms,
             "ms",
             Target("<=", 15),
         ),
         Figure(
-            "lateness_max_ms", "lateness, max", ordered[-1] * ms, "ms", Target("<=", 50), note=got
+            f"{key_prefix}lateness_max_ms",
+            f"{label}, max",
+            ordered[-1] * ms,
+            "ms",
+            Target("<=", 50),
+            note=got,
         ),
         Figure(
-            "early",
+            f"{key_prefix}early",
             "tasks received early",
             early,
             "tasks",
             Target("<=", 0),
             note=f"lateness < -{EARLY_TOLERANCE_S * ms:g} ms (clock tolerance)",
         ),
+    ]
+    params = {"received": received, "missing": missing, "early_tolerance_s": EARLY_TOLERANCE_S}
+    return figures, params
+
+
+def run(quick: bool = False) -> Report:
+    started = time.perf_counter()
+    plan = QUICK if quick else FULL
+    lateness, add_rate = measure(plan)
+    figures, counts = lateness_figures(lateness, plan.tasks)
+    figures.append(
         Figure(
             "load_add_rate",
             f"load: {plan.producers} processes adding",
             add_rate,
             "/s",
             note=f"add one call at a time, due in {DELAY_S:,} s; total rate",
-        ),
-    ]
+        )
+    )
     return Report(
         "lateness",
         f"lateness under load{' (quick)' if quick else ''}: {plan.tasks:,} tasks due over "
-        f"{plan.span_s:g} s, {plan.producers} producer processes, {TICK_S * ms:g} ms tick",
+        f"{plan.span_s:g} s, {plan.producers} producer processes, {TICK_S * 1e3:g} ms tick",
         figures,
         params={
             "quick": quick,
@@ -192,9 +219,7 @@ def run(quick: bool = False) -> Report:
             "producers": plan.producers,
             "consumers": plan.consumers,
             "tick_s": TICK_S,
-            "received": received,
-            "missing": missing,
-            "early_tolerance_s": EARLY_TOLERANCE_S,
+            **counts,
             "reserve_timeout_s": RESERVE_TIMEOUT_S,
             "seed": SEED,
             "body_bytes": len(BODY),

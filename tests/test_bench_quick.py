@@ -6,8 +6,11 @@ interpreter); the test checks the JSON it prints and saves: every compare
 figure there with a positive value, the beanstalkd and Redis figures there
 when those are installed and the skip message in their place when not; the
 fire, lateness, journal and recovery figures there, finite and positive (the
-lateness section's early count an int, 0 allowed). Nothing about the
-figures' size is asserted: this is the harness's test, not the server's.
+lateness section's early count an int, 0 allowed); the deliveries figures
+likewise, those of RabbitMQ and NATS whenever their port answers (here and
+in CI they must: .ci/run starts them), the skip message when it does not.
+Nothing about the figures' size is asserted: this is the harness's test,
+not the server's.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import importlib.util
 import json
 import math
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # the sections with a quick mode that is quick
-SECTIONS = ("compare", "fire", "lateness", "wheel", "journal", "recovery")
+SECTIONS = ("compare", "fire", "lateness", "wheel", "journal", "recovery", "deliveries")
 RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
 ALWAYS = {
@@ -74,6 +78,36 @@ WITH_BEANSTALKD = {
     "memory_loaded_vs_bs",
 }
 WITH_BOTH = {"add_redis_vs_bs_binlog", "add8_redis_vs_bs_binlog"}
+
+# The deliveries section: each destination's rate and server CPU per delivery.
+DELIVERIES_ALWAYS = {
+    "http_rate",
+    "http_cpu_us",
+    "http_slow_rate",
+    "http_slow_cpu_us",
+    "burst_lateness_p50_ms",
+    "burst_lateness_p99_ms",
+    "burst_lateness_max_ms",
+    "burst_http_rate",
+}
+DELIVERIES_WITH_REDIS = {
+    "redis_list_rate",
+    "redis_list_cpu_us",
+    "redis_stream_rate",
+    "redis_stream_cpu_us",
+}
+DELIVERIES_WITH_RABBITMQ = {"amqp_rate", "amqp_cpu_us"}
+DELIVERIES_WITH_NATS = {"nats_rate", "nats_cpu_us"}
+RABBITMQ_PORT, NATS_PORT = 5672, 4222
+
+
+def answers(port: int) -> bool:
+    """Whether a broker of the machine's own listens on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def beanstalkd_usable() -> bool:
@@ -232,3 +266,46 @@ def test_lateness_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> No
     assert_finite_positive(figures)
     assert figures["lateness_p99_ms"]["target"] == {"op": "<=", "value": 15}
     assert figures["lateness_max_ms"]["target"] == {"op": "<=", "value": 50}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    deliveries = quick_run[0]["sections"]["deliveries"]
+    params = deliveries["params"]
+    assert params["quick"] is True
+    skipped: list[str] = params["skipped"]
+    expected = set(DELIVERIES_ALWAYS)
+    if shutil.which("redis-server") is not None:
+        expected |= DELIVERIES_WITH_REDIS
+    else:
+        assert any("redis-server" in message for message in skipped), skipped
+    # Here and in CI both brokers answer, so their figures are required: missing
+    # ones fail the test, they never skip it.
+    if answers(RABBITMQ_PORT):
+        expected |= DELIVERIES_WITH_RABBITMQ
+    else:
+        assert any("RabbitMQ figures skipped" in message for message in skipped), skipped
+    if answers(NATS_PORT):
+        expected |= DELIVERIES_WITH_NATS
+    else:
+        assert any("NATS figures skipped" in message for message in skipped), skipped
+    figures: dict[str, Any] = dict(deliveries["figures"])
+    early = figures.pop("burst_early")
+    assert isinstance(early["value"], int) and early["value"] >= 0, early
+    assert early["target"] == {"op": "<=", "value": 0}
+    assert set(figures) == expected
+    assert_finite_positive(figures)
+    # every destination measured says how many of its attempts failed
+    assert set(params["failed"]) == {
+        key.removesuffix("_rate")
+        for key in expected
+        if key.endswith("_rate") and key != "burst_http_rate"
+    }
+    assert params["burst_received"] + params["burst_missing"] == params["burst_queue"]
+    # the lateness targets of the lateness section; rates and CPU carry none
+    targets = {
+        "burst_lateness_p99_ms": {"op": "<=", "value": 15},
+        "burst_lateness_max_ms": {"op": "<=", "value": 50},
+    }
+    for key, figure in figures.items():
+        assert figure["target"] == targets.get(key), key

@@ -1,0 +1,574 @@
+"""Deliveries: how fast a real server sends due tasks to an HTTP endpoint and
+to each broker, and how late queue tasks reach their consumer meanwhile.
+
+Every server here is ``delaywheel serve --store memory:// --tick 0.01
+--http-allow 127.0.0.1 --http-concurrency 64`` (64 is the default, given so
+that the bound below is the one measured), with a 100-byte ``bytes`` body on
+every task. The memory store keeps journaling out of the figures: what is
+measured is the wheel handing tasks over, the dispatcher and the senders.
+
+The destinations:
+
+- HTTP: ``bench/http_sink.py``, ``aiohttp.web`` on uvloop in a process of its
+  own, answering 200 at once (``/ok/...``), or after 100 ms (``/slow/...``).
+- a Redis list (``LPUSH``) and a Redis stream (``XADD``) on a private
+  redis-server (AOF, ``appendfsync everysec``), named ``--broker cache=...``;
+- RabbitMQ at 127.0.0.1:5672 (guest): a durable queue of our own, uniquely
+  named, published to through the default exchange, deleted afterwards;
+- NATS JetStream at 127.0.0.1:4222: a stream of our own on a unique subject,
+  deleted afterwards.
+
+"Delivered at once": one server serves every destination in turn. For each,
+one task is first delivered to the same target, untimed (``warm_up``: a
+fresh server's first burst of HTTP deliveries kept its event loop from
+pings for 0.1-0.2 s where a warmed one's took under 20 ms, a cost paid once
+per process, not once per burst). Then
+``tasks`` tasks with that target, ``max_attempts`` 1 and the same ``at``
+(``LEAD_S`` after the fill's expected end) are added with ``add_many``; from
+the due time the main thread calls ``stats`` every ``POLL_S`` until every
+one of them is settled: delivered, or dead after its one failed attempt
+(``deliveries.delivered`` and ``.failed`` grown by ``tasks`` between them,
+no task left but dead ones). The rate is the tasks delivered over the time
+from the due time to that reply (it includes the up to 10 ms tick the tasks
+wait to fire, and the poll's resolution); server CPU per delivery is the
+server's utime + stime (``/proc/PID/stat``) over the same span, the stats
+calls included, divided by the tasks delivered. The other side's CPU (the
+sink's, the redis-server's) is given in the note the same way. Then the
+destination is asked what it got (the sink's count of answered requests,
+``LLEN``, ``XLEN``, the queue's message count, the stream's); fewer than the
+server delivered is an error. So a failure never counts in a rate: it is
+shown in the note (``FAILED``) and in ``params["failed"]``, and with one
+attempt each it does not keep the run waiting for retries seconds apart.
+
+With the 100 ms endpoint, the server keeps ``--http-concurrency`` requests in
+flight to it, so the rate should be about 64 / 0.1 s = 640/s.
+
+Lateness during a burst: a fresh server; ``burst_http`` HTTP deliveries to
+the 100 ms endpoint due at one moment T (so they stay in flight, 64 at a
+time, for the whole window) and ``burst_queue`` queue tasks due at random
+(seeded) over ``span_s`` from T, after the same warm-up. ``consumers``
+threads reserve and ack them, and each one's lateness is measured as
+``bench/lateness.py`` does (its ``consume_all``; the same figures and
+targets: p99 <= 15 ms, max <= 50 ms, none early). The HTTP deliveries done
+from T to the last queue task's arrival are given as the load.
+
+When RabbitMQ or NATS does not answer, or redis-server is not installed,
+their figures are left out and ``params["skipped"]`` says why. One pass of
+everything, so no figure lists runs. ``run(quick=True)``: 1,000 tasks per
+destination, 200 to the slow endpoint, a burst of 2,000 with 200 queue tasks
+over 1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aio_pika
+import nats
+import nats.errors
+import redis
+from aio_pika.abc import AbstractChannel
+from delaywheel_client import Client, targets
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
+
+from bench import Figure, Report, progress
+from bench._loads import BODY, Address, Run, cpu_s, dw_client
+from bench._procs import private_redis_process, server_process
+from bench.fire import add_in_batches
+from bench.http_sink import SLOW_S, Sink
+from bench.http_sink import running as running_sink
+from bench.lateness import GIVE_UP_S as CONSUMER_GIVE_UP_S
+from bench.lateness import SEED, TICK_S, consume_all, lateness_figures
+from bench.lateness import TOPIC as QUEUE_TOPIC
+
+TOPIC = "deliver"
+HTTP_CONCURRENCY = 64  # the server's default, given explicitly: the slow endpoint's bound
+LEAD_S = 0.5  # from the fill's expected end to the due time
+FILL_RATE_GUESS = 15_000  # targeted tasks/s add_many does here at worst: sets the due time
+POLL_S = 0.005  # between two stats calls while a run delivers
+GIVE_UP_S = 120.0  # after the due time: a run that never completes is an error
+CONNECT_TIMEOUT_S = 5.0  # to RabbitMQ or NATS, for our own setup and counts
+AMQP_HOST_PORT = ("127.0.0.1", 5672)
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+NATS_HOST_PORT = ("127.0.0.1", 4222)
+NATS_URL = "nats://127.0.0.1:4222"
+# The --broker names the server is given.
+REDIS_BROKER, AMQP_BROKER, NATS_BROKER = "cache", "mq", "bus"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Plan:
+    tasks: int  # due at once, per destination
+    slow_tasks: int  # due at once to the 100 ms endpoint
+    burst_http: int  # HTTP deliveries to the 100 ms endpoint due at T
+    burst_queue: int  # queue tasks due over the window after T
+    span_s: float  # the window
+    consumers: int  # threads reserving the queue tasks
+
+
+FULL = Plan(
+    tasks=20_000, slow_tasks=2_000, burst_http=20_000, burst_queue=2_000, span_s=4.0, consumers=4
+)
+QUICK = Plan(
+    tasks=1_000, slow_tasks=200, burst_http=2_000, burst_queue=200, span_s=1.0, consumers=4
+)
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where one run delivers, and how to ask it what it got."""
+
+    key: str  # figure keys: <key>_rate, <key>_cpu_us
+    label: str
+    target: dict[str, Any]
+    tasks: int
+    arrived: Callable[[], int]  # what the destination holds
+    peer: tuple[str, int] | None = None  # (name, pid) of the other side, when ours
+
+    @property
+    def broker(self) -> str | None:
+        """The server's broker it goes through (None for HTTP)."""
+        return self.target.get("broker")
+
+
+def unique(prefix: str) -> str:
+    return f"dw-bench-{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def answers(host_port: tuple[str, int]) -> bool:
+    """Whether something accepts a TCP connection there (nats-py would wait forever)."""
+    try:
+        with socket.create_connection(host_port, timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+# -- the destinations -----------------------------------------------------------------
+
+
+def http_destinations(sink: Sink, plan: Plan) -> list[Destination]:
+    peer = ("sink", sink.pid)
+    found = []
+    for key, label, kind, tasks in (
+        ("http", "HTTP, endpoint answering at once", "ok", plan.tasks),
+        ("http_slow", f"HTTP, endpoint taking {SLOW_S * 1e3:g} ms", "slow", plan.slow_tasks),
+    ):
+        url = sink.url(kind, "at-once")
+        found.append(
+            Destination(key, label, targets.http(url), tasks, partial(sink.answered, url), peer)
+        )
+    return found
+
+
+def redis_destinations(stack: ExitStack, plan: Plan) -> tuple[list[Destination], str]:
+    """The list and the stream on a private redis-server; and its ``--broker`` URL."""
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dw-deliveries-")))
+    started = stack.enter_context(private_redis_process(directory))
+    assert started is not None  # the caller looked for redis-server
+    pid, url = started
+    client = redis.Redis.from_url(url)
+    stack.callback(client.close)
+    list_key, stream_key = unique("list"), unique("stream")
+    to_list = targets.redis_list(list_key, broker=REDIS_BROKER)
+    to_stream = targets.redis_stream(stream_key, broker=REDIS_BROKER)
+
+    def in_list() -> int:
+        return int(client.llen(list_key))
+
+    def in_stream() -> int:
+        return int(client.xlen(stream_key))
+
+    peer = ("redis-server", pid)
+    found = [
+        Destination("redis_list", "Redis list (LPUSH)", to_list, plan.tasks, in_list, peer),
+        Destination("redis_stream", "Redis stream (XADD)", to_stream, plan.tasks, in_stream, peer),
+    ]
+    return found, url
+
+
+@contextmanager
+def made(create: Callable[[], object], remove: Callable[[], object]) -> Iterator[None]:
+    """What ``create`` makes on a broker, for the block; ``remove`` deletes it after."""
+    create()
+    try:
+        yield
+    finally:
+        remove()
+
+
+def on_amqp(work: Callable[[AbstractChannel], Awaitable[T]]) -> T:
+    """``work`` on a channel of a fresh connection to RabbitMQ, closed after."""
+
+    async def session() -> T:
+        connection = await aio_pika.connect(AMQP_URL, timeout=CONNECT_TIMEOUT_S)
+        async with connection:
+            return await work(await connection.channel())
+
+    return asyncio.run(asyncio.wait_for(session(), 2 * CONNECT_TIMEOUT_S))
+
+
+async def queued(channel: AbstractChannel, name: str) -> int:
+    declared = await channel.declare_queue(name, passive=True)
+    return declared.declaration_result.message_count or 0
+
+
+def amqp_destination(stack: ExitStack, plan: Plan) -> Destination:
+    """A durable queue of our own, published to by name through the default exchange."""
+    name = unique("q")
+    stack.enter_context(
+        made(
+            lambda: on_amqp(lambda channel: channel.declare_queue(name, durable=True)),
+            lambda: on_amqp(lambda channel: channel.queue_delete(name)),
+        )
+    )
+    label = "RabbitMQ, durable queue (confirms)"
+    target = targets.amqp(name, broker=AMQP_BROKER)
+    return Destination(
+        "amqp", label, target, plan.tasks, lambda: on_amqp(partial(queued, name=name))
+    )
+
+
+def on_jetstream(work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
+    """``work`` on the JetStream context of a fresh connection to NATS, closed after."""
+
+    async def quiet(error: Exception) -> None:
+        pass  # a failure shows as the exception work raises
+
+    async def session() -> T:
+        client = await nats.connect(
+            NATS_URL,
+            connect_timeout=round(CONNECT_TIMEOUT_S),
+            allow_reconnect=False,
+            error_cb=quiet,
+        )
+        try:
+            return await work(client.jetstream())
+        finally:
+            await client.close()
+
+    return asyncio.run(asyncio.wait_for(session(), 2 * CONNECT_TIMEOUT_S))
+
+
+async def stored(js: JetStreamContext, stream: str) -> int:
+    info = await js.stream_info(stream)
+    return info.state.messages
+
+
+def nats_destination(stack: ExitStack, plan: Plan) -> Destination:
+    """A JetStream stream of our own, taking one unique subject."""
+    stream = unique("s").replace("-", "_")
+    subject = f"{unique('subj')}.due"
+    config = StreamConfig(name=stream, subjects=[subject])
+    stack.enter_context(
+        made(
+            lambda: on_jetstream(lambda js: js.add_stream(config)),
+            lambda: on_jetstream(lambda js: js.delete_stream(stream)),
+        )
+    )
+    label = "NATS JetStream (PubAck)"
+    target = targets.nats(subject, broker=NATS_BROKER)
+    return Destination(
+        "nats", label, target, plan.tasks, lambda: on_jetstream(partial(stored, stream=stream))
+    )
+
+
+@dataclass(frozen=True)
+class MachineBroker:
+    """A broker of the machine's own (not started by us), and how we use it."""
+
+    who: str
+    host_port: tuple[str, int]
+    name: str  # the server's --broker NAME
+    url: str
+    destination: Callable[[ExitStack, Plan], Destination]
+    setting_up: str  # what making our queue or stream is, for the skip message
+    # Setting it up fails with these when it is down or refuses us: its figures are
+    # then left out. A failure after that is an error of the run.
+    down: tuple[type[Exception], ...]
+
+
+MACHINE_BROKERS = (
+    MachineBroker(
+        "RabbitMQ", AMQP_HOST_PORT, AMQP_BROKER, AMQP_URL, amqp_destination,
+        "declaring a queue", (OSError, asyncio.TimeoutError, aio_pika.exceptions.AMQPError),
+    ),
+    MachineBroker(
+        "NATS", NATS_HOST_PORT, NATS_BROKER, NATS_URL, nats_destination,
+        "adding a JetStream stream", (OSError, asyncio.TimeoutError, nats.errors.Error),
+    ),
+)  # fmt: skip
+
+
+def broker_destinations(
+    stack: ExitStack, plan: Plan, skipped: list[str]
+) -> tuple[list[Destination], list[str]]:
+    """Every broker that can be measured here, and the server's ``--broker`` options;
+    why the others cannot goes to ``skipped``."""
+    found: list[Destination] = []
+    options: list[str] = []
+    if shutil.which("redis-server") is None:
+        skipped.append("no redis-server installed: the Redis figures are left out")
+    else:
+        redis_ones, url = redis_destinations(stack, plan)
+        found += redis_ones
+        options += ["--broker", f"{REDIS_BROKER}={url}"]
+    for broker in MACHINE_BROKERS:
+        host, port = broker.host_port
+        if not answers(broker.host_port):
+            skipped.append(f"{broker.who} figures skipped: nothing answers on {host}:{port}")
+            continue
+        try:
+            found.append(broker.destination(stack, plan))
+        except broker.down as exc:
+            skipped.append(f"{broker.who} figures skipped: {broker.setting_up} failed: {exc!r}")
+            continue
+        options += ["--broker", f"{broker.name}={broker.url}"]
+    for message in skipped:
+        progress(message)
+    return found, options
+
+
+# -- measuring --------------------------------------------------------------------------
+
+
+def server_args(*more: str) -> tuple[str, ...]:
+    return (
+        *("--tick", str(TICK_S), "--http-allow", "127.0.0.1"),
+        *("--http-concurrency", str(HTTP_CONCURRENCY)),
+        *more,
+    )
+
+
+def wait_connected(client: Client, brokers: set[str]) -> None:
+    deadline = time.monotonic() + 3 * CONNECT_TIMEOUT_S
+    while True:
+        state = client.stats()["deliveries"]["brokers"]
+        down = sorted(name for name in brokers if not state[name]["connected"])
+        if not down:
+            return
+        if time.monotonic() > deadline:
+            errors = {name: state[name]["last_error"] for name in down}
+            raise RuntimeError(f"the server's brokers {down} did not connect: {errors}")
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    run: Run  # tasks delivered, due time to all settled, the server's CPU time
+    peer_cpu_s: float  # the other side's CPU over the same time (nan: not ours)
+    failed: int  # tasks whose one attempt failed (dead, not retried)
+    arrived: int  # what the destination says it got
+
+
+def fill_due_at_once(address: Address, tasks: int, target: dict[str, Any]) -> float:
+    """``tasks`` tasks with ``target``, all due at one moment; returns it (Unix s).
+
+    One attempt each (``max_attempts`` 1): a failed one makes its task dead at once
+    instead of retrying it seconds later, so a run with failures still ends soon,
+    and the failures are counted, never delivered late into a figure.
+    """
+    due_s = time.time() + LEAD_S + tasks / FILL_RATE_GUESS
+    task = {"topic": TOPIC, "body": BODY, "at": due_s, "target": target, "max_attempts": 1}
+    add_in_batches(address, (task for _ in range(tasks)))
+    if time.time() > due_s - POLL_S:
+        raise RuntimeError("the fill ended too late: raise LEAD_S or lower FILL_RATE_GUESS")
+    return due_s
+
+
+def settled(stats: dict[str, Any]) -> tuple[int, int, int]:
+    """(delivered, failed) attempts since start, and tasks neither gone nor dead."""
+    deliveries = stats["deliveries"]
+    live = stats["tasks"] - stats["states"].get("dead", 0)
+    return deliveries["delivered"], deliveries["failed"], live
+
+
+def warm_up(client: Client, target: dict[str, Any]) -> None:
+    """One task delivered to ``target`` before anything is timed.
+
+    A fresh server's first HTTP deliveries keep its event loop from
+    everything else for 0.1-0.2 s (pings measured it; a warmed server's burst
+    of 20,000 held them under 20 ms): a cost paid once per process, not one
+    of a burst.
+    """
+    delivered_before, failed_before, _ = settled(client.stats())
+    client.add(TOPIC, BODY, target=target, max_attempts=1)
+    deadline = time.monotonic() + GIVE_UP_S
+    while True:
+        delivered, failed, live = settled(client.stats())
+        if live == 0 and delivered + failed > delivered_before + failed_before:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the warm-up delivery to {target} never settled")
+        time.sleep(POLL_S)
+    if failed > failed_before:
+        raise RuntimeError(f"the warm-up delivery to {target} failed")
+
+
+def deliver_at_once(client: Client, address: Address, pid: int, dest: Destination) -> Delivered:
+    """``dest.tasks`` tasks due at once, timed until the server has sent every one."""
+    warm_up(client, dest.target)
+    arrived_before = dest.arrived()
+    delivered_before, failed_before, _ = settled(client.stats())
+    progress(f"{dest.label}: {dest.tasks:,} tasks due at once")
+    due_s = fill_due_at_once(address, dest.tasks, dest.target)
+    time.sleep(max(0.0, due_s - time.time()))
+    cpu_before = cpu_s(pid)
+    peer_before = cpu_s(dest.peer[1]) if dest.peer else math.nan
+    while True:
+        delivered, failed, live = settled(client.stats())
+        delivered -= delivered_before
+        failed -= failed_before
+        if live == 0 and delivered + failed >= dest.tasks:
+            break
+        if time.time() > due_s + GIVE_UP_S:
+            raise RuntimeError(f"{dest.label}: {delivered:,} of {dest.tasks:,} delivered so far")
+        time.sleep(POLL_S)
+    done_s = time.time()
+    server_cpu_s = cpu_s(pid) - cpu_before
+    peer_cpu_s = cpu_s(dest.peer[1]) - peer_before if dest.peer else math.nan
+    arrived = dest.arrived() - arrived_before
+    if arrived < delivered:  # the server counted deliveries the destination does not have
+        raise RuntimeError(f"{dest.label}: {delivered:,} delivered but {arrived:,} arrived")
+    progress(f"{dest.label}: settled in {done_s - due_s:.3f} s, {failed:,} failed")
+    return Delivered(Run(delivered, done_s - due_s, server_cpu_s), peer_cpu_s, failed, arrived)
+
+
+def per_delivery_us(cpu_s: float, delivered: int) -> float:
+    return cpu_s / delivered * 1e6 if delivered else math.nan
+
+
+def delivered_figures(dest: Destination, got: Delivered) -> list[Figure]:
+    note = f"due time to stats showing all sent; {got.arrived:,} of {dest.tasks:,} arrived"
+    if got.failed:
+        note = f"{note}; {got.failed:,} FAILED (not counted)"
+    if dest.key == "http_slow":
+        bound = HTTP_CONCURRENCY / SLOW_S
+        note = f"bound: {HTTP_CONCURRENCY} in flight / {SLOW_S:g} s = {bound:,.0f}/s; {note}"
+    cpu_note = ""
+    if dest.peer is not None:
+        peer_us = per_delivery_us(got.peer_cpu_s, got.run.ops)
+        cpu_note = f"{dest.peer[0]}: {peer_us:.1f} us/delivery"
+    server_us = per_delivery_us(got.run.server_cpu_s, got.run.ops)
+    return [
+        Figure(f"{dest.key}_rate", dest.label, got.run.rate, "/s", note=note),
+        Figure(f"{dest.key}_cpu_us", "  server CPU", server_us, "us/delivery", note=cpu_note),
+    ]
+
+
+@dataclass(frozen=True)
+class Burst:
+    lateness: list[float]  # of each queue task received (s)
+    delivered: Run  # HTTP deliveries from T to the consumers' end
+    waiting: int  # HTTP deliveries still waiting for their turn then
+
+
+def burst_lateness(plan: Plan, sink: Sink) -> Burst:
+    """Queue tasks due over a window that opens with a burst of slow HTTP deliveries."""
+    rng = random.Random(SEED)
+    with server_process("memory://", args=server_args()) as (_, address):
+        with dw_client(address) as client:
+            warm_up(client, targets.http(sink.url("ok", "warm-up")))
+            delivered_before = client.stats()["deliveries"]["delivered"]
+        count = plan.burst_http + plan.burst_queue
+        progress(
+            f"burst: {plan.burst_http:,} HTTP deliveries due at T, "
+            f"{plan.burst_queue:,} queue tasks over {plan.span_s:g} s after it"
+        )
+        due_s = time.time() + LEAD_S + count / FILL_RATE_GUESS
+        closes_s = due_s + plan.span_s
+        dues = [rng.uniform(due_s, closes_s) for _ in range(plan.burst_queue)]
+        target = targets.http(sink.url("slow", "burst"))
+        http_task = {"topic": TOPIC, "body": BODY, "at": due_s, "target": target}
+        add_in_batches(address, (http_task for _ in range(plan.burst_http)))
+        add_in_batches(address, ({"topic": QUEUE_TOPIC, "body": BODY, "at": at} for at in dues))
+        if time.time() > due_s - POLL_S:
+            raise RuntimeError("the fill ended too late: raise LEAD_S or lower FILL_RATE_GUESS")
+        until_s = closes_s + CONSUMER_GIVE_UP_S
+        found = consume_all(address, plan.burst_queue, until_s, plan.consumers)
+        with dw_client(address) as client:
+            deliveries = client.stats()["deliveries"]
+        delivered = Run(deliveries["delivered"] - delivered_before, time.time() - due_s)
+    return Burst(found, delivered, deliveries["waiting"])
+
+
+def burst_figures(plan: Plan, burst: Burst) -> tuple[list[Figure], dict[str, Any]]:
+    figures, counts = lateness_figures(burst.lateness, plan.burst_queue, "burst_", "queue lateness")
+    load = burst.delivered
+    figures.append(
+        Figure(
+            "burst_http_rate",
+            "load: HTTP deliveries meanwhile",
+            load.rate,
+            "/s",
+            note=f"{plan.burst_http:,} due at T, {SLOW_S * 1e3:g} ms each; "
+            f"{burst.waiting:,} still waiting at the end",
+        )
+    )
+    return figures, {f"burst_{name}": value for name, value in counts.items()}
+
+
+def run(quick: bool = False) -> Report:
+    started = time.perf_counter()
+    plan = QUICK if quick else FULL
+    skipped: list[str] = []
+    figures: list[Figure] = []
+    failed: dict[str, int] = {}
+    with ExitStack() as stack:
+        sink = stack.enter_context(running_sink())
+        brokers, broker_options = broker_destinations(stack, plan, skipped)
+        destinations = http_destinations(sink, plan) + brokers
+        progress("starting the server")
+        with (
+            server_process("memory://", args=server_args(*broker_options)) as (pid, address),
+            dw_client(address) as client,
+        ):
+            wait_connected(client, {dest.broker for dest in brokers if dest.broker})
+            for dest in destinations:
+                got = deliver_at_once(client, address, pid, dest)
+                figures += delivered_figures(dest, got)
+                failed[dest.key] = got.failed
+        lateness, counts = burst_figures(plan, burst_lateness(plan, sink))
+        figures += lateness
+    return Report(
+        "deliveries",
+        f"deliveries{' (quick)' if quick else ''}: {plan.tasks:,} due at once per destination, "
+        f"memory store, {TICK_S * 1e3:g} ms tick; queue lateness under a burst of "
+        f"{plan.burst_http:,} slow HTTP deliveries",
+        figures,
+        params={
+            "quick": quick,
+            "tasks": plan.tasks,
+            "slow_tasks": plan.slow_tasks,
+            "slow_s": SLOW_S,
+            "http_concurrency": HTTP_CONCURRENCY,
+            "tick_s": TICK_S,
+            "poll_s": POLL_S,
+            "body_bytes": len(BODY),
+            "failed": failed,
+            "burst_http": plan.burst_http,
+            "burst_queue": plan.burst_queue,
+            "span_s": plan.span_s,
+            "consumers": plan.consumers,
+            **counts,
+            "seed": SEED,
+            "skipped": skipped,
+        },
+        elapsed_s=time.perf_counter() - started,
+    )
