@@ -171,10 +171,18 @@ class Decoder:
         if self._error is not None:
             raise self._error
         unpacker = self._unpacker
-        tell = unpacker.tell
+        tell, unpack = unpacker.tell, unpacker.unpack
         limit = self._max_message_bytes
         try:
-            for obj in unpacker:
+            # unpack() while bytes are left, not ``for obj in unpacker``: that
+            # ends every read with a StopIteration, whose Cython traceback cost
+            # more than decoding a small message (0.44 us against 0.17 us a
+            # read). Only a read that ends mid-message raises, OutOfData.
+            while self._consumed < self._fed:
+                try:
+                    obj = unpack()
+                except msgpack.OutOfData:
+                    break
                 end = tell()
                 size = end - self._consumed
                 if size > limit:
