@@ -77,12 +77,8 @@ def wait_gone(client: Client, task_id: str, timeout_s: float = 20.0) -> None:
 @contextmanager
 def serving(*args: str, store: str = "memory://") -> Iterator[tuple[ServerProcess, Client]]:
     """A server with ``args`` after the delivery defaults, and a client of it, once
-    every broker's first connection attempt has ended (connected or failing).
-
-    That wait keeps the stop at the end out of a connection being made: a SIGTERM
-    while an AMQP connection is under way hangs the server (a known bug: the
-    connection aio-pika is still making is never closed, and keeps the loop alive).
-    """
+    every broker's first connection attempt has ended (connected or failing), so
+    that a test's first tasks do not race the connections."""
     proc = ServerProcess(*DELIVERY_ARGS, *args, store=store)
     try:
         with Client(*proc.address) as client:
@@ -339,6 +335,45 @@ def test_amqp_unroutable_tasks_due_with_routable_ones_fail_alone(amqp_queue: str
     assert len(messages) == 100 and {message.message_id for message in messages} == ids
 
 
+def test_a_missing_exchange_fails_only_its_own_task(amqp_queue: str) -> None:
+    """One task aimed at a missing exchange, due with 100 good ones on the same broker,
+    one try each: it alone goes dead, naming its exchange, and each good one arrives
+    once (none was failed, then pushed again)."""
+    missing = unique("missing")
+    with serving("--broker", f"mq={AMQP_URL}") as (_proc, client):
+        check_missing_exchange(client, amqp_queue, missing)
+    messages = amqp_take(amqp_queue, wait_s=5)
+    assert len(messages) == 100
+    assert {message.headers["delaywheel-attempt"] for message in messages} == {1}
+
+
+def check_missing_exchange(client: Client, queue_name: str, missing: str) -> None:
+    due_s = time.time() + 1.0
+    good = {"type": "amqp", "broker": "mq", "routing_key": queue_name}
+    bad = {"type": "amqp", "broker": "mq", "exchange": missing, "routing_key": "rk"}
+    tasks = [{"topic": "good", "at": due_s, "target": good, "max_attempts": 1}] * 100
+    tasks.insert(50, {"topic": "bad", "at": due_s, "target": bad, "max_attempts": 1})
+    bad_id = client.add_many(tasks)[50]["id"]
+    dead = wait_dead(client, bad_id)
+    assert f"exchange {missing!r} does not exist" in dead["last_error"]
+    stats = wait_for(
+        lambda: (s := client.stats())["states"]["delayed"] + s["states"]["delivering"] == 0 and s,
+        what="every attempt to be settled",
+    )
+    assert stats["topics"] == {"bad": {"dead": 1}}  # none of the good ones is dead
+    assert (stats["deliveries"]["delivered"], stats["deliveries"]["failed"]) == (100, 1)
+
+
+def test_sigterm_as_the_first_amqp_connection_is_made_is_a_clean_stop() -> None:
+    """Against a local RabbitMQ the first connection is under way in the first
+    milliseconds: a stop at once (on the listening line) must close it too."""
+    codes = []
+    for _ in range(5):
+        proc = ServerProcess(*DELIVERY_ARGS, "--broker", f"mq={AMQP_URL}")
+        codes.append(proc.stop())
+    assert codes == [0] * 5
+
+
 # -- NATS JetStream -------------------------------------------------------------------
 
 
@@ -424,11 +459,9 @@ def test_a_broker_that_is_down_fails_its_own_tasks_and_nothing_else(
             with Client(*proc.address) as client:
                 check_down_broker_costs_only_its_own_tasks(client, port, amqp_queue)
         finally:
-            if how == "unresponsive":
-                # An unresponsive AMQP broker is nearly always mid-connection, and
-                # a SIGTERM then hangs the server (the known bug ``serving`` avoids).
-                proc.kill()
-            proc.stop()
+            # An unresponsive broker is nearly always mid-connection: that is stopped too.
+            code = proc.stop()
+    assert code == 0
     [message] = amqp_take(amqp_queue, wait_s=5)
     assert message.headers == {"delaywheel-topic": "up", "delaywheel-attempt": 1}
     log = proc.log_text()
@@ -474,14 +507,18 @@ def check_down_broker_costs_only_its_own_tasks(client: Client, port: int, queue:
 
 @pytest.mark.parametrize(
     "url",
-    [f"nats://user:{PASSWORD}@127.0.0.1:{{port}}", f"redis://:{PASSWORD}@127.0.0.1:{{port}}/0"],
-    ids=["nats", "redis"],
+    [
+        f"amqp://guest:{PASSWORD}@127.0.0.1:{{port}}/",
+        f"nats://user:{PASSWORD}@127.0.0.1:{{port}}",
+        f"redis://:{PASSWORD}@127.0.0.1:{{port}}/0",
+    ],
+    ids=["amqp", "nats", "redis"],
 )
 def test_sigterm_ends_the_server_while_a_broker_does_not_answer(url: str) -> None:
     with down_port("unresponsive") as port:
         proc = ServerProcess(*DELIVERY_ARGS, "--broker", f"down={url.format(port=port)}")
         try:
-            time.sleep(0.5)  # its first connection is under way
+            time.sleep(0.5)  # its first connection is under way (5 s to time out)
         finally:
             assert proc.stop() == 0
     assert PASSWORD not in proc.log_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,7 +26,7 @@ import redis
 from conftest import RedisServer, free_port
 from nats.js.api import StreamConfig
 
-from delaywheel.delivery.base import Delivery, DeliveryFailed
+from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
 from delaywheel.delivery.brokers import Brokers, parse_broker_specs, redact, split_env
 from delaywheel.errors import RequestError
 
@@ -463,19 +464,156 @@ def test_amqp_unroutable_is_a_failed_attempt() -> None:
     run(scenario())
 
 
-def test_amqp_missing_exchange_fails_and_the_sender_goes_on() -> None:
+def test_amqp_a_missing_exchange_fails_only_the_pushes_aimed_at_it() -> None:
+    """100 pushes in flight beside one to a missing exchange are all delivered: the
+    exchange is looked up on a channel of its own, which its 404 closes instead of
+    the publishing one. It is looked up again each time, so once declared it works."""
+    missing = unique("missing")
+    bad = delivery(amqp_target("rk", missing), task_id="bad")
+
     async def scenario() -> None:
         async with rabbit_queue() as queue, started(Brokers({"mq": AMQP_URL})) as brokers:
             sender = brokers.sender("mq")
-            for _ in range(2):  # twice: the reopened channel works, and fails the same way
-                with pytest.raises(DeliveryFailed, match=r"exchange 'dw-test-.*' does not exist"):
-                    await sender.send(delivery(amqp_target("rk", unique("missing"))))
-                await sender.send(delivery(amqp_target(queue.name)))
-            assert await queue.get(timeout=5, no_ack=True) is not None
-            assert await queue.get(timeout=5, no_ack=True) is not None
+            goods = [delivery(amqp_target(queue.name), task_id=f"good-{n}") for n in range(100)]
+            for _ in range(2):
+                results = await asyncio.gather(
+                    *(sender.send(sent) for sent in goods[:50]),
+                    sender.send(bad),
+                    *(sender.send(sent) for sent in goods[50:]),
+                    return_exceptions=True,
+                )
+                failure = results.pop(50)
+                assert results == [None] * 100
+                assert isinstance(failure, DeliveryFailed)
+                assert str(failure) == (
+                    f"amqp broker 'mq': exchange {missing!r} does not exist (ChannelNotFoundEntity:"
+                    f" NOT_FOUND - no exchange {missing!r} in vhost '/')"
+                )
+            async with await aio_pika.connect(AMQP_URL) as connection:
+                channel = await connection.channel()
+                await queue.bind(await channel.declare_exchange(missing), "rk")
+                try:
+                    await sender.send(bad)
+                finally:
+                    await channel.exchange_delete(missing)
+            arrived = await take_all(queue)
+            assert sorted(arrived) == sorted([sent.task_id for sent in goods] * 2 + ["bad"])
             assert brokers.state()["mq"]["connected"] is True
 
     run(scenario())
+
+
+def test_amqp_a_publishing_channel_closed_anyway_is_blamed_and_reopened() -> None:
+    """An exchange deleted after it was looked up still closes the publishing channel
+    (404). The pushes that fails say that the channel closed, not that their own
+    exchange is missing; the channel comes back, and the exchange is looked up again."""
+    exchange = unique("x")
+    doomed = delivery(amqp_target("rk", exchange), task_id="doomed")
+
+    async def scenario() -> None:
+        async with (
+            rabbit_queue() as queue,
+            started(Brokers({"mq": AMQP_URL})) as brokers,
+            await aio_pika.connect(AMQP_URL) as connection,
+        ):
+            channel = await connection.channel()
+            await channel.declare_exchange(exchange)
+            sender = brokers.sender("mq")
+            with pytest.raises(DeliveryFailed, match="no queue is bound"):
+                await sender.send(doomed)  # the exchange is found, and remembered
+            await channel.exchange_delete(exchange)
+            goods = [delivery(amqp_target(queue.name), task_id=f"good-{n}") for n in range(20)]
+            failure, *results = await asyncio.gather(
+                sender.send(doomed), *(sender.send(sent) for sent in goods), return_exceptions=True
+            )
+            assert isinstance(failure, DeliveryFailed)
+            assert str(failure) == (
+                "amqp broker 'mq': the broker closed the channel: ChannelNotFoundEntity:"
+                f" NOT_FOUND - no exchange {exchange!r} in vhost '/'"
+            )
+            for result in results:  # sent before the close (delivered) or failed by it
+                assert result is None or (
+                    isinstance(result, DeliveryFailed)
+                    and "closed" in str(result)
+                    and "does not exist" not in str(result)
+                    and "default exchange" not in str(result)
+                ), result
+            # aiormq may publish once more on the closed channel, and RabbitMQ then
+            # closes the whole connection (504): it is back after a reconnect.
+            await eventually_sent(sender, delivery(amqp_target(queue.name), task_id="after"))
+            with pytest.raises(DeliveryFailed, match=f"exchange {exchange!r} does not exist"):
+                await sender.send(doomed)
+            arrived = await take_all(queue)
+            delivered = [
+                sent.task_id for sent, got in zip(goods, results, strict=True) if got is None
+            ]
+            assert set(delivered) | {"after"} <= set(arrived)
+
+    run(scenario())
+
+
+async def take_all(queue: aio_pika.abc.AbstractQueue) -> list[str]:
+    """The message ids in ``queue``, every message taken (a confirmed one is there)."""
+    taken = []
+    while (got := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
+        taken.append(str(got.message_id))
+    return taken
+
+
+async def eventually_sent(sender: Sender, sent: Delivery, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await sender.send(sent)
+            return
+        except DeliveryFailed:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+def run_leaving_the_rest(work: Awaitable[T]) -> T:
+    """``run``, except that whatever is still running at the end dies with the loop:
+    ``asyncio.run`` would wait for it, and a task that never ends would make the
+    test hang instead of failing."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(asyncio.wait_for(work, TEST_TIMEOUT_S))
+    finally:
+        loop.close()
+
+
+async def close_while_connecting(url: str, after_s: float) -> None:
+    before = asyncio.all_tasks()
+    brokers = Brokers({"mq": url}, connect_timeout_s=10.0)
+    await brokers.start()
+    await asyncio.sleep(after_s)
+    began = time.monotonic()
+    await brokers.close()
+    assert time.monotonic() - began < 5.0  # it did not wait out the connect timeout
+    left = asyncio.all_tasks() - before
+    if left:  # a closed connection's own tasks may take a moment to end
+        _done, running = await asyncio.wait(left, timeout=3.0)
+        assert not running, f"still running {after_s:g} s after start, once closed: {running}"
+
+
+@pytest.mark.parametrize("how", ["unresponsive", "refused", "answering"])
+def test_amqp_close_while_connecting_stops_the_connecting(how: str) -> None:
+    """A connection being made is closed too, and nothing of aio-pika's is left
+    running: a task left (its reconnect loop, which swallows cancellation until its
+    connection is closed) would keep the server's loop from ever ending."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)  # the kernel takes the connection, and nothing answers
+        port = {"unresponsive": listener.getsockname()[1], "refused": free_port()}.get(how, 5672)
+        # Half a second in, the first connection is under way (unresponsive) or being
+        # tried again (refused). RabbitMQ connects within milliseconds: close at many
+        # points of those.
+        delays_s = [n * 0.002 for n in range(20)] if how == "answering" else [0.5]
+        for after_s in delays_s:
+            run_leaving_the_rest(
+                close_while_connecting(f"amqp://guest:guest@127.0.0.1:{port}/", after_s)
+            )
 
 
 # -- NATS JetStream ------------------------------------------------------------------

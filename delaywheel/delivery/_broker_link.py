@@ -103,13 +103,14 @@ class BrokerLink:
 
     # -- for the subclasses ------------------------------------------------------
 
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` in the background until it ends or ``close`` cancels it."""
         if self._first_attempt is None:
             self._first_attempt = asyncio.Event()  # made here: it needs the running loop
         task = asyncio.get_running_loop().create_task(work, name=f"broker {self.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def retry(self, attempt: Callable[[], Awaitable[None]]) -> None:
         """Call ``attempt`` until it returns, backing off between failures."""
