@@ -542,6 +542,23 @@ HAVE = "this server has 'bus' (nats), 'mq' (amqp)"
         ({"type": "redis", "broker": "mq", "key": "k"}, "'mq' is amqp, not redis"),
     ],
 )
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        ({"type": "amqp", "broker": "nosuch", "routing_key": "rk"}, "'nosuch' is unknown"),
+        ({"type": "http", "url": "http://10.1.2.3/hook"}, "10.1.2.3"),
+    ],
+    ids=["unknown-broker", "http-allow"],
+)
+def test_add_many_with_a_refused_target_adds_nothing(target: dict[str, Any], words: str) -> None:
+    with serving("--broker", f"mq={AMQP_URL}") as (_proc, client):
+        with pytest.raises(BadRequest) as caught:
+            client.add_many([{"topic": "t"}, {"topic": "t", "target": target}])
+        assert client.stats()["tasks"] == 0  # docs/protocol.md: all or nothing
+        assert words in caught.value.message
+        assert caught.value.message.startswith("task 1: ")  # as for any other refusal
+
+
 def test_an_unknown_broker_or_one_of_another_kind_is_refused_at_add(
     target: dict[str, Any], words: str
 ) -> None:

@@ -126,3 +126,13 @@ def test_an_add_waiting_on_the_store_at_sigterm_is_answered_once_durable(
         assert task is not None and task["state"] == "delayed"
     finally:
         proc.stop()
+
+
+def test_a_sigterm_just_after_the_listening_line_is_a_clean_stop() -> None:
+    """Scripts and tests (serverproc.py) take the listening line for "up"; a SIGTERM
+    then must be a clean stop, not the signal's default action (exit code -15)."""
+    codes = []
+    for _ in range(10):
+        proc = ServerProcess()
+        codes.append(proc.stop())
+    assert codes == [0] * 10
