@@ -13,10 +13,12 @@ import logging
 import signal
 import time
 
+from delaywheel import __version__
 from delaywheel.attempts import RetryPolicy
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine import Engine
+from delaywheel.logs import shown_settings, start_line
 from delaywheel.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store
 
@@ -46,6 +48,14 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
                 "embedded store: --store sqlite:///delaywheel.db"
             ) from None
         raise
+    # Not before the store is open: a server that cannot open it exits with
+    # one line (the error, which names the store) and nothing else.
+    log.info(
+        "delaywheel %s starting: %s",
+        *(__version__, start_line(settings)),
+        extra={"version": __version__, "settings": shown_settings(settings)},
+    )
+    log.info("store %s connected", store.url, extra={"store": store.url})
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
@@ -59,6 +69,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             targets=rules,
             retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
         )
+        engine.journal.watch.slow_s = settings.slow_flush_s
         await recover(engine, store)
         deliveries = Deliveries(settings, rules)
         server = Server(settings, engine, deliveries)
@@ -106,7 +117,12 @@ async def recover(engine: Engine, store: Store) -> int:
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         gc.enable()
-    log.info("loaded %d tasks from %s in %.2f s", loaded, store.url, time.perf_counter() - started)
+    took_s = time.perf_counter() - started
+    log.info(
+        "loaded %d tasks from %s in %.2f s",
+        *(loaded, store.url, took_s),
+        extra={"tasks": loaded, "store": store.url, "duration_s": round(took_s, 3)},
+    )
     return loaded
 
 

@@ -17,6 +17,7 @@ the transition table, the counts and the journal see it as any other.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,10 +25,13 @@ from functools import partial
 from typing import Any
 
 from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.targets import destination
 from delaywheel.journal import Journal
 from delaywheel.store.base import StoreError
 from delaywheel.task import DEAD, DELAYED, DELIVERING, GONE, Task
 from delaywheel.wheel import TimingWheel
+
+log = logging.getLogger("delaywheel.delivery")
 
 DEFAULT_RETRY_BASE_S = 1.0
 DEFAULT_RETRY_CAP_S = 3600.0
@@ -123,9 +127,33 @@ class Attempts:
         again, in memory as in the store, and nothing would ever send it. Try
         it again a retry base from now; its next attempt is journaled first as
         always, so while the store stays down nothing is sent (and after a
-        restart the store's ``delivering`` record sends it)."""
+        restart the store's ``delivering`` record sends it). A death is logged
+        once it is durable, so a death the store did not take is not."""
         if error is not None and task.state == DELIVERING and task.attempts == attempt:
             self._defer(task, self._wheel.now_s + self.retry.base_s)
+        elif error is None and task.state == DEAD and task.attempts == attempt:
+            _log_death(task)  # once it is dead in the store too
 
     def stats(self) -> dict[str, Any]:
         return {"delivering": len(self.delivering)}
+
+
+def _log_death(task: Task) -> None:
+    """One warning per task that dies: what it was, where it went, why it failed.
+    The error comes from the sender, which never puts a URL's query string or
+    a broker's password in it; the body and the headers are never shown."""
+    assert task.target is not None
+    kind, where = task.target["type"], destination(task.target)
+    log.warning(
+        "task %r (topic %r) is dead after %d %s to %s %s: %s",
+        *(task.id, task.topic, task.attempts, "attempt" if task.attempts == 1 else "attempts"),
+        *(kind, where, task.last_error),
+        extra={
+            "task_id": task.id,
+            "topic": task.topic,
+            "attempts": task.attempts,
+            "target_type": kind,
+            "destination": where,
+            "error": task.last_error,
+        },
+    )

@@ -30,6 +30,7 @@ DEFAULT_HTTP_CONCURRENCY = 64
 DEFAULT_RETRY_BASE_S = 1.0
 DEFAULT_RETRY_CAP_S = 3600.0
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
+DEFAULT_SLOW_FLUSH_S = 1.0
 
 
 class ConfigError(ValueError):
@@ -70,6 +71,9 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    # A store write that takes this long or more is logged (docs/operations.md,
+    # "Logging"): the store is struggling before it fails.
+    slow_flush_s: float = DEFAULT_SLOW_FLUSH_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -91,6 +95,8 @@ class Settings:
             raise ConfigError(f"max connections must be at least 1, got {self.max_connections}")
         if not self.message_timeout_s > 0:
             raise ConfigError(f"message timeout must be > 0 s, got {self.message_timeout_s}")
+        if not (math.isfinite(self.slow_flush_s) and self.slow_flush_s > 0):
+            raise ConfigError(f"slow flush must be > 0 s, got {self.slow_flush_s}")
         if self.token == "":
             raise ConfigError("token must not be empty (leave it unset for no auth)")
         self._check_delivery()

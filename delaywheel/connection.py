@@ -306,7 +306,12 @@ class Connection(asyncio.Protocol):
 
     def refuse(self, code: str, message: str) -> None:
         """Tell the peer why, then close: bad input or over a limit."""
-        log.info("closing connection: %s: %s", code, message)
+        peer, reason = _peer(self.transport), _loggable(message)
+        log.info(
+            "closing connection from %s: %s: %s",
+            *(peer, code, reason),
+            extra={"peer": peer, "code": code, "reason": reason},
+        )
         if self.transport is not None:
             self.transport.write(self.encoder.notification("error", [code, message]))
             self.transport.close()
@@ -324,3 +329,31 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()  # after writing what is buffered
+
+
+# A refusal's reason as logged: at most this long.
+MAX_LOGGED_REASON_CHARS = 200
+
+
+def _loggable(message: str) -> str:
+    """A refusal's reason without what it quotes of the input (``validate.show``,
+    the codec's descriptions: up to 40-80 characters of a str or bin the peer
+    sent). The peer is told; the log is not, so whatever a peer sends (a task
+    body, a token, garbage) never reaches it."""
+    quotes = [i for i in (message.find("'"), message.find('"')) if i >= 0]
+    if quotes:
+        kept = message[: min(quotes)]
+        kept = kept[:-1] if kept.endswith(" b") else kept  # a bin's repr: b'...'
+        message = kept.rstrip() + " [input not logged]"
+    if len(message) > MAX_LOGGED_REASON_CHARS:
+        message = message[: MAX_LOGGED_REASON_CHARS - 3] + "..."
+    return message
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    """The peer's address as HOST:PORT ([HOST]:PORT for IPv6), or "unknown"."""
+    name = None if transport is None else transport.get_extra_info("peername")
+    if not isinstance(name, tuple) or len(name) < 2:
+        return "unknown" if not name else str(name)  # a Unix socket's path
+    host, port = name[0], name[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"

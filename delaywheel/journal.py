@@ -37,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from delaywheel.store.base import Store, StoreError
+from delaywheel.store_watch import StoreWatch
 from delaywheel.task import GONE, NEW, Task
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class Journal:
         self.flushes = 0
         self.last_batch_size = 0
         self.max_batch_size = 0
+        # Logs outages and slow writes (its slow_s is the server's --slow-flush).
+        self.watch = StoreWatch(store.url)
 
     def record(self, task: Task, before: tuple[Any, ...] | None) -> None:
         """Journal ``task``'s new state. ``before`` is its snapshot before this change
@@ -135,6 +138,7 @@ class Journal:
             for task_id, task in batch.tasks.items()
         }
         batch.size = len(changes)
+        self.watch.started()
         try:
             self._store.submit(changes, partial(self._written, batch, changes))
         except Exception as exc:  # a store bug: fail the batch rather than hang its waiters
@@ -154,6 +158,7 @@ class Journal:
             self.last_batch_size = batch.size
             self.max_batch_size = max(self.max_batch_size, batch.size)
             self._writing = None
+            self.watch.written(batch.size)
             if self._durable is not None:
                 try:
                     self._durable(batch.tasks, changes)
@@ -170,7 +175,7 @@ class Journal:
         self._writing = None
         # Newest first: the gathering batch built on the failed one.
         self._rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
-        log.warning("store write of %d changes failed: %s", batch.size, error)
+        self.watch.failed(batch.size, error)
         batch.finish(error)
         later.finish(error)
 

@@ -82,6 +82,6 @@ async def load_tasks(
         counts.add_topics(held_topics, DELAYED)
         loaded += len(fresh) + len(held)
         if loaded >= next_report:
-            log.info("loaded %d tasks so far", loaded)
+            log.info("loaded %d tasks so far", loaded, extra={"tasks": loaded})
             next_report += LOAD_PROGRESS_EVERY
     return loaded

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -23,11 +22,13 @@ from delaywheel.config import (
     DEFAULT_RETRY_BASE_S,
     DEFAULT_RETRY_CAP_S,
     DEFAULT_SHUTDOWN_GRACE_S,
+    DEFAULT_SLOW_FLUSH_S,
     DEFAULT_STORE,
     ConfigError,
     Settings,
 )
 from delaywheel.delivery.brokers import split_env
+from delaywheel.logs import FORMATS, configure
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -165,16 +166,29 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Mutual TLS: clients must present a certificate signed by this PEM CA.",
 )
 @_serve_option(
+    "--slow-flush",
+    "slow_flush_s",
+    default=DEFAULT_SLOW_FLUSH_S,
+    show_default=True,
+    type=float,
+    help="Log a store write that takes this many seconds or more.",
+)
+@_serve_option(
     "--log-level",
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
-def serve(log_level: str, **options: object) -> None:
+@_serve_option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(FORMATS),
+    help="text, or json: one object per line (ts, level, logger, message, fields).",
+)
+def serve(log_level: str, log_format: str, **options: object) -> None:
     """Run the server in the foreground until SIGINT or SIGTERM."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(log_level, log_format)
     if not options["brokers"]:
         # One variable for them all, NAME=URL,NAME=URL (click's envvar for a
         # multiple option would split on spaces).

@@ -17,10 +17,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from yarl import URL
+
 from delaywheel.delivery import body
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.brokers import Brokers
 from delaywheel.delivery.http_target import check_target as check_http_target
+from delaywheel.delivery.http_target import shown_url
 from delaywheel.validate import bad, show
 
 # The targets that send the body encoded (``body.encode``); a Redis push
@@ -30,6 +33,8 @@ ENCODED_TYPES = frozenset({"http", "amqp", "nats"})
 # control character cannot go (an id or topic may otherwise hold any str).
 HEADER_TYPES = frozenset({"http", "nats"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# An HTTP target's URL in a log line: at most this long (a URL may be 2,048).
+MAX_SHOWN_URL_CHARS = 200
 
 
 class TargetRules:
@@ -56,10 +61,34 @@ class TargetRules:
         if kind in HEADER_TYPES:
             for field, text in (("id", task_id), ("topic", topic)):
                 if text is not None and _CONTROL.search(text):
-                    raise bad(f"a {kind} target sends the {field} in a header: {show(text)} "
-                              "has a control character")
+                    raise bad(
+                        f"a {kind} target sends the {field} in a header: {show(text)} "
+                        "has a control character"
+                    )
         if kind in ENCODED_TYPES:
             error = body.json_error(body_packed)
             if error is not None:
                 raise bad(f"a {kind} target sends the body as bin, str or JSON: {error}")
         return checked
+
+
+def destination(target: dict[str, Any]) -> str:
+    """Where a checked target sends, for a log line: an HTTP target's method and
+    URL without its query string (``shown_url``), never its headers; a broker
+    target's broker and key, routing key or subject (the broker's URL, with
+    its password, is the server's setting and stays out). Names are bounded
+    (``show``)."""
+    kind = target["type"]
+    if kind == "http":
+        url = shown_url(URL(target["url"]))
+        url = url if len(url) <= MAX_SHOWN_URL_CHARS else url[: MAX_SHOWN_URL_CHARS - 3] + "..."
+        return f"{target.get('method', 'POST')} {url}"
+    broker = f"broker {show(target.get('broker'))}"
+    if kind == "redis":
+        return f"{target['mode']} {show(target['key'])} on {broker}"
+    if kind == "amqp":
+        exchange = show(target["exchange"]) if target["exchange"] else "the default exchange"
+        return f"routing key {show(target['routing_key'])} via {exchange} on {broker}"
+    if kind == "nats":
+        return f"subject {show(target['subject'])} on {broker}"
+    return str(kind)

@@ -1,0 +1,92 @@
+"""The store's health as the log tells it: outages and slow writes, one line each.
+
+The journal reports every write here (``started``, then ``written`` or
+``failed``). It is the one place that sees every write of every store, so
+the lines mean the same for Redis, SQLite and memory. An outage runs from
+the first write that fails to the next one that succeeds: a warning when it
+begins, an info line with its length and what failed during it when it
+ends. In between, under hundreds of writes a second, each failed write is a
+debug line only (the clients got ``unavailable`` and the reason already).
+A write that succeeds but took ``slow_s`` or more is a warning with its size
+and time: the store is struggling before it fails.
+
+Cost: one clock read when a write starts and one when it ends, per flush,
+whatever the number of changes it carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from delaywheel.config import DEFAULT_SLOW_FLUSH_S
+
+log = logging.getLogger("delaywheel.store")
+
+
+class StoreWatch:
+    def __init__(
+        self,
+        url: str,
+        *,
+        slow_s: float = DEFAULT_SLOW_FLUSH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url  # the display URL: no password
+        self.slow_s = slow_s
+        self._clock = clock
+        self._started_s = 0.0
+        self._lost_since_s: float | None = None
+        self._failed_writes = 0
+        self._failed_changes = 0
+
+    @property
+    def lost(self) -> bool:
+        return self._lost_since_s is not None
+
+    def started(self) -> None:
+        """A write is submitted (there is at most one in flight)."""
+        self._started_s = self._clock()
+
+    def written(self, size: int) -> None:
+        """That write of ``size`` changes is durable."""
+        now_s = self._clock()
+        took_s = now_s - self._started_s
+        if took_s >= self.slow_s:
+            log.warning(
+                "slow store write: %d changes took %.2f s (threshold %g s)",
+                *(size, took_s, self.slow_s),
+                extra={"changes": size, "duration_s": round(took_s, 3)},
+            )
+        if self._lost_since_s is not None:
+            outage_s = now_s - self._lost_since_s
+            log.info(
+                "store %s back after %.1f s; %d writes (%d changes) failed meanwhile",
+                *(self.url, outage_s, self._failed_writes, self._failed_changes),
+                extra={
+                    "store": self.url,
+                    "outage_s": round(outage_s, 3),
+                    "failed_writes": self._failed_writes,
+                    "failed_changes": self._failed_changes,
+                },
+            )
+            self._lost_since_s = None
+            self._failed_writes = self._failed_changes = 0
+
+    def failed(self, size: int, error: Exception) -> None:
+        """That write of ``size`` changes failed with ``error`` (whose text names
+        the store's display URL, never its password)."""
+        self._failed_writes += 1
+        self._failed_changes += size
+        if self._lost_since_s is None:
+            self._lost_since_s = self._started_s
+            # The error names the store first; the line does already.
+            detail = str(error).removeprefix(f"store {self.url}: ")
+            log.warning(
+                "store %s lost: %s; writes answer unavailable until it is back",
+                *(self.url, detail),
+                extra={"store": self.url, "error": detail},
+            )
+        else:
+            log.debug("store write of %d changes failed: %s", size, error)
