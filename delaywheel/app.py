@@ -12,6 +12,7 @@ import gc
 import logging
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from delaywheel import __version__
 from delaywheel.attempts import RetryPolicy
@@ -21,6 +22,9 @@ from delaywheel.engine import Engine
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store
+
+if TYPE_CHECKING:
+    from delaywheel.metrics import MetricsEndpoint
 
 log = logging.getLogger("delaywheel")
 
@@ -73,6 +77,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         await recover(engine, store)
         deliveries = Deliveries(settings, rules)
         server = Server(settings, engine, deliveries)
+        metrics = await _start_metrics(server, settings)
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
         stop = _stop_on_signal()
@@ -88,8 +93,31 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             _remove_signal_handlers()
             log.info("shutting down")
             await server.stop()
+            if metrics is not None:
+                await metrics.stop()
     finally:
         await store.close()
+
+
+async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint | None:
+    """The Prometheus endpoint, when ``--metrics-port`` is given (docs/metrics.md)."""
+    if settings.metrics_port is None:
+        return None
+    # Imported only now: aiohttp and prometheus-client take a tenth of a
+    # second to import, which a server without metrics need not spend.
+    from delaywheel.metrics import MetricsEndpoint, registry_for
+
+    endpoint = MetricsEndpoint(registry_for(server, topics=settings.metrics_topics))
+    host, port = await endpoint.start(settings.metrics_host, settings.metrics_port)
+    shown = f"[{host}]" if ":" in host else host
+    # Like the listening line, tests read the port from it when given 0.
+    log.warning(
+        "metrics on http://%s:%d/metrics",
+        shown,
+        port,
+        extra={"url": f"http://{shown}:{port}/metrics"},
+    )
+    return endpoint
 
 
 def _tls_note(settings: Settings) -> str:

@@ -70,6 +70,7 @@ class Attempts:
         # The place of ``delivering`` tasks (see task.py): by id.
         self.delivering: dict[str, Task] = {}
         self._deliver: Callable[[Delivery], None] | None = None  # None until start
+        self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
     def start(self, deliver: Callable[[Delivery], None]) -> None:
         """Hand every attempt to ``deliver`` from now on, starting with those
@@ -132,6 +133,7 @@ class Attempts:
         if error is not None and task.state == DELIVERING and task.attempts == attempt:
             self._defer(task, self._wheel.now_s + self.retry.base_s)
         elif error is None and task.state == DEAD and task.attempts == attempt:
+            self.deaths += 1
             _log_death(task)  # once it is dead in the store too
 
     def stats(self) -> dict[str, Any]:

@@ -31,6 +31,9 @@ DEFAULT_RETRY_BASE_S = 1.0
 DEFAULT_RETRY_CAP_S = 3600.0
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 DEFAULT_SLOW_FLUSH_S = 1.0
+# Topics named in the per-topic task metrics; the rest are summed apart
+# (docs/metrics.md): each topic is a series per state in Prometheus.
+DEFAULT_METRICS_TOPICS = 20
 
 
 class ConfigError(ValueError):
@@ -74,6 +77,11 @@ class Settings:
     # A store write that takes this long or more is logged (docs/operations.md,
     # "Logging"): the store is struggling before it fails.
     slow_flush_s: float = DEFAULT_SLOW_FLUSH_S
+    # Prometheus metrics over HTTP (docs/metrics.md): off while the port is
+    # None; 0 picks a free port.
+    metrics_port: int | None = None
+    metrics_host: str = DEFAULT_HOST
+    metrics_topics: int = DEFAULT_METRICS_TOPICS
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -99,6 +107,10 @@ class Settings:
             raise ConfigError(f"slow flush must be > 0 s, got {self.slow_flush_s}")
         if self.token == "":
             raise ConfigError("token must not be empty (leave it unset for no auth)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics port must be 0 to 65535, got {self.metrics_port}")
+        if self.metrics_topics < 0:
+            raise ConfigError(f"metrics topics must be at least 0, got {self.metrics_topics}")
         self._check_delivery()
         self.tls_context()  # loaded now, so that a bad file stops the start with its name
 

@@ -35,7 +35,7 @@ from delaywheel.queues import Waiter
 from delaywheel.store.base import StoreError
 
 if TYPE_CHECKING:
-    from delaywheel.server import Server
+    from delaywheel.server import Method, Server
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ class Connection(asyncio.Protocol):
         self.decoder = Decoder(max_message_bytes=server.settings.max_message_bytes)
         self.encoder = Encoder()
         self.transport: asyncio.Transport | None = None
-        # Replies in request order: [msgid, bytes, batch it waits for or None].
+        # Replies in request order: [msgid, bytes, batch it waits for or None,
+        # the method answered (its errors are counted)].
         self.replies: deque[list[Any]] = deque()
         self.waiting_on: set[int] = set()  # id() of batches we have a callback on
         # Blocked reserves: each one's timeout timer and the msgid it answers.
@@ -89,6 +90,7 @@ class Connection(asyncio.Protocol):
             self.refuse("unavailable", f"too many connections (limit {limit})")
             return
         self.server.connections.add(self)
+        self.server.accepted += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -163,27 +165,34 @@ class Connection(asyncio.Protocol):
 
     def _handle(self, request: Request, now_s: float) -> None:
         msgid, method = request.msgid, request.method
+        route = self.server.routes.get(method)
+        if route is None:
+            route = self.server.unknown
+        route.calls += 1
         if not self.authed and method not in OPEN_METHODS:
             message = f"{method} needs auth first (send auth [token])"
-            self._queue(msgid, self.encoder.error_response(msgid, "unauthorized", message), None)
+            route.failed("unauthorized")
+            reply = self.encoder.error_response(msgid, "unauthorized", message)
+            self._queue(msgid, reply, None, route)
             return
         if method == "reserve":
             self.timers_moved = True  # a reservation's deadline is a timer
-            self._reserve(request, now_s)
+            self._reserve(request, route, now_s)
             return
-        route = self.server.routes.get(method)
-        mutating = False
         try:
-            if route is None:
+            run = route.run
+            if run is None:
                 raise RequestError("no_method", f"no method named {validate.show(method)}")
-            run, mutating = route
-            self.timers_moved |= mutating
+            self.timers_moved |= route.mutating
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
+            route.failed(exc.code)
             payload = self.encoder.error_response(msgid, exc.code, exc.message)
         except Exception as exc:
+            route.failed("internal")
             payload = self._internal(msgid, method, exc)
-        self._queue(msgid, payload, self.engine.journal.pending() if mutating else None)
+        batch = self.engine.journal.pending() if route.mutating else None
+        self._queue(msgid, payload, batch, route)
 
     def _internal(self, msgid: int, method: str, exc: Exception) -> bytes:
         log.exception("internal error in %s", method, exc_info=exc)
@@ -191,8 +200,8 @@ class Connection(asyncio.Protocol):
             msgid, "internal", f"internal error in {method}: {exc!r}"
         )
 
-    def _queue(self, msgid: int, payload: bytes, batch: Batch | None) -> None:
-        self.replies.append([msgid, payload, batch])
+    def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
+        self.replies.append([msgid, payload, batch, route])
         if batch is not None and id(batch) not in self.waiting_on:
             self.waiting_on.add(id(batch))
             batch.add_callback(partial(self._batch_done, batch))
@@ -208,6 +217,7 @@ class Connection(asyncio.Protocol):
                 entry[2] = None
                 if error is not None:
                     entry[1] = self.encoder.error_response(entry[0], "unavailable", str(error))
+                    entry[3].failed("unavailable")
         self._flush()
 
     def _flush(self) -> None:
@@ -244,7 +254,7 @@ class Connection(asyncio.Protocol):
 
     # -- reserve -------------------------------------------------------------------
 
-    def _reserve(self, request: Request, now_s: float) -> None:
+    def _reserve(self, request: Request, route: Method, now_s: float) -> None:
         msgid = request.msgid
         try:
             topics, timeout = validate.params(
@@ -255,14 +265,17 @@ class Connection(asyncio.Protocol):
             )
             result = self.engine.try_reserve(topics, now_s)
         except RequestError as exc:
-            self._queue(msgid, self.encoder.error_response(msgid, exc.code, exc.message), None)
+            route.failed(exc.code)
+            reply = self.encoder.error_response(msgid, exc.code, exc.message)
+            self._queue(msgid, reply, None, route)
             return
         except Exception as exc:
-            self._queue(msgid, self._internal(msgid, "reserve", exc), None)
+            route.failed("internal")
+            self._queue(msgid, self._internal(msgid, "reserve", exc), None, route)
             return
         if result is not None or timeout_s == 0:
             batch = self.engine.journal.pending() if result is not None else None
-            self._queue(msgid, self.encoder.response(msgid, result), batch)
+            self._queue(msgid, self.encoder.response(msgid, result), batch, route)
             return
         waiter = Waiter(validate.topics(topics), lambda task: self._reserved(waiter, msgid, task))
         timer = asyncio.get_running_loop().call_later(
@@ -285,6 +298,7 @@ class Connection(asyncio.Protocol):
             if error is None:
                 self._send(payload)
             else:
+                self.server.routes["reserve"].failed("unavailable")
                 self._send(self.encoder.error_response(msgid, "unavailable", str(error)))
 
         batch.add_callback(durable)
@@ -306,6 +320,8 @@ class Connection(asyncio.Protocol):
 
     def refuse(self, code: str, message: str) -> None:
         """Tell the peer why, then close: bad input or over a limit."""
+        refused = self.server.refused
+        refused[code] = refused.get(code, 0) + 1
         peer, reason = _peer(self.transport), _loggable(message)
         log.info(
             "closing connection from %s: %s: %s",

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import base64
 import os
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Mapping
 from itertools import count
+from operator import attrgetter
 from typing import Any
 
 from delaywheel import __version__, validate
@@ -43,6 +45,7 @@ from delaywheel.loading import load_tasks
 from delaywheel.packed import WINDOW_S, PackedTasks
 from delaywheel.queues import Queues, Waiter
 from delaywheel.store.base import Store
+from delaywheel.tallies import LATENESS_BOUNDS_S, EventCounts, Histogram
 from delaywheel.task import (
     DEAD,
     DELAYED,
@@ -71,6 +74,8 @@ THAW_BATCH = 2_000
 # over 200 turns of the loop, with requests served between them, at about the
 # same rate as in one stall of a second. Larger batches gain nothing.
 FIRE_BATCH = 1_000
+
+_due_of = attrgetter("due_s")  # a timer's due time in the wheel
 
 
 class Engine:
@@ -104,6 +109,10 @@ class Engine:
         # a str object of 64 bytes, not the 80 that a 17-character id takes.
         self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
+        # For metrics, read only when scraped (delaywheel.tallies): events
+        # counted where each is handled, and how late the wheel's timers fired.
+        self.events = EventCounts()
+        self.lateness = Histogram(LATENESS_BOUNDS_S)
 
     # -- where a task lives --------------------------------------------------
 
@@ -169,7 +178,11 @@ class Engine:
                 return
             event, to = "due", READY
         else:  # a reservation's TTR ran out
-            event, to = "expire", DEAD if task.attempts >= task.max_attempts else READY
+            event, to = "expire", READY
+            self.events.expired += 1
+            if task.attempts >= task.max_attempts:
+                to = DEAD
+                self.events.deaths += 1
         check_transition(task.id, task.state, event, to)
         self._unplace(task)
         task.state = to
@@ -255,6 +268,7 @@ class Engine:
         # A targeted task due now is delayed all the same: the next tick sends it.
         due_later = new.at_s > now_s or target is not None
         self._move(task, "add", DELAYED if due_later else READY)
+        self.events.added += 1
         return task
 
     def _added(self, task: Task) -> dict[str, Any]:
@@ -285,6 +299,7 @@ class Engine:
             to = DELAYED  # a targeted task is never ready: due now, the next tick sends it
             new.setdefault("at_s", now_s)
         self._move(task, "update", to, **new)
+        self.events.updated += 1
         self._serve_waiters(now_s)
         return self.describe(task)
 
@@ -293,6 +308,7 @@ class Engine:
         if task is None:
             return False
         self._move(task, "delete", GONE)
+        self.events.deleted += 1
         return True
 
     def get(self, task_id: Any, now_s: float) -> dict[str, Any] | None:
@@ -332,11 +348,13 @@ class Engine:
             self._move(task, "reserve", GONE, attempts=attempts)
         else:
             self._move(task, "reserve", RESERVED, attempts=attempts, deadline_s=now_s + task.ttr_s)
+        self.events.reserved += 1
         return self.describe(task)
 
     def ack(self, task_id: Any, now_s: float) -> bool:
         task = self._find(task_id)
         self._move(task, "ack", GONE)
+        self.events.acked += 1
         return True
 
     def release(self, task_id: Any, delay_s: Any, now_s: float) -> bool:
@@ -346,9 +364,11 @@ class Engine:
         )
         if task.state == RESERVED and task.attempts >= task.max_attempts:
             self._move(task, "release", DEAD)
+            self.events.deaths += 1
         else:
             at_s = now_s + delay
             self._move(task, "release", DELAYED if delay > 0 else READY, at_s=at_s)
+        self.events.released += 1
         self._serve_waiters(now_s)
         return True
 
@@ -360,6 +380,7 @@ class Engine:
                 f"cannot touch task {task.id!r}: its deadline passed at {task.deadline_s}",
             )
         self._move(task, "touch", RESERVED, deadline_s=now_s + task.ttr_s)
+        self.events.touched += 1
         return task.deadline_s
 
     def kick(self, topic: Any, count_: Any, now_s: float) -> int:
@@ -372,8 +393,19 @@ class Engine:
                 self._move(task, "kick", READY, attempts=0)
             else:  # due now: the next tick sends it
                 self._move(task, "kick", DELAYED, attempts=0, at_s=now_s)
+        self.events.kicked += len(kicked)
         self._serve_waiters(now_s)
         return len(kicked)
+
+    @property
+    def task_counts(self) -> TaskCounts:
+        """Tasks by state and by topic, as ``stats`` reports them."""
+        return self._counts
+
+    @property
+    def packed_count(self) -> int:
+        """Delayed tasks held packed (``delaywheel.packed``): ``stats``' ``wheel.packed``."""
+        return self._packed.count
 
     def stats(self, now_s: float) -> dict[str, Any]:
         wheel = self.wheel.stats()
@@ -410,12 +442,33 @@ class Engine:
         if thaw_s is not None and thaw_s <= now_s:
             self._thaw_ids(self._packed.take(THAW_BATCH, by_s=now_s))
         fired = self.wheel.advance(now_s, FIRE_BATCH)
+        if fired:
+            self._count_fired(fired, now_s)
         for task in fired:
             assert isinstance(task, Task)
             self._fire(task)
         if fired:
             self._serve_waiters(now_s)
         return len(fired)
+
+    def _count_fired(self, fired: list[Any], now_s: float) -> None:
+        """Count a batch of fired timers and how late each fired (after its due
+        time, or a reservation's deadline), a few bisects per batch rather than
+        one per timer: ``fired`` is in due order, so those at most a bound late
+        are a run at its end."""
+        n = len(fired)
+        self.events.fired += n
+        lateness = self.lateness
+        bounds, counts = lateness.bounds, lateness.counts
+        lateness.total += n * now_s - sum([timer.due_s for timer in fired])
+        first = bisect_left(bounds, now_s - fired[-1].due_s)  # the least late one's bucket
+        last = bisect_left(bounds, now_s - fired[0].due_s)
+        at_most = 0  # how many are at most the previous bound late
+        for i in range(first, last):
+            below = n - bisect_left(fired, now_s - bounds[i], key=_due_of)
+            counts[i] += below - at_most
+            at_most = below
+        counts[last] += n - at_most
 
     def next_fire_s(self) -> float | None:
         """When ``advance`` next has work: a tick with timers, or packed tasks to decode."""

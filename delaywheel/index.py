@@ -12,6 +12,7 @@ move, so ``stats`` never scans.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import count
@@ -164,6 +165,22 @@ class TaskCounts:
 
     def by_state(self) -> dict[str, int]:
         return {state: self._states[state] for state in STATES}
+
+    def topic_count(self) -> int:
+        """How many topics have a task."""
+        return len(self._topics)
+
+    def largest_topics(self, limit: int) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        """The ``limit`` topics with the most tasks, each counted by state (every
+        state, zeros too), and the other topics' counts summed by state. One
+        pass over the topics (for metrics, whose labels must stay few)."""
+        largest = heapq.nlargest(limit, self._topics.items(), key=lambda item: item[1].total())
+        named = {topic: {state: counts[state] for state in STATES} for topic, counts in largest}
+        rest = dict.fromkeys(STATES, 0)
+        if len(self._topics) > len(named):
+            for state, n in self._states.items():
+                rest[state] = n - sum(counts[state] for counts in named.values())
+        return named, rest
 
     def by_topic(self) -> dict[str, dict[str, int]]:
         return {

@@ -92,7 +92,7 @@ class Journal:
         self.last_batch_size = 0
         self.max_batch_size = 0
         # Logs outages and slow writes (its slow_s is the server's --slow-flush).
-        self.watch = StoreWatch(store.url)
+        self.watch = StoreWatch(store.url, histograms=not store.inline)
 
     def record(self, task: Task, before: tuple[Any, ...] | None) -> None:
         """Journal ``task``'s new state. ``before`` is its snapshot before this change

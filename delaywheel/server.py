@@ -47,6 +47,23 @@ METHODS: dict[str, tuple[tuple[str, ...], int, bool]] = {
 Route = Callable[[Connection, list[Any], float], Any]
 
 
+class Method:
+    """How the server answers a method, and how often it was called and failed
+    since the start (for metrics: one attribute increment per request)."""
+
+    __slots__ = ("calls", "errors", "mutating", "name", "run")
+
+    def __init__(self, name: str, run: Route | None, mutating: bool) -> None:
+        self.name = name
+        self.run = run  # None: reserve (the connection serves it) or unknown
+        self.mutating = mutating
+        self.calls = 0
+        self.errors: dict[str, int] = {}  # by error code
+
+    def failed(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+
 def _positional(
     method: str, handler: Callable[..., Any], names: tuple[str, ...], optional: int
 ) -> Route:
@@ -91,14 +108,20 @@ class Server:
             "touch": engine.touch,
             "kick": engine.kick,
         }
-        # method -> (run(conn, params, now_s), mutating): one lookup per request.
-        self.routes: dict[str, tuple[Route, bool]] = {
-            method: (_positional(method, handlers[method], names, optional), mutating)
+        # One lookup per request.
+        self.routes: dict[str, Method] = {
+            method: Method(method, _positional(method, handlers[method], names, optional), mutating)
             for method, (names, optional, mutating) in METHODS.items()
         }
-        self.routes["ping"] = (_ping, False)
-        self.routes["auth"] = (self._auth, False)
-        self.routes["stats"] = (self._stats, False)
+        self.routes["ping"] = Method("ping", _ping, False)
+        self.routes["auth"] = Method("auth", self._auth, False)
+        self.routes["stats"] = Method("stats", self._stats, False)
+        self.routes["reserve"] = Method("reserve", None, True)
+        # Every name that is not a method is counted as one: a client must not
+        # make a label of metrics out of any string it sends.
+        self.unknown = Method("unknown", None, False)
+        self.accepted = 0  # connections, since the start
+        self.refused: dict[str, int] = {}  # connections closed by the server, by code
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()

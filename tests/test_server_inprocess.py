@@ -71,7 +71,7 @@ def test_a_bug_in_a_handler_answers_internal_and_the_server_goes_on() -> None:
             def broken(conn: Any, params: list[Any], now_s: float) -> Any:
                 raise RuntimeError(f"bug while getting {params[0]}")
 
-            server.routes["get"] = (broken, False)
+            server.routes["get"].run = broken
             peer = await Peer.open(address)
             reply = await peer.call(1, "get", "x")
             assert reply[2][0] == "internal" and "bug while getting x" in reply[2][1]

@@ -18,6 +18,7 @@ from delaywheel.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MESSAGE_TIMEOUT_S,
+    DEFAULT_METRICS_TOPICS,
     DEFAULT_PORT,
     DEFAULT_RETRY_BASE_S,
     DEFAULT_RETRY_CAP_S,
@@ -172,6 +173,25 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     show_default=True,
     type=float,
     help="Log a store write that takes this many seconds or more.",
+)
+@_serve_option(
+    "--metrics-port",
+    default=None,
+    type=int,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (off when unset; 0 picks a port).",
+)
+@_serve_option(
+    "--metrics-host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="Address the metrics endpoint listens on.",
+)
+@_serve_option(
+    "--metrics-topics",
+    default=DEFAULT_METRICS_TOPICS,
+    show_default=True,
+    type=int,
+    help="Topics named in the per-topic task metrics, the largest first; the rest are summed.",
 )
 @_serve_option(
     "--log-level",

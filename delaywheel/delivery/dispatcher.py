@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
+from delaywheel.tallies import DELIVERY_BOUNDS_S, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class Dispatcher:
         self._closed = False
         self.delivered = 0
         self.failed = 0
+        # How long attempts took, by (target type, "delivered" or "failed"): for metrics.
+        self.durations: dict[tuple[str, str], Histogram] = {}
 
     def submit(self, delivery: Delivery) -> None:
         if self._closed:
@@ -101,6 +104,7 @@ class Dispatcher:
 
     async def _run(self, key: str, lane: _Lane, delivery: Delivery) -> None:
         error: str | None = None
+        started_s = time.monotonic()
         try:
             await self._sender_for(delivery.target).send(delivery)
         except DeliveryFailed as exc:
@@ -112,6 +116,7 @@ class Dispatcher:
             lane.running -= 1
         if self._closed:
             return  # cut off by drain: left delivering, for the restart
+        self._took(delivery.target["type"], error is None, time.monotonic() - started_s)
         if error is None:
             self.delivered += 1
         else:
@@ -125,6 +130,13 @@ class Dispatcher:
             self._changed()
         finally:
             self._pump(key, lane)
+
+    def _took(self, target_type: str, delivered: bool, took_s: float) -> None:
+        key = (target_type, "delivered" if delivered else "failed")
+        durations = self.durations.get(key)
+        if durations is None:
+            durations = self.durations[key] = Histogram(DELIVERY_BOUNDS_S)
+        durations.observe(took_s)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,322 @@
+"""Prometheus metrics over HTTP (``--metrics-port``; docs/metrics.md lists them).
+
+Nothing here runs per request. The server already keeps what the metrics
+show, or counts it where the event is handled with one int addition
+(``delaywheel.tallies``); ``ServerCollector.collect`` reads it all when
+Prometheus scrapes, in time proportional to the topics, methods and
+brokers, never to the tasks. Per-topic series are capped at
+``--metrics-topics``, the largest topics by task count; the others are
+summed into ``delaywheel_other_topics_tasks``, so a server with a million
+topics still exposes a bounded number of series.
+
+The endpoint is an aiohttp site on the server's own event loop: a scrape
+is one callback between requests, and the collector reads the engine's
+state without a lock because nothing else runs meanwhile. This module
+imports aiohttp and prometheus-client, so the server imports it only when
+metrics are on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from delaywheel import __version__
+from delaywheel.tallies import Histogram
+from delaywheel.task import STATES
+
+if TYPE_CHECKING:
+    from delaywheel.server import Server
+
+log = logging.getLogger(__name__)
+
+PATH = "/metrics"
+
+# The engine's event counts (``EventCounts``) as counters: (slot, name, help).
+_EVENTS = (
+    ("added", "delaywheel_tasks_added_total", "Tasks added (add and add_many)."),
+    ("updated", "delaywheel_tasks_updated_total", "Tasks updated."),
+    ("deleted", "delaywheel_tasks_deleted_total", "Tasks deleted."),
+    ("reserved", "delaywheel_tasks_reserved_total", "Tasks reserved by consumers."),
+    ("acked", "delaywheel_tasks_acked_total", "Reserved tasks acked."),
+    ("released", "delaywheel_tasks_released_total", "Reserved tasks released."),
+    ("touched", "delaywheel_tasks_touched_total", "Reservations touched (TTR restarted)."),
+    (
+        "expired",
+        "delaywheel_tasks_expired_total",
+        "Reservations whose TTR ran out: the task is delivered again, or dead after its last "
+        "attempt.",
+    ),
+    ("kicked", "delaywheel_tasks_kicked_total", "Dead tasks kicked back to life."),
+)
+
+
+class ServerCollector:
+    """Reads a running server's state into metric families, at scrape time."""
+
+    def __init__(self, server: Server, *, topics: int) -> None:
+        self._server = server
+        self._topics = topics
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._info()
+        yield from self._tasks()
+        yield from self._events()
+        yield from self._store()
+        yield from self._requests()
+        yield from self._deliveries()
+
+    def _info(self) -> Iterator[Metric]:
+        engine = self._server.engine
+        info = GaugeMetricFamily(
+            "delaywheel_info", "The server's version and store (1).", labels=["version", "store"]
+        )
+        info.add_metric([__version__, engine.store.url], 1)
+        yield info
+        yield GaugeMetricFamily(
+            "delaywheel_start_time_seconds",
+            "When the server started, in Unix seconds.",
+            value=engine.started_s,
+        )
+
+    def _tasks(self) -> Iterator[Metric]:
+        engine = self._server.engine
+        counts = engine.task_counts
+        by_state = GaugeMetricFamily("delaywheel_tasks", "Tasks by state.", labels=["state"])
+        for state, n in counts.by_state().items():
+            by_state.add_metric([state], n)
+        yield by_state
+        named, rest = counts.largest_topics(self._topics)
+        by_topic = GaugeMetricFamily(
+            "delaywheel_topic_tasks",
+            f"Tasks by topic and state, for the {self._topics} topics with the most tasks "
+            "(--metrics-topics).",
+            labels=["topic", "state"],
+        )
+        for topic, states in named.items():
+            for state, n in states.items():
+                by_topic.add_metric([topic, state], n)
+        yield by_topic
+        other = GaugeMetricFamily(
+            "delaywheel_other_topics_tasks",
+            "Tasks by state of the topics not in delaywheel_topic_tasks, summed.",
+            labels=["state"],
+        )
+        for state in STATES:
+            other.add_metric([state], rest[state])
+        yield other
+        yield GaugeMetricFamily(
+            "delaywheel_topics", "Topics that have a task.", value=counts.topic_count()
+        )
+        yield GaugeMetricFamily(
+            "delaywheel_packed_tasks",
+            "Delayed tasks held packed until their window comes (counted in delaywheel_tasks).",
+            value=engine.packed_count,
+        )
+        yield GaugeMetricFamily(
+            "delaywheel_waiting_reserves",
+            "Blocked reserves waiting for a task.",
+            value=engine.queues.waiter_count(),
+        )
+
+    def _events(self) -> Iterator[Metric]:
+        engine = self._server.engine
+        events = engine.events
+        for slot, name, doc in _EVENTS:
+            yield CounterMetricFamily(name, doc, value=getattr(events, slot))
+        yield CounterMetricFamily(
+            "delaywheel_tasks_fired_total",
+            "Delayed tasks that fell due: made ready, or a delivery attempt started.",
+            value=events.fired - events.expired,
+        )
+        yield CounterMetricFamily(
+            "delaywheel_task_deaths_total",
+            "Tasks made dead: their last attempt failed (a TTR run out, a release, a failed "
+            "delivery).",
+            value=events.deaths + engine.attempts.deaths,
+        )
+        yield _histogram(
+            "delaywheel_fire_lateness_seconds",
+            "How late the wheel fired each timer: a delayed task after its due time, a "
+            "reservation after its deadline. The tick's rounding up is included.",
+            [((), engine.lateness)],
+        )
+
+    def _store(self) -> Iterator[Metric]:
+        journal = self._server.engine.journal
+        watch = journal.watch
+        yield GaugeMetricFamily(
+            "delaywheel_store_up",
+            "0 from a store write that failed until one succeeds, else 1.",
+            value=0 if watch.lost else 1,
+        )
+        yield CounterMetricFamily(
+            "delaywheel_store_flushes_total", "Store writes that succeeded.", value=journal.flushes
+        )
+        yield CounterMetricFamily(
+            "delaywheel_store_errors_total",
+            "Store writes that failed (their requests answered unavailable).",
+            value=watch.failures,
+        )
+        yield _histogram(
+            "delaywheel_store_flush_seconds",
+            "How long store writes that succeeded took (not kept for memory://).",
+            [((), watch.durations)],
+        )
+        yield _histogram(
+            "delaywheel_store_flush_changes",
+            "Changes per store write that succeeded: group commit (not kept for memory://).",
+            [((), watch.sizes)],
+        )
+
+    def _requests(self) -> Iterator[Metric]:
+        server = self._server
+        methods = [*server.routes.values(), server.unknown]
+        calls = CounterMetricFamily(
+            "delaywheel_requests_total",
+            "Requests by method (unknown: any name that is not a method).",
+            labels=["method"],
+        )
+        errors = CounterMetricFamily(
+            "delaywheel_request_errors_total",
+            "Error replies by method and error code.",
+            labels=["method", "code"],
+        )
+        for method in sorted(methods, key=lambda method: method.name):
+            calls.add_metric([method.name], method.calls)
+            for code, n in sorted(method.errors.items()):
+                errors.add_metric([method.name, code], n)
+        yield calls
+        yield errors
+        yield GaugeMetricFamily(
+            "delaywheel_connections", "Client connections open.", value=len(server.connections)
+        )
+        yield CounterMetricFamily(
+            "delaywheel_connections_accepted_total",
+            "Client connections accepted.",
+            value=server.accepted,
+        )
+        refused = CounterMetricFamily(
+            "delaywheel_connections_refused_total",
+            "Connections the server closed: bad input, a limit, a message timeout; by error code.",
+            labels=["code"],
+        )
+        for code, n in sorted(server.refused.items()):
+            refused.add_metric([code], n)
+        yield refused
+
+    def _deliveries(self) -> Iterator[Metric]:
+        deliveries = self._server.deliveries
+        dispatcher = None if deliveries is None else deliveries.dispatcher
+        durations: Mapping[tuple[str, str], Histogram] = (
+            {} if dispatcher is None else dispatcher.durations
+        )
+        done = CounterMetricFamily(
+            "delaywheel_deliveries_total",
+            "Delivery attempts by target type and outcome (delivered or failed).",
+            labels=["target", "outcome"],
+        )
+        for (target, outcome), histogram in sorted(durations.items()):
+            done.add_metric([target, outcome], histogram.count)
+        yield done
+        yield _histogram(
+            "delaywheel_delivery_seconds",
+            "How long delivery attempts took, by target type and outcome.",
+            sorted(durations.items()),
+            labels=["target", "outcome"],
+        )
+        stats = {} if dispatcher is None else dispatcher.stats()
+        yield GaugeMetricFamily(
+            "delaywheel_deliveries_in_flight",
+            "Delivery attempts being sent.",
+            value=stats.get("in_flight", 0),
+        )
+        yield GaugeMetricFamily(
+            "delaywheel_deliveries_waiting",
+            "Delivery attempts waiting for their destination's turn.",
+            value=stats.get("waiting", 0),
+        )
+        brokers = GaugeMetricFamily(
+            "delaywheel_broker_up",
+            "1 while the server is connected to the broker, else 0.",
+            labels=["broker", "kind"],
+        )
+        if deliveries is not None:
+            for name, state in deliveries.brokers.state().items():
+                brokers.add_metric([name, state["kind"]], 1 if state["connected"] else 0)
+        yield brokers
+
+
+def _histogram(
+    name: str,
+    doc: str,
+    series: list[tuple[tuple[str, ...], Histogram]],
+    labels: list[str] | None = None,
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels or [])
+    for values, histogram in series:
+        buckets = [(_le(bound), n) for bound, n in histogram.cumulative()]
+        family.add_metric(list(values), buckets, histogram.total)
+    return family
+
+
+def _le(bound: float) -> str:
+    """A bucket's bound as Prometheus writes ``le`` (``0.25``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+def registry_for(server: Server, *, topics: int) -> CollectorRegistry:
+    """A registry of our own (not prometheus-client's global one) with the
+    server's metrics and the process's (CPU, memory, file descriptors, GC)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(server, topics=topics))
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+class MetricsEndpoint:
+    """``GET /metrics`` on its own port, served on the running event loop."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen; returns the address (the port picked when ``port`` is 0)."""
+        app = web.Application()
+        app.router.add_get(PATH, self._scrape)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, reuse_address=True)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        address = runner.addresses[0]
+        return address[0], address[1]
+
+    async def _scrape(self, request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(self._registry), headers={"Content-Type": content_type})
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
