@@ -1,15 +1,19 @@
 """Delivery attempts of targeted tasks: journaled first, sent once durable, outcomes journaled.
 
-A task with an HTTP or broker target is not made ready when due. The engine
-hands it here (``begin``): the attempt is a journaled change (``delivering``,
-``attempts`` counted), and only once that record is durable does the task
-go to the dispatcher. So no delivery starts before its ``add`` is durable
-(the attempt's batch comes after it), and a crash during an attempt leaves
-the task ``delivering`` in the store, where loading finds it: it is sent
-again with the same attempt number (``start``), which tells a receiver it
-may be a repeat. The dispatcher reports the outcome (``outcome``): the task
-is removed, or goes back to ``delayed`` at its next try (``RetryPolicy``),
-or to ``dead`` after ``max_attempts``.
+A task with an HTTP or broker target is not made ready when due. The wheel
+fires it into ``waiting`` (``due``): still ``delayed``, out of the wheel,
+queued by the dispatcher in its destination's lane. Only when the lane has
+room does the dispatcher ask for the attempt (``begin``): that is a journaled
+change (``delivering``, ``attempts`` counted), and once the record is durable
+the dispatcher gets the ``Delivery`` to send. So a burst of 20,000 due at
+once costs the wheel a dict entry each, not 20,000 journaled attempts of
+which 64 can be in flight; an attempt is counted only when it starts; no
+delivery starts before its ``add`` is durable (the attempt's batch comes
+after it); and a crash during an attempt leaves the task ``delivering`` in
+the store, where loading finds it: it is sent again with the same attempt
+number (``start``). The dispatcher reports the outcome (``outcome``): the
+task is removed, or goes back to ``delayed`` at its next try
+(``RetryPolicy``), or to ``dead`` after ``max_attempts``.
 
 Every change goes through the engine's ``_move`` (passed in as ``move``), so
 the transition table, the counts and the journal see it as any other.
@@ -43,6 +47,10 @@ _MAX_RETRY_EXPONENT = 60
 Move = Callable[..., None]
 # engine._defer(task, at_s): back to delayed at at_s, not journaled
 Defer = Callable[[Task, float], None]
+# The dispatcher's queue(task_id, target): a due task for its destination's lane.
+Queue = Callable[[str, dict[str, Any]], None]
+# Called once per begun attempt: the Delivery to send, or None (not to be sent).
+Ready = Callable[["Delivery | None"], None]
 
 
 @dataclass(frozen=True)
@@ -67,44 +75,70 @@ class Attempts:
         self._journal = journal
         self._wheel = wheel
         self.retry = retry
+        # Due targeted tasks waiting for their destination's turn: delayed,
+        # out of the wheel (the place of such a task; see Engine._unplace).
+        self.waiting: dict[str, Task] = {}
         # The place of ``delivering`` tasks (see task.py): by id.
         self.delivering: dict[str, Task] = {}
-        self._deliver: Callable[[Delivery], None] | None = None  # None until start
+        self._queue: Queue | None = None  # the dispatcher's, from start()
+        self._resume: set[str] = set()  # loaded delivering tasks not yet handed over
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
-    def start(self, deliver: Callable[[Delivery], None]) -> None:
-        """Hand every attempt to ``deliver`` from now on, starting with those
-        loaded from the store (attempts a crash or a stop interrupted)."""
-        self._deliver = deliver
+    def start(self, queue: Queue) -> None:
+        """Queue every due task with ``queue(task_id, target)`` from now on,
+        starting with those loaded from the store: attempts a crash or a stop
+        interrupted (sent again as they are) and tasks due already."""
+        self._queue = queue
         for task in list(self.delivering.values()):
-            if not self._journal.is_pending(task):  # else its write's callback sends it
-                self._send(task)
+            self._resume.add(task.id)
+            self._enqueue(task)
+        for task in list(self.waiting.values()):
+            self._enqueue(task)
 
-    def begin(self, task: Task) -> None:
-        """A targeted task fell due: journal the attempt, send it once durable."""
+    def due(self, task: Task) -> None:
+        """The wheel fired a targeted task: it waits for its destination's turn."""
+        self.waiting[task.id] = task
+        self._enqueue(task)
+
+    def _enqueue(self, task: Task) -> None:
+        if self._queue is not None:
+            assert task.target is not None
+            self._queue(task.id, task.target)
+
+    def begin(self, task_id: str, ready: Ready) -> bool:
+        """The destination has room for this task: journal its attempt, and call
+        ``ready`` with the ``Delivery`` once that is durable (with None if the
+        task is not to be sent after all: deleted meanwhile, or the write
+        failed). False, and no call, when it is no longer waiting (deleted,
+        changed or begun since it was queued)."""
+        if task_id in self._resume:  # its attempt is in the store already
+            self._resume.discard(task_id)
+            task = self.delivering.get(task_id)
+            if task is None:
+                return False
+            ready(_delivery(task))
+            return True
+        task = self.waiting.get(task_id)
+        if task is None:
+            return False
         self._move(task, "deliver", DELIVERING, attempts=task.attempts + 1)
         batch = self._journal.pending()
         assert batch is not None  # _move has just recorded the change
-        batch.add_callback(partial(self._durable, task, task.attempts))
+        batch.add_callback(partial(self._durable, task, task.attempts, ready))
+        return True
 
-    def _durable(self, task: Task, attempt: int, error: StoreError | None) -> None:
+    def _durable(self, task: Task, attempt: int, ready: Ready, error: StoreError | None) -> None:
         if error is None:
             if task.state == DELIVERING and task.attempts == attempt:  # not deleted since
-                self._send(task)
+                ready(_delivery(task))
+                return
         elif task.state == DELAYED and task.scheduled:
             # Undone (the engine's rollback): due again, in the past. Try again
             # after a retry base rather than at once, or a store that fails
             # fast would spin.
             self._wheel.remove(task)
             self._wheel.insert(task, self._wheel.now_s + self.retry.base_s)
-
-    def _send(self, task: Task) -> None:
-        if self._deliver is None:
-            return  # start() sends it
-        assert task.target is not None
-        self._deliver(
-            Delivery(task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target)
-        )
+        ready(None)
 
     def outcome(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
         """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
@@ -137,7 +171,12 @@ class Attempts:
             _log_death(task)  # once it is dead in the store too
 
     def stats(self) -> dict[str, Any]:
-        return {"delivering": len(self.delivering)}
+        return {"delivering": len(self.delivering), "waiting": len(self.waiting)}
+
+
+def _delivery(task: Task) -> Delivery:
+    assert task.target is not None
+    return Delivery(task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target)
 
 
 def _log_death(task: Task) -> None:

@@ -36,7 +36,6 @@ from typing import Any
 
 from delaywheel import __version__, validate
 from delaywheel.attempts import Attempts, RetryPolicy
-from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.errors import RequestError
 from delaywheel.index import TaskCounts, TaskIndex
@@ -140,6 +139,8 @@ class Engine:
         if state in IN_WHEEL:
             if task.scheduled:  # not when the wheel has just fired it
                 self.wheel.remove(task)
+            elif state == DELAYED:  # fired, waiting for its destination's turn (or not yet placed)
+                self.attempts.waiting.pop(task.id, None)
         elif state == READY:
             self.queues.drop_ready(task)
         elif state == DEAD:
@@ -174,7 +175,7 @@ class Engine:
         (see the module docstring). The wheel has unscheduled it already."""
         if task.state == DELAYED:
             if task.target is not None:
-                self.attempts.begin(task)
+                self.attempts.due(task)  # it stays delayed until its lane has room
                 return
             event, to = "due", READY
         else:  # a reservation's TTR ran out
@@ -479,9 +480,9 @@ class Engine:
 
     # -- deliveries --------------------------------------------------------------
 
-    def start_deliveries(self, deliver: Callable[[Delivery], None]) -> None:
-        """Send targeted tasks' attempts through ``deliver`` (``delaywheel.attempts``)."""
-        self.attempts.start(deliver)
+    def start_deliveries(self, queue: Callable[[str, dict[str, Any]], None]) -> None:
+        """Queue due targeted tasks with the dispatcher (``delaywheel.attempts``)."""
+        self.attempts.start(queue)
 
     def delivered(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
         """The outcome of a delivery attempt: None for delivered, else why it failed."""
@@ -546,7 +547,9 @@ class Engine:
             if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
                 continue
             if task.at_s < hold_from_s:
-                if not task.scheduled:
+                # Left out of the wheel by _move, to be packed: too close now.
+                # (One the wheel fired into its lane is unscheduled too: not that.)
+                if not task.scheduled and task_id not in self.attempts.waiting:
                     self.wheel.insert(task, task.at_s)
                 continue
             record = changes[task_id]

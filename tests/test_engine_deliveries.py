@@ -1,9 +1,10 @@
 """Targeted tasks in the engine: attempts journaled, outcomes, retries, dead, kick, restart.
 
-The engine is driven with a manual clock; what the dispatcher would send is
-collected by the callback ``start_deliveries`` takes, and outcomes go back
-through ``Engine.delivered`` as the dispatcher reports them. Real sending is
-in tests/test_deliveries.py.
+The engine is driven with a manual clock. ``send_at_once`` stands in for the
+dispatcher's lanes with room for everything: each due task's attempt is
+begun at once and what would be sent is collected; outcomes go back through
+``Engine.delivered`` as the dispatcher reports them. The lanes themselves
+and real sending are in tests/test_deliveries.py.
 """
 
 from __future__ import annotations
@@ -41,13 +42,23 @@ def make_engine(store: MemoryStore, **kwargs: Any) -> Engine:
     return Engine(store, now_s=T0, targets=rules(), **kwargs)
 
 
+def send_at_once(engine: Engine, sent: list[Delivery]) -> None:
+    """Begin every due task's attempt as it is queued; collect what is to be sent."""
+
+    def ready(delivery: Delivery | None) -> None:
+        if delivery is not None:
+            sent.append(delivery)
+
+    engine.start_deliveries(lambda task_id, target: engine.attempts.begin(task_id, ready) and None)
+
+
 def run(scenario: Callable[[Engine, MemoryStore, list[Delivery]], Awaitable[None]]) -> None:
     async def main() -> None:
         store = MemoryStore("memory://")
         await store.open()
         engine = make_engine(store)
         sent: list[Delivery] = []
-        engine.start_deliveries(sent.append)
+        send_at_once(engine, sent)
         await scenario(engine, store, sent)
         await engine.journal.drain()
 
@@ -212,7 +223,7 @@ def test_an_attempt_a_crash_cut_off_is_sent_again_after_loading() -> None:
         store = MemoryStore("memory://")
         await store.open()
         first = make_engine(store)
-        first.start_deliveries(lambda delivery: None)  # "sent", then the process dies
+        send_at_once(first, [])  # "sent", then the process dies
         task_id = first.add({"topic": "hooks", "target": HTTP, "body": b"z"}, T0)["id"]
         far_id = first.add({"topic": "hooks", "delay": 86_400, "target": HTTP}, T0)["id"]
         first.advance(T0 + 1)
@@ -222,7 +233,7 @@ def test_an_attempt_a_crash_cut_off_is_sent_again_after_loading() -> None:
         assert await second.load(store.load()) == 2
         assert second.get(task_id, T0 + 2)["state"] == "delivering"
         sent: list[Delivery] = []
-        second.start_deliveries(sent.append)
+        send_at_once(second, sent)
         # The same attempt again: its number tells a receiver it may be a repeat.
         assert [(d.task_id, d.attempt, d.body_packed) for d in sent] == [
             (task_id, 1, msgpack.packb(b"z"))
@@ -249,7 +260,7 @@ def test_an_outcome_the_store_failed_to_take_is_tried_again(
         await store.open()
         engine = make_engine(store)  # type: ignore[arg-type]
         sent: list[Delivery] = []
-        engine.start_deliveries(sent.append)
+        send_at_once(engine, sent)
         task_id = engine.add({"topic": "hooks", "target": HTTP}, T0)["id"]
         engine.advance(T0 + 1)
         await engine.journal.drain()
@@ -274,5 +285,34 @@ def test_an_outcome_the_store_failed_to_take_is_tried_again(
         await engine.journal.drain()
         assert engine.get(task_id, now_s) is None
         await store.close()
+
+    asyncio.run(main())
+
+
+def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> None:
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        engine = make_engine(store)
+        queued: list[str] = []
+        engine.start_deliveries(lambda task_id, target: queued.append(task_id))
+        ids = [engine.add({"topic": "hooks", "target": HTTP}, T0)["id"] for _ in range(3)]
+        engine.advance(T0 + 1)
+        assert queued == ids  # due, in their lane, no attempt yet
+        for task_id in ids:
+            task = engine.get(task_id, T0 + 1)
+            assert task["state"] == "delayed" and task["attempts"] == 0
+        assert engine.delete(ids[1], T0 + 1)  # deleted while waiting
+        sent: list[Delivery | None] = []
+        assert engine.attempts.begin(ids[0], sent.append)
+        assert not engine.attempts.begin(ids[1], sent.append)  # gone: no slot taken
+        await engine.journal.drain()
+        assert [d.task_id if d else None for d in sent] == [ids[0]]
+        assert engine.get(ids[0], T0 + 1)["state"] == "delivering"
+        assert engine.get(ids[2], T0 + 1)["attempts"] == 0  # still waiting, uncounted
+        updated = engine.update(ids[2], {"delay": 60}, T0 + 1)  # leaves its lane
+        assert updated["state"] == "delayed" and not engine.attempts.begin(ids[2], sent.append)
+        stats = engine.stats(T0 + 1)["states"]
+        assert (stats["delayed"], stats["delivering"]) == (1, 1)
 
     asyncio.run(main())

@@ -31,36 +31,38 @@ class Deliveries:
         self.dispatcher: Dispatcher | None = None
         self._settings = settings
         self._allow = rules.allow
-        self._http: HttpSender | None = None  # made at the first HTTP delivery
+        self._http: HttpSender | None = None  # made by start()
 
     def _sender_for(self, target: dict[str, Any]) -> Sender:
         if target["type"] != "http":
             return self.brokers.sender(target["broker"])
-        if self._http is None:
-            # Imported here: aiohttp takes a tenth of a second to import, which
-            # a server that never calls out need not spend at every start.
-            from delaywheel.delivery.http import HttpSender
-
-            # Its own bound is only a backstop: the dispatcher's lanes keep
-            # each destination to --http-concurrency requests in flight.
-            self._http = HttpSender(
-                self._allow,
-                concurrency=self._settings.http_concurrency * 16,
-                signing_secret=self._settings.signing_secret,
-            )
+        assert self._http is not None  # start() made it
         return self._http
 
     async def start(self, engine: Any, changed: Any) -> None:
         """Connect the brokers (in the background: one that is down fails its
         own deliveries) and start sending the engine's attempts."""
+        # Imported here, not at the top: aiohttp takes a tenth of a second to
+        # import, which the CLI (it imports this module's neighbours) need not
+        # spend; at the first delivery instead, it stalled the loop 0.1-0.2 s.
+        from delaywheel.delivery.http import HttpSender
+
+        # Its own bound is only a backstop: the dispatcher's lanes keep each
+        # destination to --http-concurrency requests in flight.
+        self._http = HttpSender(
+            self._allow,
+            concurrency=self._settings.http_concurrency * 16,
+            signing_secret=self._settings.signing_secret,
+        )
         await self.brokers.start()
         self.dispatcher = Dispatcher(
             self._sender_for,
+            engine.attempts.begin,
             engine.delivered,
             http_lane_limit=self._settings.http_concurrency,
             changed=changed,
         )
-        engine.start_deliveries(self.dispatcher.submit)
+        engine.start_deliveries(self.dispatcher.queue)
 
     async def stop(self, grace_s: float) -> None:
         if self.dispatcher is not None:
