@@ -509,3 +509,45 @@ def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPat
         assert engine.get("later", T0 + 31)["state"] == "delayed"  # type: ignore[index]
 
     run(scenario)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("push"), st.integers(0, 20)),  # a due time (few: many ties)
+            st.tuples(st.just("drop"), st.integers(0, 1000)),  # which live task
+            st.tuples(st.just("take"), st.just(0)),  # reserve the head
+        ),
+        max_size=300,
+    )
+)
+def test_a_ready_queue_gives_the_oldest_due_first_in_and_out_of_order(ops: list[Any]) -> None:
+    """The run-plus-heap ready queue against a plain sort: whatever the order
+    tasks become ready in, the head is the live task with the least (at, seq)."""
+    from delaywheel.queues import Queues
+    from delaywheel.task import READY
+
+    queues = Queues()
+    live: list[Task] = []
+    made = 0
+    for op, value in ops:
+        if op == "push":
+            made += 1
+            task = Task(
+                f"t{made}", "t", float(value), body_packed=b"\xc0", ttr_s=1,
+                max_attempts=1, created_s=0, state=READY,
+            )  # fmt: skip
+            queues.push_ready(task)
+            live.append(task)
+        elif op == "drop" and live:
+            task = live.pop(value % len(live))
+            queues.drop_ready(task)
+            task.state = "gone"
+        elif op == "take" and live:
+            head = queues.oldest_ready(["t"])
+            assert head is min(live, key=lambda t: (t.at_s, t.queue_seq))
+            live.remove(head)
+            queues.drop_ready(head)
+            head.state = "gone"
+        expected = min(live, key=lambda t: (t.at_s, t.queue_seq)) if live else None
+        assert queues.oldest_ready(["t"]) is expected
