@@ -44,202 +44,53 @@ put with delay 86,400.
 When beanstalkd (or greenstalk) is missing, every beanstalkd figure is left
 out and ``params["skipped"]`` says why; likewise Redis. ``run(quick=True)``
 runs the same scenarios with tiny rounds and counts. How a contender is
-driven (the clients, the loads, one round) is in ``bench/_loads.py``.
+driven (the clients, the loads, one round) is in ``bench/_loads.py``; what
+the scenarios share (the plan, the servers, pinning, alternating, the
+figures) in ``bench/_section.py``; the memory figures in ``bench/_memory.py``.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import ExitStack
 from multiprocessing import get_context
 from pathlib import Path
 
-from bench import Figure, Report, Target, progress
-from bench._beanstalk import BINLOG_FSYNC_MS, private_beanstalkd, unavailable
+from bench import Report, Target, progress
+from bench._beanstalk import BINLOG_FSYNC_MS, unavailable
 from bench._loads import (
     ADD_MANY_BATCH,
     BODY,
-    DAY_S,
-    FILL_BATCH,
     PIPELINE_DEPTH,
     READY_TOPIC,
-    TOPIC,
     WARMUP_STEPS,
     Address,
     Run,
-    bs_client,
     drive,
     drive_processes,
-    dw_client,
-    rss_bytes,
     warm_up,
 )
-from bench._procs import private_redis_process, server_process
-from bench.echo_server import running as running_echo_server
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How long and how much: the full run, or ``QUICK``."""
-
-    rounds: int  # each contender of a scenario runs once per round
-    round_s: float  # seconds one contender runs in one round
-    processes: int  # client processes in the multi-process scenarios
-    reserve_fill: int  # ready tasks put in before each reserve round (the round's cap)
-    memory_tasks: int  # pending tasks for the memory-per-task figures
-
-
-FULL = Plan(rounds=3, round_s=2.0, processes=8, reserve_fill=60_000, memory_tasks=200_000)
-QUICK = Plan(rounds=2, round_s=0.3, processes=8, reserve_fill=10_000, memory_tasks=20_000)
-
-
-# -- processes ------------------------------------------------------------------------
-
-
-@dataclass
-class Servers:
-    """The servers of the rotating scenarios: name -> (pid, address)."""
-
-    procs: dict[str, tuple[int, Address]] = field(default_factory=dict)
-    redis_pid: int | None = None
-    skipped: list[str] = field(default_factory=list)
-
-    def has(self, name: str) -> bool:
-        return name in self.procs
-
-    def pid(self, name: str) -> int:
-        return self.procs[name][0]
-
-    def address(self, name: str) -> Address:
-        return self.procs[name][1]
-
-    def pids(self, *names: str) -> list[int]:
-        pids = [self.pid(name) for name in names if self.has(name)]
-        if self.redis_pid is not None and "dw_redis" in names and self.has("dw_redis"):
-            pids.append(self.redis_pid)
-        return pids
-
-
-def start_servers(stack: ExitStack, directory: Path, beanstalkd: bool) -> Servers:
-    """Every server the rotating scenarios use, all running until ``stack`` closes."""
-    servers = Servers()
-    progress("starting the echo server, delaywheel on memory, Redis and SQLite, beanstalkd")
-    servers.procs["echo"] = stack.enter_context(running_echo_server())
-    servers.procs["dw_memory"] = stack.enter_context(server_process("memory://"))
-    redis_dir = directory / "redis"
-    redis_dir.mkdir()
-    redis = stack.enter_context(private_redis_process(redis_dir))
-    if redis is None:
-        servers.skipped.append("no redis-server installed: the Redis figures are left out")
-    else:
-        servers.redis_pid, redis_url = redis
-        servers.procs["dw_redis"] = stack.enter_context(server_process(redis_url))
-    sqlite_url = f"sqlite:///{directory / 'bench.db'}"
-    servers.procs["dw_sqlite"] = stack.enter_context(server_process(sqlite_url))
-    if beanstalkd:
-        servers.procs["bs"] = stack.enter_context(private_beanstalkd())
-        binlog_dir = directory / "binlog"
-        binlog_dir.mkdir()
-        servers.procs["bs_binlog"] = stack.enter_context(private_beanstalkd(binlog_dir))
-    return servers
-
-
-@contextmanager
-def pinned(pids: list[int]) -> Iterator[None]:
-    """This process and every thread of ``pids`` on one CPU (see the module docstring)."""
-    every_cpu = os.sched_getaffinity(0)
-    one_cpu = {min(every_cpu)}
-
-    def pin(pid: int, cpus: set[int]) -> None:
-        try:
-            threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        except FileNotFoundError:  # it has exited: nothing to pin
-            return
-        for tid in threads:
-            with suppress(ProcessLookupError):  # that thread has just ended
-                os.sched_setaffinity(tid, cpus)
-
-    for pid in [os.getpid(), *pids]:
-        pin(pid, one_cpu)
-    try:
-        yield
-    finally:
-        for pid in [os.getpid(), *pids]:
-            pin(pid, every_cpu)
-
-
-# -- scenarios ----------------------------------------------------------------------
-
-
-Contender = tuple[str, Callable[[], Run]]
-
-
-def alternate(contenders: list[Contender], rounds: int, what: str = "") -> dict[str, list[Run]]:
-    """Each contender once per round, in order, ``rounds`` times: A B A B A B."""
-    runs: dict[str, list[Run]] = {name: [] for name, _ in contenders}
-    for number in range(1, rounds + 1):
-        for name, go in contenders:
-            progress(f"{what}{name}, round {number}/{rounds}")
-            runs[name].append(go())
-    return runs
-
-
-def median_rate(runs: list[Run]) -> float:
-    return statistics.median(run.rate for run in runs)
-
-
-def median_cpu_us(runs: list[Run]) -> float:
-    return statistics.median(run.cpu_us for run in runs)
-
-
-# What one operation is, by the unit of its rate: for the server-CPU notes.
-OPERATION = {"/s": "call", "tasks/s": "task", "pairs/s": "pair"}
-
-
-def rate_figure(key: str, label: str, runs: list[Run], unit: str = "/s", note: str = "") -> Figure:
-    """The median rate, every round listed; with no ``note``, the server's CPU per operation."""
-    rates = tuple(run.rate for run in runs)
-    if not note and all(math.isfinite(run.server_cpu_s) for run in runs):
-        note = f"server CPU {median_cpu_us(runs):.1f} us/{OPERATION[unit]}"
-    return Figure(key, label, statistics.median(rates), unit, runs=rates, note=note)
-
-
-def cpu_figure(key: str, label: str, runs: list[Run]) -> Figure:
-    per_call = tuple(run.cpu_us for run in runs)
-    return Figure(key, label, statistics.median(per_call), "us/call", runs=per_call)
-
-
-def ratio_figure(
-    key: str, label: str, numerator: float, denominator: float, target: Target | None, note: str
-) -> Figure:
-    value = numerator / denominator if denominator else math.nan
-    return Figure(key, label, value, "x", target, note=note)
-
-
-@dataclass
-class Section:
-    """What the scenarios share: the plan, the servers, and the figures so far."""
-
-    plan: Plan
-    servers: Servers
-    figures: list[Figure] = field(default_factory=list)
-    floor: dict[str, float] = field(default_factory=dict)  # the echo floor's rate and CPU
-
-    def contender(self, name: str, load: str, server: str) -> Contender:
-        """``name``: one connection running ``load`` against ``server`` for a round."""
-        pid, address = self.servers.procs[server]
-        return name, lambda: drive(load, address, pid, self.plan.round_s)
-
-    def has(self, server: str) -> bool:
-        return self.servers.has(server)
+from bench._memory import memory
+from bench._section import (
+    FULL,
+    QUICK,
+    Contender,
+    Section,
+    add_tasks,
+    alternate,
+    cpu_figure,
+    median_cpu_us,
+    median_rate,
+    pinned,
+    put_jobs,
+    rate_figure,
+    ratio_figure,
+    start_servers,
+)
 
 
 def one_at_a_time(section: Section) -> None:
@@ -406,21 +257,6 @@ def batches(section: Section) -> None:
         ]
 
 
-def add_tasks(address: Address, count: int, topic: str, delay_s: int) -> None:
-    """``count`` delaywheel tasks, added in batches (not timed: a fill)."""
-    with dw_client(address) as client:
-        for first in range(0, count, FILL_BATCH):
-            size = min(FILL_BATCH, count - first)
-            client.add_many([{"topic": topic, "body": BODY, "delay": delay_s}] * size)
-
-
-def put_jobs(address: Address, count: int, tube: str, delay_s: int) -> None:
-    """``count`` beanstalkd jobs, put one by one (no batch put in its protocol)."""
-    with bs_client(address, tube) as client:
-        for _ in range(count):
-            client.put(BODY, delay=delay_s)
-
-
 def fill_dw(address: Address, count: int) -> None:
     add_tasks(address, count, READY_TOPIC, 0)
 
@@ -552,100 +388,6 @@ def many_processes(section: Section, pool: ProcessPoolExecutor) -> None:
         None,
         "total rate, journaled; no target",
     )
-
-
-# -- memory per pending task ------------------------------------------------------------
-
-
-def settled_rss(pid: int, address: Address) -> int:
-    """The RSS of a server that has answered a call (so it has finished starting)."""
-    with dw_client(address) as client:
-        client.ping()
-    return rss_bytes(pid)
-
-
-def memory(section: Section, directory: Path, beanstalkd: bool) -> None:
-    """Bytes per pending task: just added, loaded by a fresh server, beanstalkd."""
-    count = section.plan.memory_tasks
-    figures = section.figures
-    progress(f"memory: {count:,} tasks due in a day, memory store")
-    with server_process("memory://") as (pid, address):
-        before = settled_rss(pid, address)
-        with pinned([pid]):  # only for speed: the RSS does not depend on it
-            add_tasks(address, count, TOPIC, DAY_S)
-        added = (rss_bytes(pid) - before) / count
-    progress(f"memory: {count:,} tasks added on SQLite, then loaded by a fresh server")
-    loaded_url = f"sqlite:///{directory / 'loaded.db'}"
-    with server_process(loaded_url) as (pid, address):
-        before = settled_rss(pid, address)
-        with pinned([pid]):
-            add_tasks(address, count, TOPIC, DAY_S)
-        added_sqlite = (rss_bytes(pid) - before) / count
-    with server_process(loaded_url) as (pid, address):
-        loaded_rss = settled_rss(pid, address)
-    with server_process(f"sqlite:///{directory / 'empty.db'}") as (pid, address):
-        empty_rss = settled_rss(pid, address)
-    loaded = (loaded_rss - empty_rss) / count
-    figures += [
-        Figure(
-            "memory_added_bytes",
-            "memory per task, added",
-            added,
-            "B/task",
-            note="memory store, RSS growth over add_many; holds the records in a dict too",
-        ),
-        Figure(
-            "memory_added_sqlite_bytes",
-            "memory per task, added on SQLite",
-            added_sqlite,
-            "B/task",
-            note="the records are in the file: the server's own memory for its tasks",
-        ),
-        Figure(
-            "memory_loaded_bytes",
-            "memory per task, loaded",
-            loaded,
-            "B/task",
-            note="fresh server on the SQLite file, less one on an empty file",
-        ),
-    ]
-    if not beanstalkd:
-        return
-    progress(f"memory: {count:,} beanstalkd jobs with delay {DAY_S:,}")
-    with private_beanstalkd() as (pid, address):
-        with bs_client(address) as client:
-            client.put(BODY)  # the connection's buffers, before the baseline
-        before = rss_bytes(pid)
-        with pinned([pid]):
-            put_jobs(address, count, TOPIC, DAY_S)
-        theirs = (rss_bytes(pid) - before) / count
-    figures += [
-        Figure("bs_memory_bytes", "beanstalkd memory per job", theirs, "B/job"),
-        ratio_figure(
-            "memory_added_vs_bs",
-            "  added / beanstalkd",
-            added,
-            theirs,
-            Target("<=", 1.0),
-            "bytes per pending task",
-        ),
-        ratio_figure(
-            "memory_added_sqlite_vs_bs",
-            "  added on SQLite / beanstalkd",
-            added_sqlite,
-            theirs,
-            Target("<=", 1.0),
-            "bytes per pending task",
-        ),
-        ratio_figure(
-            "memory_loaded_vs_bs",
-            "  loaded / beanstalkd",
-            loaded,
-            theirs,
-            Target("<=", 1.0),
-            "bytes per pending task",
-        ),
-    ]
 
 
 # -- the section --------------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""The compare section's memory per pending task (``bench/compare.py`` has the method)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import Figure, Target, progress
+from bench._beanstalk import private_beanstalkd
+from bench._loads import (
+    BODY,
+    DAY_S,
+    TOPIC,
+    Address,
+    bs_client,
+    dw_client,
+    rss_bytes,
+)
+from bench._procs import server_process
+from bench._section import Section, add_tasks, pinned, put_jobs, ratio_figure
+
+# -- memory per pending task ------------------------------------------------------------
+
+
+def settled_rss(pid: int, address: Address) -> int:
+    """The RSS of a server that has answered a call (so it has finished starting)."""
+    with dw_client(address) as client:
+        client.ping()
+    return rss_bytes(pid)
+
+
+def memory(section: Section, directory: Path, beanstalkd: bool) -> None:
+    """Bytes per pending task: just added, loaded by a fresh server, beanstalkd."""
+    count = section.plan.memory_tasks
+    figures = section.figures
+    progress(f"memory: {count:,} tasks due in a day, memory store")
+    with server_process("memory://") as (pid, address):
+        before = settled_rss(pid, address)
+        with pinned([pid]):  # only for speed: the RSS does not depend on it
+            add_tasks(address, count, TOPIC, DAY_S)
+        added = (rss_bytes(pid) - before) / count
+    progress(f"memory: {count:,} tasks added on SQLite, then loaded by a fresh server")
+    loaded_url = f"sqlite:///{directory / 'loaded.db'}"
+    with server_process(loaded_url) as (pid, address):
+        before = settled_rss(pid, address)
+        with pinned([pid]):
+            add_tasks(address, count, TOPIC, DAY_S)
+        added_sqlite = (rss_bytes(pid) - before) / count
+    with server_process(loaded_url) as (pid, address):
+        loaded_rss = settled_rss(pid, address)
+    with server_process(f"sqlite:///{directory / 'empty.db'}") as (pid, address):
+        empty_rss = settled_rss(pid, address)
+    loaded = (loaded_rss - empty_rss) / count
+    figures += [
+        Figure(
+            "memory_added_bytes",
+            "memory per task, added",
+            added,
+            "B/task",
+            note="memory store, RSS growth over add_many; holds the records in a dict too",
+        ),
+        Figure(
+            "memory_added_sqlite_bytes",
+            "memory per task, added on SQLite",
+            added_sqlite,
+            "B/task",
+            note="the records are in the file: the server's own memory for its tasks",
+        ),
+        Figure(
+            "memory_loaded_bytes",
+            "memory per task, loaded",
+            loaded,
+            "B/task",
+            note="fresh server on the SQLite file, less one on an empty file",
+        ),
+    ]
+    if not beanstalkd:
+        return
+    progress(f"memory: {count:,} beanstalkd jobs with delay {DAY_S:,}")
+    with private_beanstalkd() as (pid, address):
+        with bs_client(address) as client:
+            client.put(BODY)  # the connection's buffers, before the baseline
+        before = rss_bytes(pid)
+        with pinned([pid]):
+            put_jobs(address, count, TOPIC, DAY_S)
+        theirs = (rss_bytes(pid) - before) / count
+    figures += [
+        Figure("bs_memory_bytes", "beanstalkd memory per job", theirs, "B/job"),
+        ratio_figure(
+            "memory_added_vs_bs",
+            "  added / beanstalkd",
+            added,
+            theirs,
+            Target("<=", 1.0),
+            "bytes per pending task",
+        ),
+        ratio_figure(
+            "memory_added_sqlite_vs_bs",
+            "  added on SQLite / beanstalkd",
+            added_sqlite,
+            theirs,
+            Target("<=", 1.0),
+            "bytes per pending task",
+        ),
+        ratio_figure(
+            "memory_loaded_vs_bs",
+            "  loaded / beanstalkd",
+            loaded,
+            theirs,
+            Target("<=", 1.0),
+            "bytes per pending task",
+        ),
+    ]
