@@ -37,7 +37,7 @@ from delaywheel.store.base import StoreError
 if TYPE_CHECKING:
     from delaywheel.server import Method, Server
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("delaywheel.connection")  # pinned: its name is documented
 
 # Stop reading from a connection with this many replies waiting for the store:
 # enough for a deep pipeline, small enough to bound the memory it can pin.

@@ -40,7 +40,7 @@ from delaywheel.store.base import Store, StoreError
 from delaywheel.store_watch import StoreWatch
 from delaywheel.task import GONE, NEW, Task
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
 
 # Called with None once the batch is durable, or with the error that failed it.
 Callback = Callable[[StoreError | None], None]

@@ -25,7 +25,7 @@ from delaywheel.task import (
 )
 from delaywheel.wheel import TimingWheel
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("delaywheel.loading")  # pinned: its name is documented
 
 # Log loading progress this often, so a large store's start-up visibly moves.
 LOAD_PROGRESS_EVERY = 500_000

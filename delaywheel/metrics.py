@@ -41,7 +41,7 @@ from delaywheel.task import STATES
 if TYPE_CHECKING:
     from delaywheel.server import Server
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("delaywheel.metrics")  # pinned: its name is documented
 
 PATH = "/metrics"
 

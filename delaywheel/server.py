@@ -23,7 +23,7 @@ from delaywheel.delivery.service import Deliveries
 from delaywheel.engine import Engine
 from delaywheel.errors import RequestError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("delaywheel.server")  # pinned: its name is documented
 
 # The driver wakes at least this often even with nothing due, so a forward
 # jump of the wall clock is noticed without waiting out a long sleep.

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
 from delaywheel.tallies import DELIVERY_BOUNDS_S, Histogram
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("delaywheel.delivery.dispatcher")  # pinned: its name is documented
 
 # Pushes in flight to one broker: each waits for the broker's confirmation
 # over one connection, so a few hundred keep it busy without a backlog there.
