@@ -1,4 +1,4 @@
-"""Firing the earliest of what is due, up to a limit (see ``delaywheel.wheel``).
+"""Firing the earliest of what is due, up to a limit (see ``delaywheel.wheel.wheel``).
 
 An advance with a limit hands out the front of what an advance without one
 would return: every due timer in due order, ties in scheduling order. It
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
-from delaywheel._wheel_lists import _Head, _Node
+from delaywheel.wheel._lists import _Head, _Node
 
 _by_due = attrgetter("due_s")
 _NOTHING = _Head()  # an empty list, for firing the overdue list alone

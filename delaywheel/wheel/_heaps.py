@@ -1,4 +1,4 @@
-"""The time wheel's two lazy heaps: where to look next (see ``delaywheel.wheel``).
+"""The time wheel's two lazy heaps: where to look next (see ``delaywheel.wheel.wheel``).
 
 ``RingTicks`` holds the fire ticks of ring slots that hold something;
 ``BucketKeys`` holds the keys of the buckets above the ring. Both are lazy: an
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from delaywheel._wheel_lists import _Head
+from delaywheel.wheel._lists import _Head
 
 
 class RingTicks:

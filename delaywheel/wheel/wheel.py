@@ -11,7 +11,7 @@ whose fire tick it passed: never early, and at most one tick late.
 
 The ring has ``slots`` slots, each a circular doubly linked list whose nodes
 are the entries themselves, so unlinking is O(1) with no search (see
-``_wheel_lists``). The ring holds only timers whose fire tick is within its
+``_lists``). The ring holds only timers whose fire tick is within its
 *reach*, ``(cursor, cursor + slots]``: each slot holds timers of exactly one
 fire tick, and a tick never walks past far-future timers that share its slot.
 A timer further out waits above the ring in a *bucket* keyed by its *span*:
@@ -28,7 +28,7 @@ moves. Then the advance moves a *budget* of entries from buckets within
 reach, earliest deadline first, resuming a half-moved bucket where it
 stopped. The budget is ``MOVE_BUDGET`` (256) or, if more, the least rate that
 moves every reachable bucket by its deadline if advances come once a tick
-(``_wheel_lists.move_budget``; served that way, no bucket's rate ever rises).
+(``_lists.move_budget``; served that way, no bucket's rate ever rises).
 A bucket has ``slots - span + 1`` such advances (59 minutes by default), so
 with the driver waking every tick, an advance that fires nothing moves at most
 ``max(256, timers due within one lap / (slots - span + 1))`` entries whatever
@@ -39,7 +39,7 @@ bucket even when its tick is within reach: the bucket may hold earlier timers
 due at the same instant, and ties fire in scheduling order. Otherwise a timer
 within reach goes straight to its slot.
 
-Two small heaps (``_wheel_heaps``) say where to look next: the fire ticks of
+Two small heaps (``_heaps``) say where to look next: the fire ticks of
 ring slots that hold something, and the keys of the buckets. An advance jumps
 from one to the next instead of stepping over empty ticks, so catching up
 after a long stall (or a clock jump of years) costs only what it fires and
@@ -53,7 +53,7 @@ changes nothing: ``now`` only grows, so the cursor holds until the clock
 catches up.
 
 An advance may be given a *limit*: it then returns only the earliest that
-many of what is due (``_wheel_fire``), and the rest comes first at the next
+many of what is due (``_fire``), and the rest comes first at the next
 advance, which ``next_fire_s()`` asks for at once; so a crowded tick is
 handed out over several turns of the event loop, not in one stall. A slot
 left part fired keeps the cursor just short of its tick. Nothing new can
@@ -67,7 +67,7 @@ is due within one lap: ten million timers in one minute would mean ~2,800
 moves (~1-2 ms) a tick. Each timer is relinked twice (bucket, then slot), at
 ~0.3-0.7 us a move. Sparse far-future timers (one a minute for months) cost a
 bucket each, ~155 bytes on top of the entry. Tick arithmetic is float
-(``tick_s`` may be 0.001): ``_wheel_ticks`` rounds to stay late by a tick
+(``tick_s`` may be 0.001): ``_ticks`` rounds to stay late by a tick
 rather than early. An entry belongs to one wheel at a time; nothing checks that.
 """
 
@@ -80,11 +80,11 @@ from dataclasses import dataclass
 from math import ceil
 from operator import attrgetter
 
-from delaywheel._wheel_fire import fire_some
-from delaywheel._wheel_heaps import BucketKeys, RingTicks
-from delaywheel._wheel_lists import Entry as Entry  # re-exported: subclass it
-from delaywheel._wheel_lists import _Head, append, move_budget, move_front
-from delaywheel._wheel_ticks import check_time, tick_ceil, tick_floor
+from delaywheel.wheel._fire import fire_some
+from delaywheel.wheel._heaps import BucketKeys, RingTicks
+from delaywheel.wheel._lists import Entry as Entry  # re-exported: subclass it
+from delaywheel.wheel._lists import _Head, append, move_budget, move_front
+from delaywheel.wheel._ticks import check_time, tick_ceil, tick_floor
 
 DEFAULT_SLOTS = 3600
 DEFAULT_TICK_S = 1.0

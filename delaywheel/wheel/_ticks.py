@@ -1,10 +1,10 @@
-"""Time to tick numbers and back, for the time wheel (see ``delaywheel.wheel``).
+"""Time to tick numbers and back, for the time wheel (see ``delaywheel.wheel.wheel``).
 
 Tick ``n`` starts at ``n * tick_s`` seconds after the Unix epoch. The
 arithmetic is float (``tick_s`` may be 0.001), so a quotient can round to
 the neighbouring tick: each helper re-checks its product and steps by one,
 so that a timer fires late by a tick rather than early. The wheel's two hot
-loops (``TimingWheel.insert_many`` and ``_wheel_lists.move_front``) inline
+loops (``TimingWheel.insert_many`` and ``_lists.move_front``) inline
 ``tick_ceil``; keep them alike.
 """
 

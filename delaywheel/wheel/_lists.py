@@ -1,4 +1,4 @@
-"""The linked lists the time wheel is made of (see ``delaywheel.wheel``).
+"""The linked lists the time wheel is made of (see ``delaywheel.wheel.wheel``).
 
 Every ring slot, every bucket above the ring and the overdue list is a circular
 doubly linked list whose nodes are the timers themselves, so unlinking one is
@@ -10,7 +10,7 @@ A ring slot or the overdue list also knows whether it is *in order*: whether
 its entries, front to back, are in due order (ties in the order they were
 appended, which is the order they were scheduled). Appending keeps the flag
 at the cost of one comparison; an advance with a limit needs it to fire the
-front of a list as its earliest entries (see ``_wheel_fire``).
+front of a list as its earliest entries (see ``_fire``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def move_front(
     for _ in range(n):
         nxt = node._next
         due = node.due_s
-        tick = ceil(due / tick_s)  # _wheel_ticks.tick_ceil, re-checked the same way
+        tick = ceil(due / tick_s)  # _ticks.tick_ceil, re-checked the same way
         if tick * tick_s < due:
             tick += 1
         elif (tick - 1) * tick_s >= due:
