@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
+# Re-exported: the CLI takes every default from here.
+from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
 from delaywheel.validate import Limits
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
 
@@ -30,7 +32,6 @@ DEFAULT_HTTP_CONCURRENCY = 64
 DEFAULT_RETRY_BASE_S = 1.0
 DEFAULT_RETRY_CAP_S = 3600.0
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
-DEFAULT_SLOW_FLUSH_S = 1.0
 # Topics named in the per-topic task metrics; the rest are summed apart
 # (docs/metrics.md): each topic is a series per state in Prometheus.
 DEFAULT_METRICS_TOPICS = 20

@@ -37,7 +37,7 @@ from functools import partial
 from typing import Any
 
 from delaywheel.store.base import Store, StoreError
-from delaywheel.store_watch import StoreWatch
+from delaywheel.store.watch import StoreWatch
 from delaywheel.task import GONE, NEW, Task
 
 log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented

@@ -25,7 +25,7 @@ from delaywheel.engine import Engine
 from delaywheel.logs import JsonFormatter, shown_settings
 from delaywheel.store.base import Changes, Done, StoreUnavailable
 from delaywheel.store.memory import MemoryStore
-from delaywheel.store_watch import StoreWatch
+from delaywheel.store.watch import StoreWatch
 
 TOKEN = "token-c0ffee"
 SIGNING_SECRET = "signing-c0ffee"

@@ -46,7 +46,7 @@ met by a connection attempt per flush, and writes resume at most
 Query parameters of the URL (``?socket_timeout=...``) are passed to redis-py
 and take precedence.
 
-Redis Cluster: point the URL at any node; ``_redis_client.connect()`` sees
+Redis Cluster: point the URL at any node; ``redis_client.connect()`` sees
 the cluster and uses a cluster client. All keys share one hash tag (see
 ``__init__``), so each write is still one MULTI/EXEC on one node: the
 journal connection goes to the node that owns the tag's slot and follows
@@ -69,13 +69,6 @@ from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delaywheel.store._redis_client import (
-    CLIENT_ERRORS,
-    Client,
-    close_quietly,
-    connect,
-    durability_warnings,
-)
 from delaywheel.store._redis_journal import Command, JournalLink, transaction
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
@@ -90,6 +83,13 @@ from delaywheel.store.base import (
     scrub,
     unavailable,
     url_secrets,
+)
+from delaywheel.store.redis_client import (
+    CLIENT_ERRORS,
+    Client,
+    close_quietly,
+    connect,
+    durability_warnings,
 )
 
 DEFAULT_PREFIX = "delaywheel"

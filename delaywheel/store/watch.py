@@ -26,10 +26,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from delaywheel.config import DEFAULT_SLOW_FLUSH_S
 from delaywheel.tallies import FLUSH_BOUNDS_S, FLUSH_SIZE_BOUNDS, Histogram
 
 log = logging.getLogger("delaywheel.store")
+
+# A store write that takes this long or more is logged (--slow-flush).
+DEFAULT_SLOW_FLUSH_S = 1.0
 
 
 class StoreWatch:
