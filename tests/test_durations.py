@@ -1,4 +1,4 @@
-"""Durations and times as typed on the command line (delaywheel.durations)."""
+"""Durations and times as typed on the command line (delaywheel.cli.durations)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delaywheel.durations import (
+from delaywheel.cli.durations import (
     UNITS,
     format_duration,
     format_relative,

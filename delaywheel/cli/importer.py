@@ -19,10 +19,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
+from delaywheel.cli.durations import parse_duration, parse_when
 from delaywheel.cli.env import Env, client_command
 from delaywheel.cli.errors import EXIT_USAGE, CliError, cli_error, failure
 from delaywheel.cli.output import from_json, plural
-from delaywheel.durations import parse_duration, parse_when
 
 if TYPE_CHECKING:
     from delaywheel_client import Client

@@ -14,7 +14,7 @@ import re
 import time
 from typing import Any
 
-from delaywheel.durations import format_duration, format_relative, format_time
+from delaywheel.cli.durations import format_duration, format_relative, format_time
 
 # -- JSON --------------------------------------------------------------------------
 

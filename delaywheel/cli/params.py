@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from delaywheel.cli.durations import parse_duration, parse_when
 from delaywheel.config import DEFAULT_PORT
-from delaywheel.durations import parse_duration, parse_when
 
 # click made ParamType generic in 8.2; pyproject allows 8.1, where it cannot be subscripted.
 if TYPE_CHECKING:
