@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from delaywheel_client.protocol import Decoder, Encoder, ProtocolError, Request
 
-from delaywheel import validate
+from delaywheel import checks, validate
 from delaywheel.errors import RequestError
 from delaywheel.journal import Batch
 from delaywheel.queues import Waiter
@@ -182,7 +182,7 @@ class Connection(asyncio.Protocol):
         try:
             run = route.run
             if run is None:
-                raise RequestError("no_method", f"no method named {validate.show(method)}")
+                raise RequestError("no_method", f"no method named {checks.show(method)}")
             self.timers_moved |= route.mutating
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
@@ -260,7 +260,7 @@ class Connection(asyncio.Protocol):
             topics, timeout = validate.params(
                 "reserve", request.params, "topics", "timeout", optional=1
             )
-            timeout_s = validate.number(
+            timeout_s = checks.number(
                 "timeout", 0 if timeout is None else timeout, high=MAX_RESERVE_TIMEOUT_S
             )
             result = self.engine.try_reserve(topics, now_s)
@@ -352,7 +352,7 @@ MAX_LOGGED_REASON_CHARS = 200
 
 
 def _loggable(message: str) -> str:
-    """A refusal's reason without what it quotes of the input (``validate.show``,
+    """A refusal's reason without what it quotes of the input (``checks.show``,
     the codec's descriptions: up to 40-80 characters of a str or bin the peer
     sent). The peer is told; the log is not, so whatever a peer sends (a task
     body, a token, garbage) never reaches it."""

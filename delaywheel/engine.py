@@ -34,8 +34,9 @@ from itertools import count
 from operator import attrgetter
 from typing import Any
 
-from delaywheel import __version__, validate
+from delaywheel import __version__, checks, validate
 from delaywheel.attempts import Attempts, RetryPolicy
+from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.errors import RequestError
 from delaywheel.index import TaskCounts, TaskIndex
@@ -59,7 +60,7 @@ from delaywheel.task import (
     describe,
     place_of,
 )
-from delaywheel.validate import Limits, bad
+from delaywheel.validate import Limits
 from delaywheel.wheel import TimingWheel
 
 # How many tasks one list call may look at before it returns a short page: a
@@ -220,7 +221,7 @@ class Engine:
 
     def add_many(self, tasks: Any, now_s: float) -> list[dict[str, Any]]:
         if type(tasks) is not list:
-            raise bad(f"add_many takes a list of tasks, got {validate.show(tasks)}")
+            raise bad(f"add_many takes a list of tasks, got {checks.show(tasks)}")
         checked = []
         seen: set[str] = set()
         for index, fields in enumerate(tasks):
@@ -360,7 +361,7 @@ class Engine:
 
     def release(self, task_id: Any, delay_s: Any, now_s: float) -> bool:
         task = self._find(task_id)
-        delay = validate.number(
+        delay = checks.number(
             "delay", 0 if delay_s is None else delay_s, high=self.limits.max_delay_s
         )
         if task.state == RESERVED and task.attempts >= task.max_attempts:
@@ -387,7 +388,7 @@ class Engine:
     def kick(self, topic: Any, count_: Any, now_s: float) -> int:
         name = validate.topic(topic)
         if type(count_) is not int or count_ < 1:
-            raise bad(f"count must be an int >= 1, got {validate.show(count_)}")
+            raise bad(f"count must be an int >= 1, got {checks.show(count_)}")
         kicked = self.queues.oldest_dead(name, count_)
         for task in kicked:
             if task.target is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
+from delaywheel.checks import bad, known_fields, number, show
 from delaywheel.errors import RequestError
 from delaywheel.task import STATES
 
@@ -26,16 +27,6 @@ DEFAULT_MAX_ATTEMPTS = 5
 TASK_FIELDS = frozenset({"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts"})
 UPDATE_FIELDS = frozenset({"delay", "at", "body", "topic", "ttr", "target", "max_attempts"})
 LIST_FIELDS = frozenset({"topic", "state", "limit", "cursor"})
-
-
-def bad(message: str) -> RequestError:
-    return RequestError("bad_request", message)
-
-
-def show(value: Any) -> str:
-    """A value for an error message, bounded so a huge input stays readable."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
@@ -71,13 +62,6 @@ def topic(value: Any) -> str:
     if not _fits(value, MAX_TOPIC_BYTES):
         raise bad(f"topic must be a str of 1 to {MAX_TOPIC_BYTES} bytes, got {show(value)}")
     return value  # type: ignore[no-any-return]
-
-
-def number(field: str, value: Any, *, low: float = 0.0, high: float = math.inf) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not low <= value <= high:
-        span = f">= {low:g}" if high == math.inf else f"from {low:g} to {high:g}"
-        raise bad(f"{field} must be a number {span}, got {show(value)}")
-    return float(value)
 
 
 def max_attempts(value: Any) -> int:
@@ -136,16 +120,6 @@ def due_time(fields: dict[str, Any], now_s: float, limits: Limits) -> float | No
             )
         return at_s
     return None
-
-
-def known_fields(what: str, value: Any, allowed: frozenset[str]) -> dict[str, Any]:
-    if type(value) is not dict:
-        raise bad(f"{what} must be a map, got {show(value)}")
-    if not allowed.issuperset(value):
-        unknown = [key for key in value if key not in allowed]
-        names = ", ".join(sorted(allowed))
-        raise bad(f"{what} has unknown field {show(unknown[0])}; allowed: {names}")
-    return value
 
 
 @dataclass(slots=True)

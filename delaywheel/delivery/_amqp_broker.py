@@ -46,10 +46,10 @@ from aiormq.exceptions import (
     PublishError,
 )
 
+from delaywheel.checks import show
 from delaywheel.delivery import body
 from delaywheel.delivery._broker_link import RECONNECT_MAX_S, BrokerLink
 from delaywheel.delivery.base import Delivery
-from delaywheel.validate import show
 
 # How often a send looks whether aio-pika has reopened a closed channel; it
 # takes a few milliseconds (one round trip) when the connection is up.

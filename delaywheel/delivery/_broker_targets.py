@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from delaywheel.checks import bad, show
 from delaywheel.errors import RequestError
-from delaywheel.validate import bad, show
 
 MAX_NAME_BYTES = 1024  # a Redis key, a NATS subject
 MAX_SHORTSTR_BYTES = 255  # AMQP's shortstr: an exchange name, a routing key

@@ -24,10 +24,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from delaywheel.checks import show
 from delaywheel.delivery import body
 from delaywheel.delivery._broker_link import RECONNECT_MAX_S, BrokerLink, log
 from delaywheel.delivery.base import Delivery
-from delaywheel.validate import show
 
 # nats-py strips a header value and turns CR and LF into spaces, so two ids
 # that differ only there would share a Nats-Msg-Id and JetStream would drop

@@ -29,10 +29,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError
 
+from delaywheel.checks import show
 from delaywheel.delivery._broker_link import BrokerLink
 from delaywheel.delivery.base import Delivery
 from delaywheel.store.redis_client import CLIENT_ERRORS, Client, close_quietly, connect
-from delaywheel.validate import show
 
 # Five keys follow; the body goes in as the packed bytes it already is.
 _MAP5_HEADER = b"\x85"

@@ -14,8 +14,8 @@ from typing import Any
 
 from yarl import URL
 
+from delaywheel.checks import bad, known_fields, number, show
 from delaywheel.delivery.allow import AllowList
-from delaywheel.validate import bad, known_fields, number, show
 
 FIELDS = frozenset({"type", "url", "method", "headers", "timeout"})
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -19,12 +19,12 @@ from typing import Any
 
 from yarl import URL
 
+from delaywheel.checks import bad, show
 from delaywheel.delivery import body
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.brokers import Brokers
 from delaywheel.delivery.http_target import check_target as check_http_target
 from delaywheel.delivery.http_target import shown_url
-from delaywheel.validate import bad, show
 
 # The targets that send the body encoded (``body.encode``); a Redis push
 # carries it as MessagePack, which any body has.
