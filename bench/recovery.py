@@ -50,11 +50,11 @@ import redis
 
 from bench import Figure, Report, Target, paused_gc, progress
 from bench._procs import private_redis, running_server
+from delaywheel.engine.task import DELAYED, READY, RESERVED, Task
 from delaywheel.store import Store, open_store
 from delaywheel.store.base import DEFAULT_BATCH_SIZE
 from delaywheel.store.redis import RedisStore
 from delaywheel.store.sqlite import parse_sqlite_url
-from delaywheel.task import DELAYED, READY, RESERVED, Task
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import time
 from typing import TYPE_CHECKING
 
 from delaywheel import __version__
-from delaywheel.attempts import RetryPolicy
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries, target_rules
-from delaywheel.engine import Engine
+from delaywheel.engine.attempts import RetryPolicy
+from delaywheel.engine.engine import Engine
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
+from delaywheel.engine.validate import Limits
+
 # Re-exported: the CLI takes every default from here.
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
-from delaywheel.validate import Limits
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
 
 if TYPE_CHECKING:

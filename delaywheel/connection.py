@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from delaywheel_client.protocol import Decoder, Encoder, ProtocolError, Request
 
-from delaywheel import checks, validate
+from delaywheel import checks
+from delaywheel.engine import validate
+from delaywheel.engine.journal import Batch
+from delaywheel.engine.queues import Waiter
 from delaywheel.errors import RequestError
-from delaywheel.journal import Batch
-from delaywheel.queues import Waiter
 from delaywheel.store.base import StoreError
 
 if TYPE_CHECKING:

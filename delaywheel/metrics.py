@@ -35,8 +35,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import CollectorRegistry
 
 from delaywheel import __version__
+from delaywheel.engine.task import STATES
 from delaywheel.tallies import Histogram
-from delaywheel.task import STATES
 
 if TYPE_CHECKING:
     from delaywheel.server import Server

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from delaywheel import validate
 from delaywheel.config import Settings
 from delaywheel.connection import Connection
 from delaywheel.delivery.service import Deliveries
-from delaywheel.engine import Engine
+from delaywheel.engine import validate
+from delaywheel.engine.engine import Engine
 from delaywheel.errors import RequestError
 
 log = logging.getLogger("delaywheel.server")  # pinned: its name is documented

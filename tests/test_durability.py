@@ -247,7 +247,7 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
     """In-process engine on a real Redis that goes away between two changes."""
     import asyncio
 
-    from delaywheel.engine import Engine
+    from delaywheel.engine.engine import Engine
     from delaywheel.errors import RequestError
     from delaywheel.store import open_store
     from delaywheel.store.redis import RECONNECT_MIN_S

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delaywheel.engine import Engine
+from delaywheel.engine.engine import Engine
+from delaywheel.engine.queues import Waiter
+from delaywheel.engine.task import CHANGEABLE, STATES, TRANSITIONS, Task
+from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
-from delaywheel.queues import Waiter
 from delaywheel.store.memory import MemoryStore
-from delaywheel.task import CHANGEABLE, STATES, TRANSITIONS, Task
-from delaywheel.validate import Limits
 
 T0 = 1_800_000_000.0
 
@@ -425,7 +425,7 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
 
 
 def test_index_restores_a_task_dropped_by_compaction_in_its_place() -> None:
-    from delaywheel.index import TaskIndex
+    from delaywheel.engine.index import TaskIndex
 
     index = TaskIndex(thaw=Task.from_record)  # nothing is packed here
     tasks = [
@@ -462,8 +462,8 @@ def test_list_shows_a_task_whose_delete_was_undone() -> None:
 
 def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
     # With many idle consumers, an add must not scan every waiting topic.
-    from delaywheel.queues import Queues
-    from delaywheel.task import READY, Task
+    from delaywheel.engine.queues import Queues
+    from delaywheel.engine.task import READY, Task
 
     queues = Queues()
     for i in range(1000):
@@ -488,9 +488,9 @@ def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
 
 
 def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPatch) -> None:
-    import delaywheel.engine
+    import delaywheel.engine.engine
 
-    monkeypatch.setattr(delaywheel.engine, "FIRE_BATCH", 4)
+    monkeypatch.setattr(delaywheel.engine.engine, "FIRE_BATCH", 4)
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         for i in range(10):
@@ -524,8 +524,8 @@ def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPat
 def test_a_ready_queue_gives_the_oldest_due_first_in_and_out_of_order(ops: list[Any]) -> None:
     """The run-plus-heap ready queue against a plain sort: whatever the order
     tasks become ready in, the head is the live task with the least (at, seq)."""
-    from delaywheel.queues import Queues
-    from delaywheel.task import READY
+    from delaywheel.engine.queues import Queues
+    from delaywheel.engine.task import READY
 
     queues = Queues()
     live: list[Task] = []

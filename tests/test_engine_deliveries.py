@@ -18,15 +18,15 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from conftest import RedisServer
 
-from delaywheel.attempts import RetryPolicy
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import TargetRules
-from delaywheel.engine import Engine
+from delaywheel.engine.attempts import RetryPolicy
+from delaywheel.engine.engine import Engine
+from delaywheel.engine.task import Task, read_record
 from delaywheel.errors import RequestError
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
-from delaywheel.task import Task, read_record
 
 T0 = 1_800_000_000.0
 URL = "http://127.0.0.1:9/hook"

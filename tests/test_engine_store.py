@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from delaywheel.engine import Engine
+from delaywheel.engine.engine import Engine
 from delaywheel.store import Store, open_store
 
 T0 = 1_800_000_000.0

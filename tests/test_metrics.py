@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
 from test_deliveries_brokers import wait_for
 
-from delaywheel.engine import Engine
+from delaywheel.engine.engine import Engine
 from delaywheel.store.memory import MemoryStore
 from delaywheel.tallies import LATENESS_BOUNDS_S
 

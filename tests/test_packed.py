@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import delaywheel.engine
-from delaywheel.engine import Engine
+import delaywheel.engine.engine
+from delaywheel.engine.engine import Engine
+from delaywheel.engine.packed import PackedTasks
 from delaywheel.errors import RequestError
-from delaywheel.packed import PackedTasks
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
 
@@ -148,7 +148,7 @@ def test_requests_on_a_packed_task_see_and_change_it() -> None:
 
 
 def test_list_pages_through_packed_tasks_each_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delaywheel.engine, "LIST_SCAN_BUDGET", 4)  # decode 4 per call
+    monkeypatch.setattr(delaywheel.engine.engine, "LIST_SCAN_BUDGET", 4)  # decode 4 per call
     far = {f"far-{i}": 30 + i for i in range(23)}
 
     async def scenario(engine: Engine) -> None:
@@ -344,7 +344,7 @@ def test_a_crowded_window_comes_in_batches_unless_it_has_begun() -> None:
 def test_the_engine_decodes_a_crowded_window_over_several_advances(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delaywheel.engine, "THAW_BATCH", 3)
+    monkeypatch.setattr(delaywheel.engine.engine, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}  # one window, from T0 + 30
 
     async def scenario(engine: Engine) -> None:
@@ -365,7 +365,7 @@ def test_the_engine_decodes_a_crowded_window_over_several_advances(
 def test_a_window_already_begun_is_decoded_whole_and_fires_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delaywheel.engine, "THAW_BATCH", 3)
+    monkeypatch.setattr(delaywheel.engine.engine, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}
 
     async def scenario(engine: Engine) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 
 from delaywheel.config import Settings
-from delaywheel.engine import Engine
+from delaywheel.engine.engine import Engine
 from delaywheel.server import Server
 from delaywheel.store.memory import MemoryStore
 

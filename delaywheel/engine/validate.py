@@ -14,8 +14,8 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from delaywheel.checks import bad, known_fields, number, show
+from delaywheel.engine.task import STATES
 from delaywheel.errors import RequestError
-from delaywheel.task import STATES
 
 MAX_ID_BYTES = 200
 MAX_TOPIC_BYTES = 200

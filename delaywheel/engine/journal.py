@@ -36,11 +36,11 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from delaywheel.engine.task import GONE, NEW, Task
 from delaywheel.store.base import Store, StoreError
 from delaywheel.store.watch import StoreWatch
-from delaywheel.task import GONE, NEW, Task
 
-log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
+log = logging.getLogger("delaywheel.engine.journal")  # pinned: its name is documented
 
 # Called with None once the batch is durable, or with the error that failed it.
 Callback = Callable[[StoreError | None], None]

@@ -30,9 +30,9 @@ from typing import Any
 
 from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import destination
-from delaywheel.journal import Journal
+from delaywheel.engine.journal import Journal
+from delaywheel.engine.task import DEAD, DELAYED, DELIVERING, GONE, Task
 from delaywheel.store.base import StoreError
-from delaywheel.task import DEAD, DELAYED, DELIVERING, GONE, Task
 from delaywheel.wheel import TimingWheel
 
 log = logging.getLogger("delaywheel.delivery")

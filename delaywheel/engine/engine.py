@@ -15,7 +15,7 @@ into the wheel at the same time, which fires at once and makes the same
 move, so writing them would cost a store write per fired task for nothing.
 
 A task with an HTTP or broker target is not made ready when due: ``_fire``
-hands it to ``Attempts`` (``delaywheel.attempts``), which journals the
+hands it to ``Attempts`` (``delaywheel.engine.attempts``), which journals the
 attempt, sends it once durable and journals its outcome, all through ``_move``.
 
 Methods take ``now_s`` instead of reading a clock. Mutating methods return at
@@ -34,19 +34,17 @@ from itertools import count
 from operator import attrgetter
 from typing import Any
 
-from delaywheel import __version__, checks, validate
-from delaywheel.attempts import Attempts, RetryPolicy
+from delaywheel import __version__, checks
 from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
-from delaywheel.errors import RequestError
-from delaywheel.index import TaskCounts, TaskIndex
-from delaywheel.journal import Journal
-from delaywheel.loading import load_tasks
-from delaywheel.packed import WINDOW_S, PackedTasks
-from delaywheel.queues import Queues, Waiter
-from delaywheel.store.base import Store
-from delaywheel.tallies import LATENESS_BOUNDS_S, EventCounts, Histogram
-from delaywheel.task import (
+from delaywheel.engine import validate
+from delaywheel.engine.attempts import Attempts, RetryPolicy
+from delaywheel.engine.index import TaskCounts, TaskIndex
+from delaywheel.engine.journal import Journal
+from delaywheel.engine.loading import load_tasks
+from delaywheel.engine.packed import WINDOW_S, PackedTasks
+from delaywheel.engine.queues import Queues, Waiter
+from delaywheel.engine.task import (
     DEAD,
     DELAYED,
     DELIVERING,
@@ -60,7 +58,10 @@ from delaywheel.task import (
     describe,
     place_of,
 )
-from delaywheel.validate import Limits
+from delaywheel.engine.validate import Limits
+from delaywheel.errors import RequestError
+from delaywheel.store.base import Store
+from delaywheel.tallies import LATENESS_BOUNDS_S, EventCounts, Histogram
 from delaywheel.wheel import TimingWheel
 
 # How many tasks one list call may look at before it returns a short page: a
@@ -406,7 +407,7 @@ class Engine:
 
     @property
     def packed_count(self) -> int:
-        """Delayed tasks held packed (``delaywheel.packed``): ``stats``' ``wheel.packed``."""
+        """Delayed tasks held packed (``delaywheel.engine.packed``): ``stats``' ``wheel.packed``."""
         return self._packed.count
 
     def stats(self, now_s: float) -> dict[str, Any]:
@@ -482,7 +483,7 @@ class Engine:
     # -- deliveries --------------------------------------------------------------
 
     def start_deliveries(self, queue: Callable[[str, dict[str, Any]], None]) -> None:
-        """Queue due targeted tasks with the dispatcher (``delaywheel.attempts``)."""
+        """Queue due targeted tasks with the dispatcher (``delaywheel.engine.attempts``)."""
         self.attempts.start(queue)
 
     def delivered(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
@@ -519,7 +520,7 @@ class Engine:
 
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and
-        skipped. Returns how many loaded (see ``delaywheel.loading``)."""
+        skipped. Returns how many loaded (see ``delaywheel.engine.loading``)."""
         return await load_tasks(
             batches,
             wheel=self.wheel,
@@ -530,7 +531,7 @@ class Engine:
         )
 
     def _durable(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
-        """A batch is in the store: pack its far delayed tasks (``delaywheel.packed``).
+        """A batch is in the store: pack its far delayed tasks (``delaywheel.engine.packed``).
 
         Packed, a task is the record just written, which is the task as it is
         now only if nothing has changed it since: it must be the indexed task

@@ -25,7 +25,7 @@ from contextlib import suppress
 from itertools import count
 from typing import Any
 
-from delaywheel.task import READY, Task
+from delaywheel.engine.task import READY, Task
 
 Entry = tuple[float, int, Task]
 

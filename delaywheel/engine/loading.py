@@ -2,7 +2,7 @@
 
 This is the path a restart takes for millions of tasks, so it works a batch
 at a time: each record is read and checked; a delayed task due after the
-next time window stays packed (``delaywheel.packed``), and the others are
+next time window stays packed (``delaywheel.engine.packed``), and the others are
 built and then placed, indexed and counted in bulk.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from delaywheel.index import TaskCounts, TaskIndex
-from delaywheel.packed import PackedTasks
-from delaywheel.task import (
+from delaywheel.engine.index import TaskCounts, TaskIndex
+from delaywheel.engine.packed import PackedTasks
+from delaywheel.engine.task import (
     AT_FIELD,
     DELAYED,
     IN_WHEEL,
@@ -25,7 +25,7 @@ from delaywheel.task import (
 )
 from delaywheel.wheel import TimingWheel
 
-log = logging.getLogger("delaywheel.loading")  # pinned: its name is documented
+log = logging.getLogger("delaywheel.engine.loading")  # pinned: its name is documented
 
 # Log loading progress this often, so a large store's start-up visibly moves.
 LOAD_PROGRESS_EVERY = 500_000
