@@ -20,7 +20,7 @@ from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
 from delaywheel.logs import shown_settings, start_line
-from delaywheel.server import Server
+from delaywheel.net.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store
 
 if TYPE_CHECKING:

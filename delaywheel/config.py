@@ -152,7 +152,7 @@ class Settings:
             if self.tls_client_ca is not None:
                 raise ConfigError("tls client ca needs a tls cert and key (mutual TLS)")
             return None
-        from delaywheel.tls import server_context
+        from delaywheel.net.tls import server_context
 
         try:
             return server_context(self.tls_cert, self.tls_key, self.tls_client_ca)

@@ -39,7 +39,7 @@ from delaywheel.engine.task import STATES
 from delaywheel.tallies import Histogram
 
 if TYPE_CHECKING:
-    from delaywheel.server import Server
+    from delaywheel.net.server import Server
 
 log = logging.getLogger("delaywheel.metrics")  # pinned: its name is documented
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from delaywheel.config import Settings
-from delaywheel.connection import _loggable
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.targets import TargetRules, destination
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
 from delaywheel.logs import JsonFormatter, shown_settings
+from delaywheel.net.connection import _loggable
 from delaywheel.store.base import Changes, Done, StoreUnavailable
 from delaywheel.store.memory import MemoryStore
 from delaywheel.store.watch import StoreWatch

@@ -342,7 +342,7 @@ def test_a_server_without_metrics_does_not_import_them() -> None:
     """Importing the server (``app``, the CLI) loads neither prometheus-client
     nor aiohttp: a tenth of a second at every start that only metrics need."""
     code = (
-        "import sys, delaywheel.app, delaywheel.cli, delaywheel.server; "
+        "import sys, delaywheel.app, delaywheel.cli, delaywheel.net.server; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'prometheus_client', 'aiohttp'}))"
     )
     found = subprocess.run(

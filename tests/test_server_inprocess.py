@@ -14,7 +14,7 @@ import msgpack
 
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
-from delaywheel.server import Server
+from delaywheel.net.server import Server
 from delaywheel.store.memory import MemoryStore
 
 

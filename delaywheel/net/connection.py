@@ -36,7 +36,7 @@ from delaywheel.errors import RequestError
 from delaywheel.store.base import StoreError
 
 if TYPE_CHECKING:
-    from delaywheel.server import Method, Server
+    from delaywheel.net.server import Method, Server
 
 log = logging.getLogger("delaywheel.connection")  # pinned: its name is documented
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from delaywheel.config import Settings
-from delaywheel.connection import Connection
 from delaywheel.delivery.service import Deliveries
 from delaywheel.engine import validate
 from delaywheel.engine.engine import Engine
 from delaywheel.errors import RequestError
+from delaywheel.net.connection import Connection
 
 log = logging.getLogger("delaywheel.server")  # pinned: its name is documented
 
