@@ -36,7 +36,8 @@ from delaywheel.errors import RequestError
 from delaywheel.store.base import StoreError
 
 if TYPE_CHECKING:
-    from delaywheel.net.server import Method, Server
+    from delaywheel.net.routes import Method
+    from delaywheel.net.server import Server
 
 log = logging.getLogger("delaywheel.connection")  # pinned: its name is documented
 

@@ -1,86 +1,24 @@
-"""The TCP server: routes, auth, limits, and the tick driver.
+"""The TCP server: the listener, what spans connections, and the stop.
 
-It speaks the protocol and nothing else: each connection (connection.py)
-decodes requests and answers them through ``routes``, which call the engine.
-The server also owns what spans connections: the listening socket, the tick
-driver that sleeps until the wheel's next non-empty tick, and the sweeper
-that closes connections stuck in the middle of a message.
+It speaks the protocol and nothing else: each connection (``connection``)
+decodes requests and answers them through the method table (``routes``),
+which calls the engine. The server owns what spans connections: the
+listening socket, the tick driver (``ticker``), the sweeper that closes
+connections stuck in the middle of a message, and the graceful stop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries
-from delaywheel.engine import validate
 from delaywheel.engine.engine import Engine
-from delaywheel.errors import RequestError
 from delaywheel.net.connection import Connection
-
-log = logging.getLogger("delaywheel.server")  # pinned: its name is documented
-
-# The driver wakes at least this often even with nothing due, so a forward
-# jump of the wall clock is noticed without waiting out a long sleep.
-MAX_DRIVER_SLEEP_S = 1.0
-
-# method -> (param names, how many trailing ones are optional, mutating)
-METHODS: dict[str, tuple[tuple[str, ...], int, bool]] = {
-    "add": (("task",), 0, True),
-    "add_many": (("tasks",), 0, True),
-    "update": (("id", "changes"), 0, True),
-    "delete": (("id",), 0, True),
-    "get": (("id",), 0, False),
-    "list": (("query",), 1, False),
-    "ack": (("id",), 0, True),
-    "release": (("id", "delay"), 1, True),
-    "touch": (("id",), 0, True),
-    "kick": (("topic", "count"), 0, True),
-}
-
-
-Route = Callable[[Connection, list[Any], float], Any]
-
-
-class Method:
-    """How the server answers a method, and how often it was called and failed
-    since the start (for metrics: one attribute increment per request)."""
-
-    __slots__ = ("calls", "errors", "mutating", "name", "run")
-
-    def __init__(self, name: str, run: Route | None, mutating: bool) -> None:
-        self.name = name
-        self.run = run  # None: reserve (the connection serves it) or unknown
-        self.mutating = mutating
-        self.calls = 0
-        self.errors: dict[str, int] = {}  # by error code
-
-    def failed(self, code: str) -> None:
-        self.errors[code] = self.errors.get(code, 0) + 1
-
-
-def _positional(
-    method: str, handler: Callable[..., Any], names: tuple[str, ...], optional: int
-) -> Route:
-    """A route calling ``handler(*params, now_s)``, with the arity checked."""
-    most = len(names)
-
-    def run(conn: Connection, params: list[Any], now_s: float) -> Any:
-        if len(params) == most:  # the common case, without building a new list
-            return handler(*params, now_s)
-        return handler(*validate.params(method, params, *names, optional=optional), now_s)
-
-    return run
-
-
-def _ping(conn: Connection, params: list[Any], now_s: float) -> str:
-    validate.params("ping", params)
-    return "pong"
+from delaywheel.net.routes import Method, routes_for
+from delaywheel.net.ticker import Ticker
 
 
 class Server:
@@ -92,31 +30,9 @@ class Server:
         self.deliveries = deliveries
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._armed_s: float | None = None
-        self._stopping = False
+        self.ticker = Ticker(engine)
         self._sweeper: asyncio.TimerHandle | None = None
-        handlers: dict[str, Callable[..., Any]] = {
-            "add": engine.add,
-            "add_many": engine.add_many,
-            "update": engine.update,
-            "delete": engine.delete,
-            "get": engine.get,
-            "list": engine.list_tasks,
-            "ack": engine.ack,
-            "release": engine.release,
-            "touch": engine.touch,
-            "kick": engine.kick,
-        }
-        # One lookup per request.
-        self.routes: dict[str, Method] = {
-            method: Method(method, _positional(method, handlers[method], names, optional), mutating)
-            for method, (names, optional, mutating) in METHODS.items()
-        }
-        self.routes["ping"] = Method("ping", _ping, False)
-        self.routes["auth"] = Method("auth", self._auth, False)
-        self.routes["stats"] = Method("stats", self._stats, False)
-        self.routes["reserve"] = Method("reserve", None, True)
+        self.routes: dict[str, Method] = routes_for(self)
         # Every name that is not a method is counted as one: a client must not
         # make a label of metrics out of any string it sends.
         self.unknown = Method("unknown", None, False)
@@ -140,7 +56,7 @@ class Server:
         )
         if self.deliveries is not None:
             await self.deliveries.start(self.engine, self.rearm)
-        self._on_tick()
+        self.ticker.start()
         self._sweep()
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
@@ -149,13 +65,12 @@ class Server:
         """Stop accepting and reading, answer what is in flight, close the
         connections, give deliveries in flight their grace period, and wait
         for the journal to drain."""
-        self._stopping = True  # the wheel stops: nothing fires, no delivery starts
+        self.ticker.stop()  # the wheel stops: nothing fires, no delivery starts
         if self._server is not None:
             self._server.close()
-        for timer in (self._timer, self._sweeper):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._sweeper = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self.connections):
             conn.stop_reading()
         # A connection holding more than a turn's requests handles the rest on
@@ -169,31 +84,9 @@ class Server:
             await self.deliveries.stop(self.settings.shutdown_grace_s)
         await self.engine.journal.drain()
 
-    # -- the tick driver -------------------------------------------------------
-
     def rearm(self) -> None:
-        """Sleep until the wheel's next non-empty tick (called after every change)."""
-        if self._stopping:
-            return
-        next_s = self.engine.next_fire_s()
-        if next_s is None:
-            next_s = time.time() + MAX_DRIVER_SLEEP_S
-        if self._armed_s is not None and self._armed_s <= next_s:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        delay_s = min(max(next_s - time.time(), 0.0), MAX_DRIVER_SLEEP_S)
-        self._armed_s = time.time() + delay_s
-        self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_tick)
-
-    def _on_tick(self) -> None:
-        self._timer = None
-        self._armed_s = None
-        try:
-            self.engine.advance(time.time())
-        except Exception:  # the driver must survive a bug in one task's handling
-            log.exception("advancing the wheel failed")
-        self.rearm()
+        """A change may have moved the next timer earlier: the driver looks again."""
+        self.ticker.rearm()
 
     def _sweep(self) -> None:
         """Close connections stuck in the middle of a message (see message_timeout_s)."""
@@ -204,24 +97,11 @@ class Server:
                 conn.refuse("bad_request", f"no complete message for {timeout_s:g} s")
         self._sweeper = asyncio.get_running_loop().call_later(min(timeout_s / 2, 5.0), self._sweep)
 
-    # -- requests ----------------------------------------------------------------
-
-    def _stats(self, conn: Connection, params: list[Any], now_s: float) -> dict[str, Any]:
-        validate.params("stats", params)
+    def stats(self, now_s: float) -> dict[str, Any]:
+        """What ``stats`` answers: the engine's figures and the server's own."""
         stats = self.engine.stats(now_s)
         stats["connections"] = len(self.connections)
         stats["tls"] = self.settings.tls_cert is not None
         if self.deliveries is not None:
             stats["deliveries"] = self.deliveries.stats()
         return stats
-
-    def _auth(self, conn: Connection, params: list[Any], now_s: float) -> bool:
-        (token,) = validate.params("auth", params, "token")
-        expected = self.settings.token
-        if expected is None:
-            conn.authed = True
-            return True
-        if type(token) is not str or not hmac.compare_digest(token.encode(), expected.encode()):
-            raise RequestError("unauthorized", "wrong token")
-        conn.authed = True
-        return True

@@ -1,0 +1,116 @@
+"""The method table: how the server answers each protocol method.
+
+A route is ``run(conn, params, now_s)``. The engine's verbs are wrapped by
+``_positional``, which checks the arity; ``ping``, ``auth`` and ``stats``
+are the server's own. ``reserve`` has no route: the connection serves it,
+because a blocked reserve answers out of line.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from delaywheel.engine import validate
+from delaywheel.errors import RequestError
+
+if TYPE_CHECKING:
+    from delaywheel.net.connection import Connection
+    from delaywheel.net.server import Server
+
+# method -> (param names, how many trailing ones are optional, mutating)
+METHODS: dict[str, tuple[tuple[str, ...], int, bool]] = {
+    "add": (("task",), 0, True),
+    "add_many": (("tasks",), 0, True),
+    "update": (("id", "changes"), 0, True),
+    "delete": (("id",), 0, True),
+    "get": (("id",), 0, False),
+    "list": (("query",), 1, False),
+    "ack": (("id",), 0, True),
+    "release": (("id", "delay"), 1, True),
+    "touch": (("id",), 0, True),
+    "kick": (("topic", "count"), 0, True),
+}
+
+
+Route = Callable[["Connection", list[Any], float], Any]
+
+
+class Method:
+    """How the server answers a method, and how often it was called and failed
+    since the start (for metrics: one attribute increment per request)."""
+
+    __slots__ = ("calls", "errors", "mutating", "name", "run")
+
+    def __init__(self, name: str, run: Route | None, mutating: bool) -> None:
+        self.name = name
+        self.run = run  # None: reserve (the connection serves it) or unknown
+        self.mutating = mutating
+        self.calls = 0
+        self.errors: dict[str, int] = {}  # by error code
+
+    def failed(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+
+def routes_for(server: Server) -> dict[str, Method]:
+    """Every method's route, looked up once per request by name."""
+    engine = server.engine
+    handlers: dict[str, Callable[..., Any]] = {
+        "add": engine.add,
+        "add_many": engine.add_many,
+        "update": engine.update,
+        "delete": engine.delete,
+        "get": engine.get,
+        "list": engine.list_tasks,
+        "ack": engine.ack,
+        "release": engine.release,
+        "touch": engine.touch,
+        "kick": engine.kick,
+    }
+    routes = {
+        method: Method(method, _positional(method, handlers[method], names, optional), mutating)
+        for method, (names, optional, mutating) in METHODS.items()
+    }
+    routes["ping"] = Method("ping", _ping, False)
+    routes["auth"] = Method("auth", _auth, False)
+    routes["stats"] = Method("stats", _stats, False)
+    routes["reserve"] = Method("reserve", None, True)
+    return routes
+
+
+def _positional(
+    method: str, handler: Callable[..., Any], names: tuple[str, ...], optional: int
+) -> Route:
+    """A route calling ``handler(*params, now_s)``, with the arity checked."""
+    most = len(names)
+
+    def run(conn: Connection, params: list[Any], now_s: float) -> Any:
+        if len(params) == most:  # the common case, without building a new list
+            return handler(*params, now_s)
+        return handler(*validate.params(method, params, *names, optional=optional), now_s)
+
+    return run
+
+
+def _ping(conn: Connection, params: list[Any], now_s: float) -> str:
+    validate.params("ping", params)
+    return "pong"
+
+
+def _stats(conn: Connection, params: list[Any], now_s: float) -> dict[str, Any]:
+    validate.params("stats", params)
+    return conn.server.stats(now_s)
+
+
+def _auth(conn: Connection, params: list[Any], now_s: float) -> bool:
+    (token,) = validate.params("auth", params, "token")
+    expected = conn.server.settings.token
+    if expected is None:
+        conn.authed = True
+        return True
+    if type(token) is not str or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise RequestError("unauthorized", "wrong token")
+    conn.authed = True
+    return True
