@@ -63,7 +63,12 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
-        rules = target_rules(settings, settings.store_url)  # store.url hides the password
+        rules = target_rules(
+            http_allow=settings.http_allow,
+            brokers=settings.brokers,
+            store_url=settings.store_url,  # store.url hides the password
+            store_prefix=settings.redis_prefix,
+        )
         engine = Engine(
             store,
             now_s=time.time(),
@@ -75,7 +80,11 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         )
         engine.journal.watch.slow_s = settings.slow_flush_s
         await recover(engine, store)
-        deliveries = Deliveries(settings, rules)
+        deliveries = Deliveries(
+            rules,
+            http_concurrency=settings.http_concurrency,
+            signing_secret=settings.signing_secret,
+        )
         server = Server(settings, engine, deliveries)
         metrics = await _start_metrics(server, settings)
         # Handlers first: a signal right after the listening line (a test, a

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from delaywheel.config import Settings
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Sender
 from delaywheel.delivery.brokers import Brokers, parse_broker_specs
@@ -15,21 +15,26 @@ if TYPE_CHECKING:
     from delaywheel.delivery.http import HttpSender
 
 
-def target_rules(settings: Settings, store_url: str) -> TargetRules:
-    """What targets the server accepts (the engine checks every ``add`` with it)."""
-    brokers = Brokers(
-        parse_broker_specs(list(settings.brokers)),
-        store_url=store_url,
-        store_prefix=settings.redis_prefix,
+def target_rules(
+    *, http_allow: str, brokers: Sequence[str], store_url: str, store_prefix: str
+) -> TargetRules:
+    """What targets the server accepts (the engine checks every ``add`` with it):
+    ``--http-allow``, the ``--broker NAME=URL`` specs, and the store's URL and
+    key prefix (a Redis store is the broker ``store``)."""
+    named = Brokers(
+        parse_broker_specs(list(brokers)), store_url=store_url, store_prefix=store_prefix
     )
-    return TargetRules(AllowList.parse(settings.http_allow), brokers)
+    return TargetRules(AllowList.parse(http_allow), named)
 
 
 class Deliveries:
-    def __init__(self, settings: Settings, rules: TargetRules) -> None:
+    def __init__(
+        self, rules: TargetRules, *, http_concurrency: int, signing_secret: str | None
+    ) -> None:
         self.brokers = rules.brokers
         self.dispatcher: Dispatcher | None = None
-        self._settings = settings
+        self._http_concurrency = http_concurrency  # --http-concurrency: per HTTP origin
+        self._signing_secret = signing_secret
         self._allow = rules.allow
         self._http: HttpSender | None = None  # made by start()
 
@@ -51,15 +56,15 @@ class Deliveries:
         # destination to --http-concurrency requests in flight.
         self._http = HttpSender(
             self._allow,
-            concurrency=self._settings.http_concurrency * 16,
-            signing_secret=self._settings.signing_secret,
+            concurrency=self._http_concurrency * 16,
+            signing_secret=self._signing_secret,
         )
         await self.brokers.start()
         self.dispatcher = Dispatcher(
             self._sender_for,
             engine.attempts.begin,
             engine.delivered,
-            http_lane_limit=self._settings.http_concurrency,
+            http_lane_limit=self._http_concurrency,
             changed=changed,
         )
         engine.start_deliveries(self.dispatcher.queue)
