@@ -387,7 +387,9 @@ print(json.dumps({"dists": sorted(dists), "ours": ours, "modules": found,
 
 
 def _report(python: Path) -> dict[str, Any]:
-    done = _run([str(python), "-c", REPORT], "inspecting the venv", cwd=python.parent)
+    done = _run(
+        [str(python), "-c", REPORT], "inspecting the venv", env=_clean_env(), cwd=python.parent
+    )
     report: dict[str, Any] = json.loads(done.stdout)
     return report
 
@@ -493,5 +495,7 @@ def test_the_client_wheel_alone_needs_msgpack_only(
     assert server_import.returncode != 0
     assert "No module named 'delaywheel'" in server_import.stderr
     ping = f"from delaywheel_client import Client; print(Client('127.0.0.1', {server.port}).ping())"
-    done = _run([str(client_venv), "-c", ping], "the client alone", cwd=client_venv.parent)
+    done = _run(
+        [str(client_venv), "-c", ping], "the client alone", env=_clean_env(), cwd=client_venv.parent
+    )
     assert done.stdout.strip() == "pong"
