@@ -1,8 +1,11 @@
 """Start-up and shutdown: open the store, rebuild the engine, serve until a signal.
 
 While the store loads, the port is not open yet: clients get "connection
-refused" and retry (the project's client does), rather than talking to a
-server that would answer from half its tasks.
+refused" rather than a server that would answer from half its tasks. The
+project's client retries a request it could not send ``retries`` times (3 by
+default, 0.35 s of backoff in all), so a longer load (about 1.5 s a million
+tasks, docs/performance.md) reaches the caller as a connection error; the
+client's ``retries`` raises that bound (docs/operations.md, "Restarts").
 """
 
 from __future__ import annotations
