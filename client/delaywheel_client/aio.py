@@ -35,12 +35,12 @@ from delaywheel_client.calls import (
 from delaywheel_client.connection import (
     DEFAULT_HOST,
     DEFAULT_PORT,
-    READ_ONLY_METHODS,
     ClientBase,
     Dropped,
     describe,
 )
 from delaywheel_client.errors import ConnectionFailed, error_from_reply
+from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.pipeline import QueuedCalls
 from delaywheel_client.protocol import Response
 

@@ -26,13 +26,13 @@ from delaywheel_client.calls import (
 )
 from delaywheel_client.connection import (
     MAX_IDLE_CONNECTIONS,
-    READ_ONLY_METHODS,
     ClientBase,
     Connection,
     Dropped,
     parse_url,
 )
 from delaywheel_client.errors import ConnectionFailed, error_from_reply
+from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.pipeline import QueuedCalls
 
 _T = TypeVar("_T")
