@@ -181,7 +181,7 @@ class Client(ClientBase):
     # -- methods ---------------------------------------------------------------
 
     def call(self, method: str, *params: Any) -> Any:
-        """Any method by name: ``call("get", "task-1")``. Returns the result or raises."""
+        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
         return self._call(method, params, reply_timeout_s(method, params, self.timeout_s))
 
     def ping(self) -> str:
