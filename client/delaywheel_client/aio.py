@@ -35,12 +35,12 @@ from delaywheel_client.calls import (
 from delaywheel_client.connection import (
     DEFAULT_HOST,
     DEFAULT_PORT,
-    READ_ONLY_METHODS,
     ClientBase,
     Dropped,
     describe,
 )
 from delaywheel_client.errors import ConnectionFailed, error_from_reply
+from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.pipeline import QueuedCalls
 from delaywheel_client.protocol import Response
 
@@ -257,12 +257,14 @@ class AsyncClient(ClientBase):
     ) -> None:
         await self.close()
 
-    # -- methods (see Client for each one's contract) ------------------------------
+    # -- methods: Client's, as coroutines, with its docstrings -------------------------
 
     async def call(self, method: str, *params: Any) -> Any:
+        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
         return await self._call(method, params, reply_timeout_s(method, params, self.timeout_s))
 
     async def ping(self) -> str:
+        """``"pong"``."""
         result: str = await self._call("ping", (), self.timeout_s)
         return result
 
@@ -278,46 +280,59 @@ class AsyncClient(ClientBase):
         max_attempts: int | None = None,
         target: Mapping[str, Any] | None = None,
     ) -> Task:
+        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
+        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
         fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
         result: Task = await self._call("add", (fields,), self.timeout_s)
         return result
 
     async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
+        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         result: TaskList = await self._call("add_many", ([dict(t) for t in tasks],), self.timeout_s)
         return result
 
     async def update(self, id: str, **changes: Any) -> Task:
+        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
+        ``max_attempts``; returns the updated task."""
         result: Task = await self._call("update", (id, changes), self.timeout_s)
         return result
 
     async def delete(self, id: str) -> bool:
+        """True if the task existed."""
         return bool(await self._call("delete", (id,), self.timeout_s))
 
     async def get(self, id: str) -> Task | None:
+        """The task, or None."""
         result: Task | None = await self._call("get", (id,), self.timeout_s)
         return result
 
     async def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
+        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
         result: Task | None = await self._call(
             "reserve", (topic_list(topics), timeout), timeout + self.timeout_s
         )
         return result
 
     async def ack(self, id: str) -> bool:
+        """The reserved task is done and removed."""
         return bool(await self._call("ack", (id,), self.timeout_s))
 
     async def release(self, id: str, delay: float = 0) -> bool:
+        """Put a reserved task back, due after ``delay`` seconds."""
         return bool(await self._call("release", (id, delay), self.timeout_s))
 
     async def touch(self, id: str) -> float:
+        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
         result: float = await self._call("touch", (id,), self.timeout_s)
         return result
 
     async def kick(self, topic: str, count: int) -> int:
+        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
         result: int = await self._call("kick", (topic, count), self.timeout_s)
         return result
 
     async def stats(self) -> dict[str, Any]:
+        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         result: dict[str, Any] = await self._call("stats", (), self.timeout_s)
         return result
 
@@ -341,6 +356,7 @@ class AsyncClient(ClientBase):
         limit: int | None = None,
         cursor: Any = None,
     ) -> dict[str, Any]:
+        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
         query = list_query(topic, state, limit, cursor)
         result: dict[str, Any] = await self._call("list", (query,), self.timeout_s)
         return result

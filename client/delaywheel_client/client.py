@@ -26,13 +26,13 @@ from delaywheel_client.calls import (
 )
 from delaywheel_client.connection import (
     MAX_IDLE_CONNECTIONS,
-    READ_ONLY_METHODS,
     ClientBase,
     Connection,
     Dropped,
     parse_url,
 )
 from delaywheel_client.errors import ConnectionFailed, error_from_reply
+from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.pipeline import QueuedCalls
 
 _T = TypeVar("_T")
@@ -181,7 +181,7 @@ class Client(ClientBase):
     # -- methods ---------------------------------------------------------------
 
     def call(self, method: str, *params: Any) -> Any:
-        """Any method by name: ``call("get", "task-1")``. Returns the result or raises."""
+        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
         return self._call(method, params, reply_timeout_s(method, params, self.timeout_s))
 
     def ping(self) -> str:

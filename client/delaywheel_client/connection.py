@@ -10,7 +10,7 @@ request may have reached the server, and ``ClientBase._backoff_s`` decides: a re
 could not be sent at all (connect refused, reset while writing) is retried on a new
 connection, up to ``retries`` times with a short backoff. A request that was sent but
 whose reply never came may have been applied, so only the read-only methods (``ping``,
-``auth``, ``get``, ``list``, ``stats``) are sent again; the others raise
+``auth``, ``get``, ``list``, ``stats``: see methods.py) are sent again; the others raise
 ``ConnectionFailed``. When the server said why it closed the connection, the call raises
 ``ServerClosed`` at once. Give ``add`` an ``id`` to make it safe to repeat yourself: a
 second add of the same id answers ``Exists``. A TLS failure (a certificate that does not
@@ -46,10 +46,6 @@ from delaywheel_client.protocol import (
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3450
-
-# Methods that change nothing on the server, so sending one again after its reply was lost
-# is harmless. Everything else is sent at most once per call.
-READ_ONLY_METHODS = frozenset({"ping", "auth", "get", "list", "stats"})
 
 # Idle connections kept for reuse; a burst of more concurrent threads opens more, and the
 # extra ones are closed when they come back.

@@ -1,9 +1,9 @@
 """Pipelines: calls queued, then sent in one write and answered together.
 
 ``QueuedCalls`` holds what the blocking and the asyncio pipelines share: one
-queuing method per protocol method (the client's names and params) and the
-turning of replies into results. ``Client.pipeline()`` and
-``AsyncClient.pipeline()`` add the sending.
+queuing method per protocol method (the client's names, params and docstrings;
+tests/test_method_surface.py checks them) and the turning of replies into
+results. ``Client.pipeline()`` and ``AsyncClient.pipeline()`` add the sending.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from delaywheel_client.protocol import Response
 
 
 class QueuedCalls:
-    """The queuing half of a pipeline: every method queues a call and returns None."""
+    """The queuing half of a pipeline: every method queues a call and returns None. Its
+    docstring is the client method's: what it says is returned is the call's result in
+    ``execute()``'s list."""
 
     def __init__(self, timeout_s: float) -> None:
         self._base_timeout_s = timeout_s
@@ -54,11 +56,13 @@ class QueuedCalls:
         self._calls.append((method, params))
 
     def call(self, method: str, *params: Any) -> None:
+        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
         wait_s = reply_timeout_s(method, params, self._base_timeout_s)
         self._timeout_s = max(self._timeout_s, wait_s)
         self._queue(method, params)
 
     def ping(self) -> None:
+        """``"pong"``."""
         self._queue("ping", ())
 
     def add(
@@ -73,38 +77,51 @@ class QueuedCalls:
         max_attempts: int | None = None,
         target: Mapping[str, Any] | None = None,
     ) -> None:
+        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
+        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
         fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
         self._calls.append(("add", (fields,)))
 
     def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> None:
+        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         self._queue("add_many", ([dict(t) for t in tasks],))
 
     def update(self, id: str, **changes: Any) -> None:
+        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
+        ``max_attempts``; returns the updated task."""
         self._queue("update", (id, changes))
 
     def delete(self, id: str) -> None:
+        """True if the task existed."""
         self._queue("delete", (id,))
 
     def get(self, id: str) -> None:
+        """The task, or None."""
         self._queue("get", (id,))
 
     def reserve(self, topics: Topics, timeout: float = 0) -> None:
+        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
         self._timeout_s = max(self._timeout_s, timeout + self._base_timeout_s)
         self._queue("reserve", (topic_list(topics), timeout))
 
     def ack(self, id: str) -> None:
+        """The reserved task is done and removed."""
         self._queue("ack", (id,))
 
     def release(self, id: str, delay: float = 0) -> None:
+        """Put a reserved task back, due after ``delay`` seconds."""
         self._queue("release", (id, delay))
 
     def touch(self, id: str) -> None:
+        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
         self._queue("touch", (id,))
 
     def kick(self, topic: str, count: int) -> None:
+        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
         self._queue("kick", (topic, count))
 
     def stats(self) -> None:
+        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         self._queue("stats", ())
 
     def list(
@@ -115,4 +132,5 @@ class QueuedCalls:
         limit: int | None = None,
         cursor: Any = None,
     ) -> None:
+        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
         self._queue("list", (list_query(topic, state, limit, cursor),))

@@ -26,6 +26,7 @@ from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
+from delaywheel_client.methods import OPEN_METHODS  # allowed before auth
 from delaywheel_client.protocol import Decoder, Encoder, ProtocolError, Request
 
 from delaywheel import checks
@@ -50,7 +51,6 @@ MAX_QUEUED_REPLIES = 10_000
 MAX_REQUESTS_PER_TURN = 256
 # A reserve may block for at most a day; longer waits are a client bug.
 MAX_RESERVE_TIMEOUT_S = 86_400.0
-OPEN_METHODS = frozenset({"ping", "auth"})  # allowed before auth
 
 
 class Connection(asyncio.Protocol):

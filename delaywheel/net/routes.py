@@ -1,9 +1,12 @@
-"""The method table: how the server answers each protocol method.
+"""The router: how the server answers each protocol method.
 
-A route is ``run(conn, params, now_s)``. The engine's verbs are wrapped by
-``_positional``, which checks the arity; ``ping``, ``auth`` and ``stats``
-are the server's own. ``reserve`` has no route: the connection serves it,
-because a blocked reserve answers out of line.
+The methods themselves (params, read-only or not, allowed before auth) are
+the client's table, delaywheel_client/methods.py, shared with the clients;
+this module adds what is the server's own. A route is ``run(conn, params,
+now_s)``. The engine's verbs are wrapped by ``_positional``, which checks the
+arity; ``ping``, ``auth`` and ``stats`` are the server's own. ``reserve`` has
+no route: the connection serves it, because a blocked reserve answers out of
+line.
 """
 
 from __future__ import annotations
@@ -12,26 +15,14 @@ import hmac
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from delaywheel_client.methods import METHODS
+
 from delaywheel.engine import validate
 from delaywheel.errors import RequestError
 
 if TYPE_CHECKING:
     from delaywheel.net.connection import Connection
     from delaywheel.net.server import Server
-
-# method -> (param names, how many trailing ones are optional, mutating)
-METHODS: dict[str, tuple[tuple[str, ...], int, bool]] = {
-    "add": (("task",), 0, True),
-    "add_many": (("tasks",), 0, True),
-    "update": (("id", "changes"), 0, True),
-    "delete": (("id",), 0, True),
-    "get": (("id",), 0, False),
-    "list": (("query",), 1, False),
-    "ack": (("id",), 0, True),
-    "release": (("id", "delay"), 1, True),
-    "touch": (("id",), 0, True),
-    "kick": (("topic", "count"), 0, True),
-}
 
 
 Route = Callable[["Connection", list[Any], float], Any]
@@ -69,14 +60,14 @@ def routes_for(server: Server) -> dict[str, Method]:
         "touch": engine.touch,
         "kick": engine.kick,
     }
-    routes = {
-        method: Method(method, _positional(method, handlers[method], names, optional), mutating)
-        for method, (names, optional, mutating) in METHODS.items()
-    }
-    routes["ping"] = Method("ping", _ping, False)
-    routes["auth"] = Method("auth", _auth, False)
-    routes["stats"] = Method("stats", _stats, False)
-    routes["reserve"] = Method("reserve", None, True)
+    own: dict[str, Route | None] = {"ping": _ping, "auth": _auth, "stats": _stats, "reserve": None}
+    routes = {}
+    for method, spec in METHODS.items():
+        if method in own:
+            run = own[method]
+        else:
+            run = _positional(method, handlers[method], spec.params, spec.optional)
+        routes[method] = Method(method, run, not spec.read_only)
     return routes
 
 
@@ -94,18 +85,24 @@ def _positional(
     return run
 
 
+def _arity(method: str, params: list[Any]) -> list[Any]:
+    """``params`` checked against the table; missing optional ones come back as None."""
+    spec = METHODS[method]
+    return validate.params(method, params, *spec.params, optional=spec.optional)
+
+
 def _ping(conn: Connection, params: list[Any], now_s: float) -> str:
-    validate.params("ping", params)
+    _arity("ping", params)
     return "pong"
 
 
 def _stats(conn: Connection, params: list[Any], now_s: float) -> dict[str, Any]:
-    validate.params("stats", params)
+    _arity("stats", params)
     return conn.server.stats(now_s)
 
 
 def _auth(conn: Connection, params: list[Any], now_s: float) -> bool:
-    (token,) = validate.params("auth", params, "token")
+    (token,) = _arity("auth", params)
     expected = conn.server.settings.token
     if expected is None:
         conn.authed = True
