@@ -1,4 +1,4 @@
-"""PROTOCOL.md: any conforming MessagePack-RPC client works unchanged against the server.
+"""docs/protocol.md: any conforming MessagePack-RPC client works unchanged against the server.
 
 The client here is pynvim's ``msgpack_rpc`` layer (Neovim's maintained Python client): it
 sends method names as bin, announces itself with a notification, and packs its own msgids.

@@ -69,7 +69,7 @@ class Unauthorized(DelaywheelError):
 
 
 class Unavailable(DelaywheelError):
-    """The server's store cannot be reached; nothing was changed (see PROTOCOL.md)."""
+    """The server's store cannot be reached; nothing was changed (see docs/protocol.md)."""
 
     code = "unavailable"
 

@@ -27,7 +27,7 @@ from typing import Any, Final, TypeAlias
 
 Target: TypeAlias = dict[str, Any]
 
-# The methods the server sends HTTP targets with (PROTOCOL.md).
+# The methods the server sends HTTP targets with (docs/protocol.md).
 HTTP_METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 DEFAULT_HTTP_METHOD: Final = "POST"

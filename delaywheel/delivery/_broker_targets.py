@@ -1,4 +1,4 @@
-"""Checking a broker target map at ``add`` (PROTOCOL.md, "Delivery targets").
+"""Checking a broker target map at ``add`` (docs/protocol.md, "Delivery targets").
 
 The checked map has every field, defaults filled in, so a sender reads it
 without a default of its own. Every refusal is ``bad_request`` naming the

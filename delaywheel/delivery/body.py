@@ -1,4 +1,4 @@
-"""A task body as HTTP, AMQP and NATS carry it (PROTOCOL.md, "Delivery targets").
+"""A task body as HTTP, AMQP and NATS carry it (docs/protocol.md, "Delivery targets").
 
 The body is held as MessagePack. A bin body goes out as its bytes
 (``application/octet-stream``), a str as UTF-8 (``text/plain; charset=utf-8``),

@@ -10,7 +10,7 @@ it to ``submit()``, and replies once that write's callback says it is
 durable. So ``submit()`` is the only hot path and costs one round trip (Redis)
 or one transaction (SQLite) however many changes it carries. It completes by
 callback rather than as a coroutine: a Task, a coroutine and the loop turns
-between them cost more than the engine's whole work for an add (DESIGN.md),
+between them cost more than the engine's whole work for an add (docs/performance.md),
 and a store that can finish at once (memory) answers in the turn that made
 the change. ``write()`` is the same operation awaited, for start-up code and
 tests.

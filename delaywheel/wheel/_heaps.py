@@ -5,7 +5,7 @@
 item whose slot or bucket has since emptied stays in the heap until it
 surfaces at the top, where ``peek`` drops it; a heap that has grown well past
 what it can refer to is rebuilt from what is live. The wheel reads ``heap``
-directly on its hot path (``_fire_through``), so ``heap`` is one list for the
+directly on its hot path (``TimingWheel._due_slots``), so ``heap`` is one list for the
 heap's whole life: a rebuild refills it in place.
 """
 
