@@ -49,7 +49,7 @@ def free_port() -> int:
         return port
 
 
-# -- every method, shaped as docs/protocol.md says ----------------------------------------------------
+# -- every method, shaped as docs/protocol.md says ------------------------------------------------
 
 
 def test_ping(client: Client) -> None:

@@ -23,7 +23,7 @@ from serverproc import ServerProcess
 HOOK = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: never called an hour ahead
 HOUR_S = 3600
 
-# -- the maps, as docs/protocol.md spells them --------------------------------------------------------
+# -- the maps, as docs/protocol.md spells them ----------------------------------------------------
 
 
 def test_constructors_build_the_protocol_maps() -> None:
