@@ -19,6 +19,7 @@ from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
+from delaywheel.listen import listen_error
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store
@@ -90,7 +91,13 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
         stop = _stop_on_signal()
-        host, port = await server.start()
+        try:
+            host, port = await server.start()
+        except OSError as exc:  # the port is taken, or the address is not ours
+            _remove_signal_handlers()
+            if metrics is not None:
+                await metrics.stop()
+            raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
         # Tests and scripts read this line to learn the port when given port 0
         # (tests/serverproc.py); what follows the port is free text.
         log.warning("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
@@ -117,7 +124,11 @@ async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint 
     from delaywheel.metrics import MetricsEndpoint, registry_for
 
     endpoint = MetricsEndpoint(registry_for(server, topics=settings.metrics_topics))
-    host, port = await endpoint.start(settings.metrics_host, settings.metrics_port)
+    try:
+        host, port = await endpoint.start(settings.metrics_host, settings.metrics_port)
+    except OSError as exc:
+        where = (settings.metrics_host, settings.metrics_port)
+        raise listen_error("metrics", *where, "--metrics-port", exc) from None
     shown = f"[{host}]" if ":" in host else host
     # Like the listening line, tests read the port from it when given 0.
     log.warning(

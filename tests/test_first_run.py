@@ -1,0 +1,79 @@
+"""First-run polish (issue 20): what a new user and an operator meet in the first hour.
+
+Each test runs the real ``delaywheel`` command (or the real server) and checks
+what it prints: one clear line, the documented exit code, no Python repr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXIT_CANNOT_LISTEN = 4
+
+
+def delaywheel(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "delaywheel", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )
+
+
+def last_line(stderr: str) -> str:
+    return stderr.strip().splitlines()[-1]
+
+
+# -- 1. a port already taken -------------------------------------------------------
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port of 127.0.0.1 that this test process listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "what", "option"),
+    [
+        (("--port", "{port}"), "the server", "--port"),
+        (("--port", "0", "--metrics-port", "{port}"), "metrics", "--metrics-port"),
+    ],
+)
+def test_a_taken_port_is_one_line_naming_it_and_its_holder(
+    taken_port: int, args: tuple[str, ...], what: str, option: str
+) -> None:
+    result = delaywheel(
+        "serve", "--store", "memory://", *(arg.format(port=taken_port) for arg in args)
+    )
+    assert result.returncode == EXIT_CANNOT_LISTEN, result.stderr
+    assert "Traceback" not in result.stderr
+    line = last_line(result.stderr)
+    prefix = (
+        f"delaywheel: cannot listen on 127.0.0.1:{taken_port} ({what}): the address is already"
+        f" in use, held by pid {os.getpid()} ({sys.executable} "
+    )
+    assert line.startswith(prefix), line
+    assert line.endswith(f"); choose another port with {option}, or stop what holds it"), line
+
+
+def test_an_address_not_of_this_machine_is_one_line() -> None:
+    # 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
+    result = delaywheel("serve", "--store", "memory://", "--host", "192.0.2.1", "--port", "0")
+    assert result.returncode == EXIT_CANNOT_LISTEN, result.stderr
+    assert "Traceback" not in result.stderr
+    line = last_line(result.stderr)
+    assert line.startswith("delaywheel: cannot listen on 192.0.2.1:0 (the server): "), line
+    assert line.endswith("; check --host and --port"), line
