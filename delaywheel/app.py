@@ -22,7 +22,7 @@ from delaywheel.engine.engine import Engine
 from delaywheel.listen import listen_error
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.server import Server
-from delaywheel.store import Store, StoreUnavailable, open_store
+from delaywheel.store import Store, open_store
 
 if TYPE_CHECKING:
     from delaywheel.metrics import MetricsEndpoint
@@ -44,15 +44,7 @@ GC_THRESHOLDS = (20_000, 50, 10)
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
     store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
-    try:
-        await store.open()
-    except StoreUnavailable as exc:
-        if store.url.startswith("redis"):
-            raise StoreUnavailable(
-                f"{str(exc).rstrip('.')}. Is Redis running there? Without Redis, use the "
-                "embedded store: --store sqlite:///delaywheel.db"
-            ) from None
-        raise
+    await store.open()  # the Redis store's errors say what to do (store/redis.py)
     # Not before the store is open: a server that cannot open it exits with
     # one line (the error, which names the store) and nothing else.
     log.info(

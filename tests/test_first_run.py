@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import RedisServer, free_port
+from serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_CANNOT_LISTEN = 4
@@ -77,3 +79,62 @@ def test_an_address_not_of_this_machine_is_one_line() -> None:
     line = last_line(result.stderr)
     assert line.startswith("delaywheel: cannot listen on 192.0.2.1:0 (the server): "), line
     assert line.endswith("; check --host and --port"), line
+
+
+# -- 2. Redis authentication ------------------------------------------------------
+
+REDIS_PASSWORD = "first-run-secret"
+
+
+@pytest.fixture(scope="module")
+def password_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-auth"), ["--requirepass", REDIS_PASSWORD])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_no_password_for_a_redis_that_needs_one_says_so(password_redis: RedisServer) -> None:
+    result = delaywheel("serve", "--port", "0", "--store", password_redis.url)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip() == (
+        f"delaywheel: store {password_redis.url}: Redis needs a password and the URL has none:"
+        " put it in the URL as redis://:PASSWORD@host:port/db"
+    )
+
+
+@pytest.mark.parametrize("user", ["", "someone"])
+def test_a_wrong_password_says_so_and_hides_it(password_redis: RedisServer, user: str) -> None:
+    url = f"redis://{user}:not-the-{REDIS_PASSWORD}@127.0.0.1:{password_redis.port}/0"
+    result = delaywheel("serve", "--port", "0", "--store", url)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip() == (
+        f"delaywheel: store redis://{user}:***@127.0.0.1:{password_redis.port}/0: Redis refused"
+        " the password in the URL (a wrong password, or a user Redis does not know): it goes in"
+        " as redis://:PASSWORD@host:port/db, or redis://USER:PASSWORD@host:port/db for an ACL user"
+    )
+    assert REDIS_PASSWORD not in result.stderr
+
+
+def test_the_right_password_serves(password_redis: RedisServer) -> None:
+    url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{password_redis.port}/0"
+    server = ServerProcess(store=url)
+    try:
+        assert (
+            f"store redis://:***@127.0.0.1:{password_redis.port}/0 connected" in server.log_text()
+        )
+        assert REDIS_PASSWORD not in server.log_text()
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_unreachable_redis_still_suggests_the_embedded_store() -> None:
+    port = free_port()
+    result = delaywheel("serve", "--port", "0", "--store", f"redis://127.0.0.1:{port}/0")
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().endswith(
+        "Is Redis running there? Without Redis, use the embedded store:"
+        " --store sqlite:///delaywheel.db"
+    )
