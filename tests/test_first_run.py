@@ -6,7 +6,9 @@ what it prints: one clear line, the documented exit code, no Python repr.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -138,3 +140,64 @@ def test_an_unreachable_redis_still_suggests_the_embedded_store() -> None:
         "Is Redis running there? Without Redis, use the embedded store:"
         " --store sqlite:///delaywheel.db"
     )
+
+
+# -- 3. human output says yes, no, - and never ----------------------------------
+
+PYTHON_REPRS = re.compile(r"\b(None|True|False)\b")
+
+
+@pytest.fixture(scope="module")
+def broker_server() -> Iterator[ServerProcess]:
+    """A server with the machine's NATS as a broker, and one that nothing listens for."""
+    server = ServerProcess(
+        "--broker", "up=nats://127.0.0.1:4222", "--broker", f"gone=nats://127.0.0.1:{free_port()}"
+    )
+    yield server
+    server.stop()
+
+
+def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return delaywheel("--server", f"{server.host}:{server.port}", *args)
+
+
+def _broker_rows(stats_text: str, name: str) -> dict[str, str]:
+    lines = stats_text.splitlines()
+    start = lines.index(f"    {name}:") + 1
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("      "):
+            break
+        key, _, value = line.strip().partition(": ")
+        rows[key] = value
+    return rows
+
+
+def test_stats_shows_no_python_reprs(broker_server: ServerProcess) -> None:
+    result = cli(broker_server, "stats")
+    assert result.returncode == 0, result.stderr
+    assert not PYTHON_REPRS.search(result.stdout), result.stdout
+    assert "tls: no" in result.stdout.splitlines()
+    up, gone = _broker_rows(result.stdout, "up"), _broker_rows(result.stdout, "gone")
+    assert (up["connected"], up["failing_since"], up["last_error"]) == ("yes", "never", "-")
+    assert gone["connected"] == "no"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\S+ \((now|.+ ago)\)", gone["failing_since"]), gone
+    assert gone["last_error"].startswith("ConnectionRefusedError")
+    as_json = json.loads(cli(broker_server, "--json", "stats").stdout)
+    shown = as_json["deliveries"]["brokers"]["up"]
+    assert (shown["connected"], shown["failing_since"], shown["last_error"]) == (True, None, None)
+    assert as_json["tls"] is False
+
+
+def test_a_dead_task_shows_no_wheel_row(broker_server: ServerProcess) -> None:
+    added = cli(broker_server, "add", "--topic", "first-run-3", "--id", "r3", "--max-attempts", "1")
+    assert added.returncode == 0, added.stderr
+    assert cli(broker_server, "reserve", "first-run-3").returncode == 0
+    assert cli(broker_server, "release", "r3").returncode == 0  # its last attempt: dead
+    shown = cli(broker_server, "get", "r3")
+    assert shown.returncode == 0, shown.stderr
+    assert "state:    dead" in shown.stdout
+    assert "wheel" not in shown.stdout
+    assert not PYTHON_REPRS.search(shown.stdout), shown.stdout
+    task = json.loads(cli(broker_server, "--json", "get", "r3").stdout)
+    assert (task["cycle"], task["slot"]) == (None, None)
