@@ -7,6 +7,7 @@ what it prints: one clear line, the documented exit code, no Python repr.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -14,9 +15,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import RedisServer, free_port
+from delaywheel_client import Client, Worker
 from serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,3 +204,32 @@ def test_a_dead_task_shows_no_wheel_row(broker_server: ServerProcess) -> None:
     assert not PYTHON_REPRS.search(shown.stdout), shown.stdout
     task = json.loads(cli(broker_server, "--json", "get", "r3").stdout)
     assert (task["cycle"], task["slot"]) == (None, None)
+
+
+# -- 4. the worker's line on a task's last attempt ----------------------------------
+
+
+def test_the_worker_says_a_task_is_dead_after_its_last_attempt(
+    broker_server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = "first-run 4"
+    with Client(*broker_server.address) as client:
+        task_id = client.add(topic, "boom", max_attempts=2)["id"]
+        worker = Worker(client, reserve_timeout_s=1.0, retry_base_s=0.1)
+
+        @worker.handler(topic)
+        def fail(task: dict[str, Any]) -> None:
+            raise ValueError("handler failed")
+
+        with caplog.at_level(logging.ERROR, logger="delaywheel_client.worker"):
+            assert worker.run(max_tasks=2) == 2
+        task = client.get(task_id)
+    assert task is not None and task["state"] == "dead"
+    first, last = (record.getMessage() for record in caplog.records)
+    assert first == (
+        f"task {task_id!r} of topic {topic!r} failed on attempt 1 of 2; releasing it for 0.1 s"
+    )
+    assert last == (
+        f"task {task_id!r} of topic {topic!r} failed on its last attempt (2 of 2): it is now"
+        f" dead; `delaywheel kick 'first-run 4'` (or client.kick({topic!r})) makes it due again"
+    )
