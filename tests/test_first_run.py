@@ -233,3 +233,25 @@ def test_the_worker_says_a_task_is_dead_after_its_last_attempt(
         f"task {task_id!r} of topic {topic!r} failed on its last attempt (2 of 2): it is now"
         f" dead; `delaywheel kick 'first-run 4'` (or client.kick({topic!r})) makes it due again"
     )
+
+
+# -- 6. stats shows --http-concurrency ------------------------------------------------
+
+
+def test_stats_shows_the_http_concurrency_setting() -> None:
+    server = ServerProcess("--http-concurrency", "48")
+    try:
+        shown = cli(server, "stats")
+        as_json = json.loads(cli(server, "--json", "stats").stdout)
+    finally:
+        server.stop()
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    http = lines.index("  http:")
+    assert lines[http + 1 : http + 5] == [
+        "    in_flight: 0",
+        "    waiting: 0",
+        "    concurrency: 48",
+        "    concurrency_total: 768",
+    ]
+    assert as_json["deliveries"]["http"]["concurrency"] == 48
