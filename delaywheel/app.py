@@ -92,7 +92,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
         # Tests and scripts read this line to learn the port when given port 0
         # (tests/serverproc.py); what follows the port is free text.
-        log.warning("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
+        log.info("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
         if ready is not None:
             ready.set()
         try:
@@ -123,7 +123,7 @@ async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint 
         raise listen_error("metrics", *where, "--metrics-port", exc) from None
     shown = f"[{host}]" if ":" in host else host
     # Like the listening line, tests read the port from it when given 0.
-    log.warning(
+    log.info(
         "metrics on http://%s:%d/metrics",
         shown,
         port,

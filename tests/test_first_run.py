@@ -255,3 +255,25 @@ def test_stats_shows_the_http_concurrency_setting() -> None:
         "    concurrency_total: 768",
     ]
     assert as_json["deliveries"]["http"]["concurrency"] == 48
+
+
+# -- 8. start-up lines are INFO -------------------------------------------------------
+
+
+def test_the_listening_and_metrics_lines_are_info() -> None:
+    server = ServerProcess("--metrics-port", "0", "--log-format", "json")
+    try:
+        events = [json.loads(line) for line in server.log if line.startswith("{")]
+    finally:
+        assert server.stop() == 0
+    levels = {
+        event["message"].split(" on ")[0]: event["level"]
+        for event in events
+        if " on " in event["message"]
+    }
+    assert levels == {"delaywheel listening": "INFO", "metrics": "INFO"}
+    # What is left at WARNING is what an operator should act on.
+    warnings = [event["message"] for event in events if event["level"] == "WARNING"]
+    assert warnings == [
+        "store memory://: memory:// persists nothing: every task is lost when the server stops"
+    ]
