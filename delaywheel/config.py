@@ -130,18 +130,16 @@ class Settings:
             )
         if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
             raise ConfigError(f"shutdown grace must be >= 0 s, got {self.shutdown_grace_s}")
-        # Parsed here too, so that a bad value stops the start with its message.
+        # Parsed here too, so that a bad value stops the start with its message,
+        # which names the option (--http-allow) or the spec (broker 'NAME=URL').
         from delaywheel.delivery.allow import AllowList
         from delaywheel.delivery.brokers import parse_broker_specs
 
         try:
             AllowList.parse(self.http_allow)
-        except ValueError as exc:
-            raise ConfigError(f"http allow: {exc}") from None
-        try:
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
-            raise ConfigError(f"broker: {exc}") from None
+            raise ConfigError(str(exc)) from None
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""

@@ -277,3 +277,26 @@ def test_the_listening_and_metrics_lines_are_info() -> None:
     assert warnings == [
         "store memory://: memory:// persists nothing: every task is lost when the server stops"
     ]
+
+
+# -- 9. settings errors say each word once ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("--broker", "bad"),
+            "delaywheel serve: broker 'bad': must be NAME=URL",
+        ),
+        (
+            ("--http-allow", "zz/99"),
+            "delaywheel serve: --http-allow entry 'zz/99' is not a CIDR range: 'zz/99' does not"
+            " appear to be an IPv4 or IPv6 network",
+        ),
+    ],
+)
+def test_a_bad_broker_or_allow_entry_is_named_once(args: tuple[str, ...], line: str) -> None:
+    result = delaywheel("serve", "--store", "memory://", *args)
+    assert result.returncode == 2
+    assert result.stderr.strip() == line
