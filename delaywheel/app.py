@@ -53,6 +53,12 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         extra={"version": __version__, "settings": shown_settings(settings)},
     )
     log.info("store %s connected", store.url, extra={"store": store.url})
+    if settings.open_to_anyone:  # allowed by --insecure-no-auth alone
+        log.warning(
+            "--insecure-no-auth: listening on %r with no token and no client certificates:"
+            " anyone who can reach the port can add, delete and read every task",
+            settings.host,
+        )
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)

@@ -78,7 +78,9 @@ def test_a_taken_port_is_one_line_naming_it_and_its_holder(
 
 def test_an_address_not_of_this_machine_is_one_line() -> None:
     # 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
-    result = delaywheel("serve", "--store", "memory://", "--host", "192.0.2.1", "--port", "0")
+    result = delaywheel(
+        "serve", "--store", "memory://", "--host", "192.0.2.1", "--port", "0", "--insecure-no-auth"
+    )
     assert result.returncode == EXIT_CANNOT_LISTEN, result.stderr
     assert "Traceback" not in result.stderr
     line = last_line(result.stderr)
@@ -300,3 +302,55 @@ def test_a_bad_broker_or_allow_entry_is_named_once(args: tuple[str, ...], line: 
     result = delaywheel("serve", "--store", "memory://", *args)
     assert result.returncode == 2
     assert result.stderr.strip() == line
+
+
+# -- 10. protected mode -----------------------------------------------------------------
+
+
+def test_listening_beyond_loopback_without_a_token_is_refused() -> None:
+    result = delaywheel("serve", "--store", "memory://", "--host", "0.0.0.0", "--port", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "delaywheel serve: --host '0.0.0.0' listens beyond this machine with no token: anyone"
+        " who can reach the port could add, delete and read every task. Set --token"
+        " (DELAYWHEEL_TOKEN), which clients then send, or pass --insecure-no-auth if that is"
+        " meant (--tls-client-ca, requiring client certificates, also does)"
+    )
+
+
+def test_insecure_no_auth_serves_and_warns_at_every_start() -> None:
+    server = ServerProcess("--host", "0.0.0.0", env={"DELAYWHEEL_INSECURE_NO_AUTH": "1"})
+    try:
+        for _ in range(2):  # every start, not only the first
+            warnings = [line for line in server.log if " WARNING delaywheel: --insecure" in line]
+            assert len(warnings) == 1, server.log_text()
+            assert warnings[0].endswith(
+                "--insecure-no-auth: listening on '0.0.0.0' with no token and no client"
+                " certificates: anyone who can reach the port can add, delete and read every task"
+            )
+            pinged = delaywheel("--server", f"127.0.0.1:{server.port}", "ping")
+            assert pinged.returncode == 0, pinged.stderr
+            assert server.stop() == 0
+            server.log.clear()
+            server.start()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
+def test_loopback_needs_no_token(host: str) -> None:
+    server = ServerProcess("--host", host)
+    try:
+        assert "--insecure" not in server.log_text()
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_token_opens_any_address() -> None:
+    server = ServerProcess("--host", "0.0.0.0", "--token", "first-run")
+    try:
+        assert "--insecure" not in server.log_text()
+        pinged = delaywheel("--server", f"127.0.0.1:{server.port}", "--token", "first-run", "stats")
+        assert pinged.returncode == 0, pinged.stderr
+    finally:
+        assert server.stop() == 0

@@ -72,6 +72,13 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Clients must send auth [token] first (the same variable as the client's --token).",
 )
 @_serve_option(
+    "--insecure-no-auth",
+    is_flag=True,
+    default=False,
+    help="Listen beyond loopback with no --token and no --tls-client-ca (refused otherwise); "
+    "every start then logs a warning.",
+)
+@_serve_option(
     "--max-message",
     "max_message_bytes",
     default=DEFAULT_MAX_MESSAGE_BYTES,
