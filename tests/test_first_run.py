@@ -6,6 +6,7 @@ what it prints: one clear line, the documented exit code, no Python repr.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -13,13 +14,20 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import nats
 import pytest
 from conftest import RedisServer, free_port
-from delaywheel_client import Client, Worker
+from delaywheel_client import Client, Worker, targets
+from nats.js.api import StreamConfig
 from serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -354,3 +362,98 @@ def test_a_token_opens_any_address() -> None:
         assert pinged.returncode == 0, pinged.stderr
     finally:
         assert server.stop() == 0
+
+
+# -- 5. ids that headers cannot carry arrive percent-encoded ----------------------------
+
+EDGE_IDS = [" lead", "lead", "lead ", "50%"]
+ENCODED_IDS = ["%20lead", "lead", "lead%20", "50%25"]
+
+
+class _Hooks:
+    """A real HTTP endpoint (the stdlib's server) that keeps each request's headers."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        hooks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                hooks.headers.append(dict(self.headers))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _wait_for(check: Any, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_edge_spaces_in_ids_reach_an_http_endpoint_percent_encoded() -> None:
+    hooks = _Hooks()
+    server = ServerProcess("--http-allow", "127.0.0.1")
+    try:
+        with Client(*server.address) as client:
+            for task_id in EDGE_IDS:
+                target = targets.http(f"http://127.0.0.1:{hooks.port}/hook")
+                client.add(" topic", {"n": 1}, id=task_id, target=target)
+            _wait_for(lambda: len(hooks.headers) == len(EDGE_IDS))
+    finally:
+        server.stop()
+        hooks.close()
+    got = sorted(headers["Delaywheel-Id"] for headers in hooks.headers)
+    assert got == sorted(ENCODED_IDS)
+    assert sorted(unquote(text) for text in got) == sorted(EDGE_IDS)  # four ids, as added
+    assert {headers["Delaywheel-Topic"] for headers in hooks.headers} == {"%20topic"}
+
+
+def test_edge_spaces_in_ids_reach_nats_percent_encoded() -> None:
+    stream = f"dw_first_run_{uuid.uuid4().hex[:12]}"
+    subject = f"dw-first-run-{uuid.uuid4().hex[:12]}.x"
+
+    async def on_nats(action: Any) -> Any:
+        connection = await nats.connect("nats://127.0.0.1:4222")
+        try:
+            return await action(connection.jetstream())
+        finally:
+            await connection.close()
+
+    async def create(js: Any) -> None:
+        await js.add_stream(StreamConfig(name=stream, subjects=[subject]))
+
+    async def stored_ids(js: Any) -> list[str]:
+        count = (await js.stream_info(stream)).state.messages
+        return [
+            (await js.get_msg(stream, seq)).headers["Nats-Msg-Id"] for seq in range(1, count + 1)
+        ]
+
+    async def delete(js: Any) -> None:
+        await js.delete_stream(stream)
+
+    asyncio.run(on_nats(create))
+    server = ServerProcess("--broker", "bus=nats://127.0.0.1:4222")
+    try:
+        with Client(*server.address) as client:
+            for task_id in EDGE_IDS:
+                client.add("t", {"n": 1}, id=task_id, target=targets.nats(subject, broker="bus"))
+        _wait_for(lambda: len(asyncio.run(on_nats(stored_ids))) == len(EDGE_IDS))
+        got = asyncio.run(on_nats(stored_ids))
+    finally:
+        server.stop()
+        asyncio.run(on_nats(delete))
+    # Four messages, not three: JetStream did not take " lead" for a repeat of "lead".
+    assert sorted(got) == sorted(ENCODED_IDS)
