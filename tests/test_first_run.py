@@ -457,3 +457,54 @@ def test_edge_spaces_in_ids_reach_nats_percent_encoded() -> None:
         asyncio.run(on_nats(delete))
     # Four messages, not three: JetStream did not take " lead" for a repeat of "lead".
     assert sorted(got) == sorted(ENCODED_IDS)
+
+
+# -- 7. the docs: target helpers, Redis targets on SQLite ----------------------------
+
+
+def test_a_redis_list_target_on_sqlite_says_what_to_use(tmp_path: Path) -> None:
+    server = ServerProcess(store=f"sqlite:///{tmp_path / 'quick.db'}")
+    try:
+        result = cli(server, "add", "--topic", "mail", "--redis-list", "mail:due")
+    finally:
+        server.stop()
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "bad request: target broker 'store' is unknown: the store is not Redis;"
+        " this server has no brokers; use --broker NAME with --broker NAME=redis://... on the"
+        " server"
+    )
+
+
+def test_the_target_helpers_example_in_delivery_md_runs(redis_url: str) -> None:
+    text = (ROOT / "docs" / "delivery.md").read_text()
+    section = text[text.index("### From the Python client") :]
+    start = section.index("```python\n") + len("```python\n")
+    example = section[start : section.index("```", start)]
+    for helper in ("http", "redis_list", "redis_stream", "amqp", "nats"):
+        assert f"targets.{helper}(" in example
+    server = ServerProcess(
+        "--broker", f"cache={redis_url}",
+        "--broker", "jobs=amqp://guest:guest@127.0.0.1:5672/",
+        "--broker", "events=nats://127.0.0.1:4222",
+        store=redis_url,
+    )  # fmt: skip
+    try:
+        address = f'Client("{server.host}", {server.port})'
+        exec(compile(example.replace('Client("127.0.0.1", 3450)', address), "delivery.md", "exec"))
+        with Client(*server.address) as client:
+            added = client.list(limit=10)["tasks"]
+            for task in added:
+                assert client.delete(task["id"])
+    finally:
+        server.stop()
+    kinds = {
+        task["topic"]: (task["target"]["type"], task["target"].get("broker")) for task in added
+    }
+    assert kinds == {
+        "invoices": ("http", None),
+        "mail": ("redis", "store"),
+        "audit": ("redis", "cache"),
+        "orders": ("amqp", "jobs"),
+        "events": ("nats", "events"),
+    }
