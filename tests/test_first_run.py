@@ -12,12 +12,14 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -508,3 +510,151 @@ def test_the_target_helpers_example_in_delivery_md_runs(redis_url: str) -> None:
         "orders": ("amqp", "jobs"),
         "events": ("nats", "events"),
     }
+
+
+# -- 11. delaywheel backup, under steady writes --------------------------------------
+
+BACKUP_LINE = re.compile(
+    r"backed up (?P<store>\S+) to (?P<file>\S+) \((?P<kind>[^)]+)\): (?P<tasks>\d+) tasks,"
+    r" (?P<bytes>\d+) bytes in (?P<took>[\d.]+) s"
+)
+
+
+class _SteadyAdds:
+    """Back-to-back add_many calls of 1,000 tasks from a thread, until stopped."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.calls = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with Client(*self.server.address) as client:
+                while not self._stop.is_set():
+                    client.add_many([{"topic": "load", "delay": 3600}] * 1000)
+                    self.calls += 1
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def __enter__(self) -> _SteadyAdds:
+        self._thread.start()
+        _wait_for(lambda: self.calls >= 2)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert self.error is None, self.error
+
+
+def _task_count(server: ServerProcess) -> int:
+    with Client(*server.address) as client:
+        return int(client.stats()["tasks"])
+
+
+def test_backup_of_sqlite_finishes_under_steady_writes(tmp_path: Path) -> None:
+    db = tmp_path / "live.db"
+    server = ServerProcess(store=f"sqlite:///{db}")
+    try:
+        with Client(*server.address) as client:
+            for _ in range(20):
+                client.add_many([{"topic": "old", "delay": 3600}] * 1000)
+        copies = []
+        with _SteadyAdds(server) as load:
+            for n in range(3):
+                # What the store holds now (the server's count may include a
+                # batch whose write is still under way).
+                with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as live:
+                    (before,) = live.execute("SELECT count(*) FROM tasks").fetchone()
+                copy = tmp_path / f"copy-{n}.db"
+                result = delaywheel("backup", "--store", f"sqlite:///{db}", str(copy), timeout_s=60)
+                after = _task_count(server)
+                assert result.returncode == 0, result.stderr
+                copies.append((copy, before, after, result.stdout.strip()))
+            calls_during = load.calls
+    finally:
+        assert server.stop() == 0
+    assert calls_during > 3  # the writes went on throughout
+    for copy, before, after, line in copies:
+        shown = BACKUP_LINE.fullmatch(line)
+        assert shown is not None, line
+        assert (shown["store"], shown["file"], shown["kind"]) == (
+            f"sqlite:///{db}",
+            str(copy),
+            "SQLite database",
+        )
+        with closing(sqlite3.connect(copy)) as check:
+            assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            (count,) = check.execute("SELECT count(*) FROM tasks").fetchone()
+        assert before <= count <= after
+        assert int(shown["tasks"]) == count
+        assert int(shown["bytes"]) == copy.stat().st_size
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_backup_of_redis_streams_an_rdb_under_steady_writes(tmp_path: Path) -> None:
+    password = "backup-secret"
+    source = RedisServer(tmp_path / "source", ["--requirepass", password])
+    (tmp_path / "source").mkdir()
+    source.start()
+    url = f"redis://:{password}@127.0.0.1:{source.port}/3"
+    copy = tmp_path / "copy.rdb"
+    try:
+        server = ServerProcess(store=url)
+        try:
+            with Client(*server.address) as client:
+                for _ in range(20):
+                    client.add_many([{"topic": "old", "delay": 3600}] * 1000)
+            with _SteadyAdds(server), source.client(3, password) as live:
+                before = int(live.hlen("{delaywheel}:tasks"))
+                result = delaywheel("backup", "--store", url, str(copy), timeout_s=120)
+                after = _task_count(server)
+        finally:
+            assert server.stop() == 0
+    finally:
+        source.stop()
+    assert result.returncode == 0, result.stderr
+    assert password not in result.stdout + result.stderr
+    shown = BACKUP_LINE.fullmatch(result.stdout.strip())
+    assert shown is not None, result.stdout
+    assert (shown["store"], shown["kind"]) == (
+        f"redis://:***@127.0.0.1:{source.port}/3",
+        "RDB snapshot",
+    )
+    assert int(shown["bytes"]) == copy.stat().st_size
+    assert copy.read_bytes().startswith(b"REDIS")
+    # Restored as docs/operations.md says: dump.rdb in a fresh Redis, AOF off.
+    restored_dir = tmp_path / "restored"
+    restored_dir.mkdir()
+    copy.rename(restored_dir / "dump.rdb")
+    restored = RedisServer(restored_dir, ["--appendonly", "no", "--dbfilename", "dump.rdb"])
+    restored.start()
+    try:
+        with restored.client(3) as check:
+            count = int(check.hlen("{delaywheel}:tasks"))
+    finally:
+        restored.stop()
+    assert before <= count <= after
+    assert count >= 20_000
+
+
+def test_backup_refuses_what_it_cannot_copy(tmp_path: Path) -> None:
+    memory = delaywheel("backup", "--store", "memory://", str(tmp_path / "x"))
+    assert (memory.returncode, memory.stderr.strip()) == (
+        2,
+        "memory:// keeps nothing to back up: its tasks live in the server",
+    )
+    missing = delaywheel("backup", "--store", f"sqlite:///{tmp_path}/none.db", str(tmp_path / "x"))
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        f"store sqlite:///{tmp_path}/none.db: no database at {tmp_path}/none.db"
+    )
+    unreachable = delaywheel(
+        "backup", "--store", f"redis://127.0.0.1:{free_port()}/0", str(tmp_path / "x")
+    )
+    assert unreachable.returncode == 3
+    assert unreachable.stderr.strip().startswith("store redis://127.0.0.1:")
+    assert not (tmp_path / "x").exists()
