@@ -28,7 +28,8 @@ from urllib.parse import unquote
 import nats
 import pytest
 from conftest import RedisServer, free_port
-from delaywheel_client import Client, Worker, targets
+from delaywheel_client import AsyncClient, Client, Worker, targets
+from delaywheel_client.errors import ConnectionFailed
 from nats.js.api import StreamConfig
 from serverproc import ServerProcess
 
@@ -658,3 +659,52 @@ def test_backup_refuses_what_it_cannot_copy(tmp_path: Path) -> None:
     assert unreachable.returncode == 3
     assert unreachable.stderr.strip().startswith("store redis://127.0.0.1:")
     assert not (tmp_path / "x").exists()
+
+
+# -- 11. a plain client on a TLS port is told to try --tls ------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    directory = tmp_path_factory.mktemp("first-run-tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = ServerProcess("--tls-cert", str(cert), "--tls-key", str(key))
+    yield server
+    server.stop()
+
+
+PLAIN_HINT = (
+    "before any reply (is the server using TLS? try --tls, or --tls-ca FILE;"
+    " in Python tls=True or tls_ca=)"
+)
+
+
+def test_the_cli_without_tls_on_a_tls_port_is_told_to_try_tls(tls_server: ServerProcess) -> None:
+    result = cli(tls_server, "ping")
+    assert result.returncode == 3
+    assert result.stderr.strip() == (
+        f"cannot reach the server: 127.0.0.1:{tls_server.port}: the server closed the connection"
+        f" during ping {PLAIN_HINT}"
+    )
+
+
+def test_the_clients_without_tls_on_a_tls_port_are_told_to_try_tls(
+    tls_server: ServerProcess,
+) -> None:
+    with Client(*tls_server.address, retries=0) as plain, pytest.raises(ConnectionFailed) as caught:
+        plain.ping()
+    assert str(caught.value).endswith(PLAIN_HINT)
+
+    async def ping_async() -> None:
+        async with AsyncClient(*tls_server.address, retries=0) as aio:
+            await aio.ping()
+
+    with pytest.raises(ConnectionFailed) as caught_async:
+        asyncio.run(ping_async())
+    assert str(caught_async.value).endswith(PLAIN_HINT)
