@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -708,3 +709,23 @@ def test_the_clients_without_tls_on_a_tls_port_are_told_to_try_tls(
     with pytest.raises(ConnectionFailed) as caught_async:
         asyncio.run(ping_async())
     assert str(caught_async.value).endswith(PLAIN_HINT)
+
+
+# -- 11. counters with known labels are there from the start ---------------------------
+
+
+def test_a_fresh_server_exports_zeros_for_known_labels() -> None:
+    server = ServerProcess("--metrics-port", "0")
+    try:
+        url = re.search(r"metrics on (http://\S+/metrics)", server.log_text())
+        assert url is not None, server.log_text()
+        with urllib.request.urlopen(url.group(1), timeout=10) as reply:
+            text = reply.read().decode()
+    finally:
+        server.stop()
+    for target in ("http", "redis", "amqp", "nats"):
+        for outcome in ("delivered", "failed"):
+            sample = f'delaywheel_deliveries_total{{outcome="{outcome}",target="{target}"}} 0.0'
+            assert sample in text.splitlines()
+    for code in ("bad_request", "too_large", "unavailable"):
+        assert f'delaywheel_connections_refused_total{{code="{code}"}} 0.0' in text.splitlines()
