@@ -43,6 +43,8 @@ ENV PATH=/opt/delaywheel/bin:$PATH \
 EXPOSE 3450
 # --host 0.0.0.0: listen beyond the container's own loopback (the server's
 # default is 127.0.0.1). Every other setting comes from DELAYWHEEL_* variables.
+# Beyond loopback the server wants DELAYWHEEL_TOKEN (or, for an open port that
+# is meant, DELAYWHEEL_INSECURE_NO_AUTH=1): without either it refuses to start.
 CMD ["delaywheel", "serve", "--host", "0.0.0.0"]
 
 # The CLI's ping, from inside the container. It sends DELAYWHEEL_TOKEN first

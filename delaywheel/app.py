@@ -22,9 +22,10 @@ from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
+from delaywheel.listen import listen_error
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.server import Server
-from delaywheel.store import Store, StoreUnavailable, open_store
+from delaywheel.store import Store, open_store
 
 if TYPE_CHECKING:
     from delaywheel.metrics import MetricsEndpoint
@@ -46,15 +47,7 @@ GC_THRESHOLDS = (20_000, 50, 10)
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
     store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
-    try:
-        await store.open()
-    except StoreUnavailable as exc:
-        if store.url.startswith("redis"):
-            raise StoreUnavailable(
-                f"{str(exc).rstrip('.')}. Is Redis running there? Without Redis, use the "
-                "embedded store: --store sqlite:///delaywheel.db"
-            ) from None
-        raise
+    await store.open()  # the Redis store's errors say what to do (store/redis.py)
     # Not before the store is open: a server that cannot open it exits with
     # one line (the error, which names the store) and nothing else.
     log.info(
@@ -63,6 +56,12 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         extra={"version": __version__, "settings": shown_settings(settings)},
     )
     log.info("store %s connected", store.url, extra={"store": store.url})
+    if settings.open_to_anyone:  # allowed by --insecure-no-auth alone
+        log.warning(
+            "--insecure-no-auth: listening on %r with no token and no client certificates:"
+            " anyone who can reach the port can add, delete and read every task",
+            settings.host,
+        )
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
@@ -93,10 +92,16 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
         stop = _stop_on_signal()
-        host, port = await server.start()
+        try:
+            host, port = await server.start()
+        except OSError as exc:  # the port is taken, or the address is not ours
+            _remove_signal_handlers()
+            if metrics is not None:
+                await metrics.stop()
+            raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
         # Tests and scripts read this line to learn the port when given port 0
         # (tests/serverproc.py); what follows the port is free text.
-        log.warning("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
+        log.info("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
         if ready is not None:
             ready.set()
         try:
@@ -120,10 +125,14 @@ async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint 
     from delaywheel.metrics import MetricsEndpoint, registry_for
 
     endpoint = MetricsEndpoint(registry_for(server, topics=settings.metrics_topics))
-    host, port = await endpoint.start(settings.metrics_host, settings.metrics_port)
+    try:
+        host, port = await endpoint.start(settings.metrics_host, settings.metrics_port)
+    except OSError as exc:
+        where = (settings.metrics_host, settings.metrics_port)
+        raise listen_error("metrics", *where, "--metrics-port", exc) from None
     shown = f"[{host}]" if ":" in host else host
     # Like the listening line, tests read the port from it when given 0.
-    log.warning(
+    log.info(
         "metrics on http://%s:%d/metrics",
         shown,
         port,

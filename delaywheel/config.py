@@ -6,6 +6,7 @@ build it directly.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -84,6 +85,10 @@ class Settings:
     metrics_port: int | None = None
     metrics_host: str = DEFAULT_HOST
     metrics_topics: int = DEFAULT_METRICS_TOPICS
+    # Protected mode, as Redis has it: listening beyond loopback with no token
+    # and no client certificates is refused unless this says it is meant
+    # (docs/operations.md, "Security"); then every start logs a warning.
+    insecure_no_auth: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -113,6 +118,13 @@ class Settings:
             raise ConfigError(f"metrics port must be 0 to 65535, got {self.metrics_port}")
         if self.metrics_topics < 0:
             raise ConfigError(f"metrics topics must be at least 0, got {self.metrics_topics}")
+        if self.open_to_anyone and not self.insecure_no_auth:
+            raise ConfigError(
+                f"--host {self.host!r} listens beyond this machine with no token: anyone who can"
+                " reach the port could add, delete and read every task. Set --token"
+                " (DELAYWHEEL_TOKEN), which clients then send, or pass --insecure-no-auth if"
+                " that is meant (--tls-client-ca, requiring client certificates, also does)"
+            )
         self._check_delivery()
         self.tls_context()  # loaded now, so that a bad file stops the start with its name
 
@@ -130,18 +142,16 @@ class Settings:
             )
         if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
             raise ConfigError(f"shutdown grace must be >= 0 s, got {self.shutdown_grace_s}")
-        # Parsed here too, so that a bad value stops the start with its message.
+        # Parsed here too, so that a bad value stops the start with its message,
+        # which names the option (--http-allow) or the spec (broker 'NAME=URL').
         from delaywheel.delivery.allow import AllowList
         from delaywheel.delivery.brokers import parse_broker_specs
 
         try:
             AllowList.parse(self.http_allow)
-        except ValueError as exc:
-            raise ConfigError(f"http allow: {exc}") from None
-        try:
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
-            raise ConfigError(f"broker: {exc}") from None
+            raise ConfigError(str(exc)) from None
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""
@@ -160,5 +170,20 @@ class Settings:
             raise ConfigError(str(exc)) from None
 
     @property
+    def open_to_anyone(self) -> bool:
+        """Listening beyond loopback with no token and no client certificates."""
+        return self.token is None and self.tls_client_ca is None and not _is_loopback(self.host)
+
+    @property
     def limits(self) -> Limits:
         return Limits(max_body_bytes=self.max_body_bytes, max_delay_s=self.max_delay_s)
+
+
+def _is_loopback(host: str) -> bool:
+    """An address or name of this machine's loopback only; any other name may be more."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name, or "" (every address)
+        return False

@@ -18,6 +18,7 @@ metrics are on.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -44,6 +45,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("delaywheel.metrics")  # pinned: its name is documented
 
 PATH = "/metrics"
+# Label values a labelled counter has from the start, at 0 (docs/metrics.md):
+# delivery target types and outcomes, and the codes a connection is refused with.
+DELIVERY_TARGETS = ("http", "redis", "amqp", "nats")
+DELIVERY_OUTCOMES = ("delivered", "failed")
+REFUSAL_CODES = ("bad_request", "too_large", "unavailable")
 
 # The engine's event counts (``EventCounts``) as counters: (slot, name, help).
 _EVENTS = (
@@ -214,7 +220,9 @@ class ServerCollector:
             "Connections the server closed: bad input, a limit, a message timeout; by error code.",
             labels=["code"],
         )
-        for code, n in sorted(server.refused.items()):
+        # Every known code from the start, at 0: a panel shows a flat line, not "No data".
+        counts = {code: 0 for code in REFUSAL_CODES} | dict(server.refused)
+        for code, n in sorted(counts.items()):
             refused.add_metric([code], n)
         yield refused
 
@@ -229,8 +237,10 @@ class ServerCollector:
             "Delivery attempts by target type and outcome (delivered or failed).",
             labels=["target", "outcome"],
         )
-        for (target, outcome), histogram in sorted(durations.items()):
-            done.add_metric([target, outcome], histogram.count)
+        counts = {pair: 0 for pair in itertools.product(DELIVERY_TARGETS, DELIVERY_OUTCOMES)}
+        counts |= {pair: histogram.count for pair, histogram in durations.items()}
+        for (target, outcome), n in sorted(counts.items()):
+            done.add_metric([target, outcome], n)
         yield done
         yield _histogram(
             "delaywheel_delivery_seconds",

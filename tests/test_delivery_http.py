@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
@@ -312,13 +313,21 @@ def test_connection_refused_is_a_failed_attempt() -> None:
     asyncio.run(scenario())
 
 
-def test_a_task_id_with_a_control_character_fails_without_a_request() -> None:
+def test_ids_and_topics_a_header_would_change_arrive_percent_encoded() -> None:
+    # Header values are stripped and cannot hold line breaks: sent as they are,
+    # " t-8" would arrive as "t-8", and "a\r\nX-Evil: 1" would be a header of its own.
+    ids = ["t-8", " t-8", "t-8 ", "a\r\nX-Evil: 1", "50%", "tab\tinside"]
+
     async def scenario(rx: Receiver) -> None:
-        task = delivery(rx.url("/x"))
         async with sending() as sender:
-            bad_id = Delivery("a\r\nX-Evil: 1", "mail", 1, 0.0, task.body_packed, task.target)
-            assert "cannot be an HTTP header" in await failure(sender, bad_id)
-        assert rx.seen == []
+            for task_id in ids:
+                task = delivery(rx.url("/x"))
+                await sender.send(Delivery(task_id, " mail", 1, 0.0, task.body_packed, task.target))
+        got = [seen.headers["Delaywheel-Id"] for seen in rx.seen]
+        assert got == ["t-8", "%20t-8", "t-8%20", "a%0D%0AX-Evil: 1", "50%25", "tab\tinside"]
+        assert [unquote(text) for text in got] == ids
+        assert {seen.headers["Delaywheel-Topic"] for seen in rx.seen} == {"%20mail"}
+        assert not any("X-Evil" in seen.headers for seen in rx.seen)
 
     run(scenario)
 

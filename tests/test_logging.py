@@ -21,6 +21,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -302,7 +304,7 @@ def check_events(
 
     connected, _ = one(events, rf"store {re.escape(store)} connected", "INFO", "delaywheel")
     one(events, rf"loaded 0 tasks from {re.escape(store)} in \d+\.\d\d s", "INFO", "delaywheel")
-    one(events, r"delaywheel listening on 127\.0\.0\.1:\d+", "WARNING", "delaywheel")
+    one(events, r"delaywheel listening on 127\.0\.0\.1:\d+", "INFO", "delaywheel")
 
     url = f"http://127.0.0.1:{http_port}/hook"
     death, _ = one(
@@ -396,12 +398,30 @@ def check_events(
 
 
 def test_log_level_and_format_from_the_environment() -> None:
-    proc = ServerProcess(env={"DELAYWHEEL_LOG_FORMAT": "json", "DELAYWHEEL_LOG_LEVEL": "warning"})
+    # At warning the listening line (INFO) is not logged either, so the port is
+    # chosen here rather than read from it.
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delaywheel", "serve", "--port", str(port), "--store", "memory://"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DELAYWHEEL_LOG_FORMAT": "json", "DELAYWHEEL_LOG_LEVEL": "warning"},
+    )
     try:
-        with Client(*proc.address) as client:
-            client.ping()
+        wait_for(lambda: _answers(port), timeout_s=30)
     finally:
-        proc.stop()
-    events = parse_log(proc.log_text(), "json")
+        proc.send_signal(signal.SIGTERM)
+        _, log_text = proc.communicate(timeout=30)
+    events = parse_log(log_text, "json")
     assert {e.level for e in events} == {"WARNING"}  # no start line, no "shutting down"
-    assert any(e.message.startswith("delaywheel listening on ") for e in events)
+    assert any(e.message.startswith("store memory://: ") for e in events)
+    assert not any("listening" in e.message for e in events)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with Client("127.0.0.1", port) as client:
+            client.ping()
+    except DelaywheelError:
+        return False
+    return True

@@ -480,7 +480,7 @@ def test_redis_password_never_shown(locked_redis: RedisServer) -> None:
         assert PASSWORD not in str(info.value)
         assert f"redis://:***@127.0.0.1:{port}/0" in str(info.value)
         no_password = open_store(f"redis://127.0.0.1:{port}/0")
-        with pytest.raises(StoreUnavailable, match="open failed"):
+        with pytest.raises(StoreUnavailable, match="Redis needs a password and the URL has none"):
             await no_password.open()
 
     run(scenario)

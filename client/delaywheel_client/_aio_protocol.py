@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Sequence
 from typing import Any, cast
 
-from delaywheel_client._tls import CLOSED_UNANSWERED_HINT, tls_reason
+from delaywheel_client._tls import CLOSED_UNANSWERED_HINT, PLAIN_CLOSED_HINT, tls_reason
 from delaywheel_client.connection import (
     MAX_REPLY_BYTES,
     MAX_REPLY_CONTAINER_LEN,
@@ -94,8 +94,9 @@ class ClientProtocol(asyncio.Protocol):
             why = self.why
         elif alert is not None:
             why = f"the server ended TLS: {tls_reason(alert)}"
-        elif exc is None and self.tls and not self.heard:
-            why = "the server closed the connection" + CLOSED_UNANSWERED_HINT
+        elif exc is None and not self.heard:
+            hint = CLOSED_UNANSWERED_HINT if self.tls else PLAIN_CLOSED_HINT
+            why = "the server closed the connection" + hint
         else:
             why = "connection lost" + (f": {type(exc).__name__}: {exc}" if exc else "")
         pending, self.pending = self.pending, {}

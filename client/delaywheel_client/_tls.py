@@ -65,6 +65,12 @@ _CERT_HINT = (
     " trusts: see tls_cert)"
 )
 CLOSED_UNANSWERED_HINT = " before any reply" + _CERT_HINT
+# A plain connection closed before any reply: a TLS server does that at once
+# to bytes that are not a TLS handshake.
+PLAIN_CLOSED_HINT = (
+    " before any reply (is the server using TLS? try --tls, or --tls-ca FILE;"
+    " in Python tls=True or tls_ca=)"
+)
 
 
 def handshake_failure(exc: ssl.SSLError) -> str:
@@ -90,6 +96,7 @@ def tls_reason(exc: OSError) -> str:
 
 __all__ = [
     "CLOSED_UNANSWERED_HINT",
+    "PLAIN_CLOSED_HINT",
     "PathLike",
     "client_context",
     "handshake_failure",

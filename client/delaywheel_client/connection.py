@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from delaywheel_client._tls import (
     CLOSED_UNANSWERED_HINT,
+    PLAIN_CLOSED_HINT,
     PathLike,
     client_context,
     handshake_failure,
@@ -342,8 +343,9 @@ class Connection:
 
     def _closed_reason(self, what: str) -> str:
         reason = f"the server closed the connection during {what}"
-        if not self.heard and isinstance(self.sock, ssl.SSLSocket):
-            reason += CLOSED_UNANSWERED_HINT
+        if not self.heard:
+            tls = isinstance(self.sock, ssl.SSLSocket)
+            reason += CLOSED_UNANSWERED_HINT if tls else PLAIN_CLOSED_HINT
         return reason
 
     def _notified(self, message: Notification) -> None:

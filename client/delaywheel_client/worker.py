@@ -15,6 +15,7 @@ with the connection, is delivered again. Make handlers idempotent, or ``touch`` 
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import threading
 from collections.abc import Callable
@@ -123,15 +124,21 @@ class Worker:
             self._handlers[topic](task)
         except Exception:
             attempts = int(task.get("attempts") or 1)
-            delay_s = self.retry_delay_s(attempts)
-            log.exception(
-                "task %r of topic %r failed on attempt %d of %s; releasing it for %.3g s",
-                task_id,
-                topic,
-                attempts,
-                task.get("max_attempts", "?"),
-                delay_s,
-            )
+            max_attempts = task.get("max_attempts")
+            if isinstance(max_attempts, int) and attempts >= max_attempts:
+                # The server makes it dead on this release: no retry is coming.
+                delay_s = 0.0
+                log.exception(
+                    "task %r of topic %r failed on its last attempt (%d of %d): it is now dead;"
+                    " `delaywheel kick %s` (or client.kick(%r)) makes it due again",
+                    *(task_id, topic, attempts, max_attempts, shlex.quote(topic), topic),
+                )
+            else:
+                delay_s = self.retry_delay_s(attempts)
+                log.exception(
+                    "task %r of topic %r failed on attempt %d of %s; releasing it for %.3g s",
+                    *(task_id, topic, attempts, max_attempts or "?", delay_s),
+                )
             self._settle("release", task_id, lambda: self.client.release(task_id, delay_s))
         else:
             self._settle("ack", task_id, lambda: self.client.ack(task_id))

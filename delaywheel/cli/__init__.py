@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 not found, conflict or exists (also ``reserve`` that got
 nothing); 2 usage error (click's own, a bad duration or time, and the server's
 ``bad_request``, ``too_large`` and ``unauthorized``); 3 the server cannot be reached or
-is ``unavailable``. A failure is one line on stderr, never a traceback.
+is ``unavailable`` (``serve``: the store cannot be opened); 4 ``serve`` cannot listen
+on its port. A failure is one line on stderr, never a traceback.
 
 Every setting of ``serve`` can also come from an environment variable named
 ``DELAYWHEEL_<OPTION>`` (``--tick`` from ``DELAYWHEEL_TICK``, ``--max-body`` from
@@ -30,7 +31,7 @@ from typing import Any
 import click
 
 from delaywheel import __version__
-from delaywheel.cli import consume, importer, serve, tasks
+from delaywheel.cli import backup, consume, importer, serve, tasks
 from delaywheel.cli.env import DEFAULT_TIMEOUT_S, Env
 from delaywheel.cli.errors import EXIT_FAILED
 from delaywheel.cli.params import DURATION, ServerAddress
@@ -46,7 +47,8 @@ _TLS_FILE = click.Path(dir_okay=False)
 _EPILOG = """\
 Exit codes: 0 success; 1 not found, conflict or exists; 2 usage error or a request
 the server refuses (bad_request, too_large, unauthorized); 3 server unreachable or
-unavailable. Failures are one line on stderr.
+unavailable (serve: the store cannot be opened); 4 serve cannot listen on its port.
+Failures are one line on stderr.
 
 With --json each command prints one JSON document on stdout: the result of the
 server method it calls. Bytes (a bin body) appear as {"$bin": "<base64>"}; the
@@ -203,5 +205,6 @@ for _command in (
     consume.ping,
     consume.stats,
     importer.import_,
+    backup.backup,
 ):
     main.add_command(_command)

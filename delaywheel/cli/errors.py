@@ -15,6 +15,10 @@ import click
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+# ``serve`` only: it cannot listen on its address (--port or --metrics-port is
+# taken, or --host is not this machine's). A supervisor may retry: the old
+# process holding the port may be draining.
+EXIT_CANNOT_LISTEN = 4
 
 # Server error code -> exit code, label.
 _ERRORS: dict[str, tuple[int, str]] = {

@@ -162,15 +162,38 @@ def task_text(task: dict[str, Any]) -> str:
         rows.append(("target", _target_text(task["target"])))
     if "created" in task:
         rows.append(("created", when_text(task["created"], now)))
-    if "cycle" in task or "slot" in task:
-        rows.append(("wheel", f"cycle {task.get('cycle')}, slot {task.get('slot')}"))
-    rows.extend((key, dumps(value)) for key, value in task.items() if key not in _SHOWN)
+    wheel = wheel_text(task)
+    if wheel is not None:
+        rows.append(("wheel", wheel))
+    rows.extend((key, value_text(key, value)) for key, value in task.items() if key not in _SHOWN)
     width = max(len(key) for key, _ in rows) + 1
     lines = [f"{key + ':':<{width}} {value}" for key, value in rows]
     label, text = _body_text(task.get("body"))
     lines.append(f"{label}:")
     lines.append(text)
     return "\n".join(lines)
+
+
+def wheel_text(task: dict[str, Any]) -> str | None:
+    """``cycle C, slot S`` of a task in the wheel; None when it is not in it (ready, dead)."""
+    cycle, slot = task.get("cycle"), task.get("slot")
+    if cycle is None and slot is None:
+        return None
+    return f"cycle {'-' if cycle is None else cycle}, slot {'-' if slot is None else slot}"
+
+
+def value_text(name: str, value: Any) -> str:
+    """A scalar for people: yes/no, ``-`` for nothing (``never`` for a time), else JSON."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    is_time = name.endswith(("_since", "_at"))
+    if value is None:
+        return "never" if is_time else "-"
+    if is_time and isinstance(value, (int, float)):
+        return when_text(value, time.time())
+    if isinstance(value, str):
+        return value
+    return dumps(value)
 
 
 def task_table(tasks: list[dict[str, Any]]) -> str:
@@ -211,5 +234,5 @@ def stats_text(stats: Any, indent: int = 0) -> str:
         elif name in ("tick", "tick_s") and isinstance(value, (int, float)):
             lines.append(f"{pad}{name}: {value * 1000:g} ms")
         else:
-            lines.append(f"{pad}{name}: {to_json(value)}")
+            lines.append(f"{pad}{name}: {value_text(name, value)}")
     return "\n".join(lines)

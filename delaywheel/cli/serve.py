@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
-from delaywheel.cli.errors import EXIT_UNREACHABLE
+from delaywheel.cli.errors import EXIT_CANNOT_LISTEN, EXIT_UNREACHABLE
 from delaywheel.config import (
     DEFAULT_HOST,
     DEFAULT_HTTP_ALLOW,
@@ -70,6 +70,13 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     "--token",
     default=None,
     help="Clients must send auth [token] first (the same variable as the client's --token).",
+)
+@_serve_option(
+    "--insecure-no-auth",
+    is_flag=True,
+    default=False,
+    help="Listen beyond loopback with no --token and no --tls-client-ca (refused otherwise); "
+    "every start then logs a warning.",
 )
 @_serve_option(
     "--max-message",
@@ -218,6 +225,7 @@ def serve(log_level: str, log_format: str, **options: object) -> None:
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     from delaywheel.app import run
+    from delaywheel.listen import ListenError
     from delaywheel.store.base import StoreError
 
     try:
@@ -225,3 +233,6 @@ def serve(log_level: str, log_format: str, **options: object) -> None:
     except StoreError as exc:
         click.echo(f"delaywheel: {exc}", err=True)
         sys.exit(EXIT_UNREACHABLE)
+    except ListenError as exc:
+        click.echo(f"delaywheel: {exc}", err=True)
+        sys.exit(EXIT_CANNOT_LISTEN)

@@ -17,7 +17,7 @@ import click
 
 from delaywheel.cli.env import Env, client_command, task_id_argument
 from delaywheel.cli.errors import missing_is, not_found
-from delaywheel.cli.output import from_json, task_table, task_text, when_text
+from delaywheel.cli.output import from_json, task_table, task_text, wheel_text, when_text
 from delaywheel.cli.params import DURATION, WHEN
 from delaywheel.cli.targets import target_options
 
@@ -149,15 +149,16 @@ def _as_changes(func: Callable[..., None]) -> Callable[..., None]:
 def add(env: Env, topic: str, task_id: str | None, changes: dict[str, Any]) -> None:
     """Add a task, due now, after --delay, or at --at.
 
-    Prints the id, due time, and the task's cycle and slot in the wheel.
+    Prints the id, due time, and the task's cycle and slot in the wheel (when it is in it).
     """
     payload = changes.pop("body", None)
     result = env.client().add(topic, payload, id=task_id, **changes)
+    wheel = wheel_text(result)
     env.emit(
         result,
         lambda: (
-            f"added {result['id']}, due {when_text(result['at'], time.time())}, "
-            f"cycle {result['cycle']}, slot {result['slot']}"
+            f"added {result['id']}, due {when_text(result['at'], time.time())}"
+            + ("" if wheel is None else f", {wheel}")
         ),
     )
 

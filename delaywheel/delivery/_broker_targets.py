@@ -103,5 +103,8 @@ def _unknown(name: str, kinds: dict[str, str]) -> RequestError:
     have = ", ".join(f"{other!r} ({kinds[other]})" for other in sorted(kinds))
     listing = f"this server has {have}" if have else "this server has no brokers"
     if name == "store":
-        return bad(f"target broker 'store' is unknown: the store is not Redis; {listing}")
+        return bad(
+            f"target broker 'store' is unknown: the store is not Redis; {listing};"
+            " use --broker NAME with --broker NAME=redis://... on the server"
+        )
     return bad(f"target broker {show(name)} is unknown; {listing}")

@@ -15,9 +15,7 @@ again. That counts as delivered: the stream has the task.
 
 from __future__ import annotations
 
-import re
 from typing import Any
-from urllib.parse import quote
 
 import nats.errors
 import nats.js.errors
@@ -27,24 +25,7 @@ from nats.js import JetStreamContext
 from delaywheel.checks import show
 from delaywheel.delivery import body
 from delaywheel.delivery._broker_link import RECONNECT_MAX_S, BrokerLink, log
-from delaywheel.delivery.base import Delivery
-
-# nats-py strips a header value and turns CR and LF into spaces, so two ids
-# that differ only there would share a Nats-Msg-Id and JetStream would drop
-# the second task as a duplicate. Such characters (and "%", so that decoding
-# is exact) go percent-encoded: urllib.parse.unquote gives the value back.
-# Ids and topics without them, which is nearly all, go out unchanged.
-_NEEDS_QUOTING = re.compile(r"[%\r\n]|^\s|\s$")
-
-
-def header_value(text: str) -> str:
-    if not _NEEDS_QUOTING.search(text):
-        return text
-    start, end = len(text) - len(text.lstrip()), len(text.rstrip())
-    return "".join(
-        quote(char, safe="") if char in "%\r\n" or not start <= i < end else char
-        for i, char in enumerate(text)
-    )
+from delaywheel.delivery.base import Delivery, header_value
 
 
 def headers(delivery: Delivery, content_type: str) -> dict[str, str]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,28 @@ class Delivery:
     at_s: float  # the task's due time (Unix s)
     body_packed: bytes  # the body as MessagePack, as the task holds it
     target: dict[str, Any]
+
+
+# A task's id and topic in a header (HTTP's Delaywheel-Id and -Topic, NATS's
+# Nats-Msg-Id and Delaywheel-Topic): header values are stripped and cannot
+# hold line breaks or other control characters, so " t-8" would arrive as
+# "t-8", and a receiver deduplicating by id would take two tasks for one.
+# Those characters (and "%", so that decoding is exact) go percent-encoded,
+# and urllib.parse.unquote gives the id back; ids without them, which is
+# nearly all, go out unchanged (docs/protocol.md, "Ids in headers").
+_NEEDS_QUOTING = re.compile(r"[%\x00-\x1f\x7f]|^\s|\s$")
+_QUOTED_INSIDE = re.compile(r"[%\x00-\x08\x0a-\x1f\x7f]")  # HTAB inside is a fine value
+
+
+def header_value(text: str) -> str:
+    """``text`` safe as a header value that arrives exactly (docs/protocol.md)."""
+    if not _NEEDS_QUOTING.search(text):
+        return text
+    start, end = len(text) - len(text.lstrip()), len(text.rstrip())
+    return "".join(
+        quote(char, safe="") if _QUOTED_INSIDE.match(char) or not start <= i < end else char
+        for i, char in enumerate(text)
+    )
 
 
 class DeliveryFailed(Exception):

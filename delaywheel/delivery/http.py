@@ -47,8 +47,8 @@ from delaywheel import __version__
 from delaywheel.delivery import body
 from delaywheel.delivery._resolver import CheckedResolver, DestinationRefused
 from delaywheel.delivery.allow import AllowList
-from delaywheel.delivery.base import Delivery, DeliveryFailed
-from delaywheel.delivery.http_target import CONTROL_CHARS, shown_url
+from delaywheel.delivery.base import Delivery, DeliveryFailed, header_value
+from delaywheel.delivery.http_target import shown_url
 
 DEFAULT_CONCURRENCY = 64
 DRAIN_BYTES = 64 * 1024  # read to reuse the connection; past this, closing it is cheaper
@@ -137,10 +137,9 @@ class HttpSender:
             payload = b""
         else:
             headers.setdefault("Content-Type", content_type)
-        for name, text in (("Id", delivery.task_id), ("Topic", delivery.topic)):
-            if CONTROL_CHARS.search(text):
-                raise DeliveryFailed(f"the task's {name.lower()} cannot be an HTTP header value")
-            headers[f"Delaywheel-{name}"] = text
+        # Percent-encoded where a header would change them (delivery/base.py).
+        headers["Delaywheel-Id"] = header_value(delivery.task_id)
+        headers["Delaywheel-Topic"] = header_value(delivery.topic)
         headers["Delaywheel-Attempt"] = str(delivery.attempt)
         return url, method, headers, (None if method == "GET" else payload)
 

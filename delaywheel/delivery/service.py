@@ -78,5 +78,17 @@ class Deliveries:
 
     def stats(self) -> dict[str, Any]:
         running = {} if self.dispatcher is None else self.dispatcher.stats()
-        http = {} if self._http is None else self._http.state()
-        return {**running, "http": http, "brokers": self.brokers.state()}
+        return {**running, "http": self._http_stats(), "brokers": self.brokers.state()}
+
+    def _http_stats(self) -> dict[str, Any]:
+        """The sender's figures, with ``concurrency`` the setting (per destination) and
+        ``concurrency_total`` the sender's own backstop over all destinations."""
+        if self._http is None:
+            return {}
+        sender = self._http.state()
+        return {
+            "in_flight": sender["in_flight"],
+            "waiting": sender["waiting"],
+            "concurrency": self._http_concurrency,
+            "concurrency_total": sender["concurrency"],
+        }

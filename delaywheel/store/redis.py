@@ -65,7 +65,7 @@ from typing import Any, cast
 from redis.asyncio import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterDownError, RedisClusterException
+from redis.exceptions import AuthenticationError, ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -155,13 +155,15 @@ class RedisStore(Store):
                 connect_timeout_s=self._connect_timeout_s,
                 timeout_s=self._timeout_s,
             )
+        except AuthenticationError as exc:  # before CLIENT_ERRORS: it is a ConnectionError
+            raise StoreUnavailable(self._auth_failure()) from exc
         except CLIENT_ERRORS as exc:
-            raise unavailable(self.url, "open", exc, self._secrets) from exc
+            raise self._open_failure(exc) from exc
         try:
             warnings = await durability_warnings(client, self.key, self._secrets)
         except CLIENT_ERRORS as exc:
             await close_quietly(client)
-            raise unavailable(self.url, "open", exc, self._secrets) from exc
+            raise self._open_failure(exc) from exc
         except BaseException:
             await close_quietly(client)
             raise
@@ -169,6 +171,26 @@ class RedisStore(Store):
         self._link = self._journal_link(client)
         self._warnings = warnings
         self._state = "open"
+
+    def _open_failure(self, exc: BaseException) -> StoreUnavailable:
+        failed = str(unavailable(self.url, "open", exc, self._secrets)).rstrip(".")
+        return StoreUnavailable(
+            f"{failed}. Is Redis running there? Without Redis, use the embedded store:"
+            " --store sqlite:///delaywheel.db"
+        )
+
+    def _auth_failure(self) -> str:
+        """What Redis's refusal means, by whether the URL has a password (never shown)."""
+        if self._secrets:
+            return (
+                f"store {self.url}: Redis refused the password in the URL (a wrong password,"
+                " or a user Redis does not know): it goes in as redis://:PASSWORD@host:port/db,"
+                " or redis://USER:PASSWORD@host:port/db for an ACL user"
+            )
+        return (
+            f"store {self.url}: Redis needs a password and the URL has none:"
+            " put it in the URL as redis://:PASSWORD@host:port/db"
+        )
 
     def _journal_link(self, client: Client) -> JournalLink:
         """The write connection's settings, from the URL (and the Cluster's slot map)."""
