@@ -39,6 +39,11 @@ partitions written from those fenced. Its script is loaded by the link's
 handshake on every connection; a ``NOSCRIPT`` reply (SCRIPT FLUSH under a
 live connection) means nothing of that EVALSHA ran, so the link reconnects,
 which loads the script again, and sends the flush again, as for MOVED.
+
+Sentinel: a link given ``resolve`` asks it for the primary's address before
+every connect, so a drop or a refused handshake finds the new primary on the
+next attempt; and a ``READONLY`` reply (the node was demoted to a replica:
+nothing of that flush ran) reconnects through ``resolve`` and resends.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -61,6 +66,7 @@ DEFAULT_TIMEOUT_S = 5.0
 MAX_MOVES = 3
 
 Done = Callable[[Exception | None], None]
+Resolve = Callable[[], Awaitable[tuple[str, int]]]
 Command = Sequence[str | bytes | int | float]
 
 
@@ -139,8 +145,12 @@ class JournalLink(asyncio.Protocol):
         tls: ssl.SSLContext | None = None,
         connect_timeout_s: float = DEFAULT_TIMEOUT_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        resolve: Resolve | None = None,
     ) -> None:
         self.address = (host, port)
+        # Asked for the address before each connect (a Sentinel's primary), and
+        # then READONLY (a primary demoted under us) reconnects and resends too.
+        self._resolve = resolve
         self._handshake = handshake  # AUTH, SELECT, CLIENT SETNAME: sent first on each connection
         self._tls = tls
         self._connect_timeout_s = connect_timeout_s
@@ -206,6 +216,8 @@ class JournalLink(asyncio.Protocol):
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._resolve is not None:
+            self.address = await self._resolve()
         host, port = self.address
         await loop.create_connection(
             lambda: self, host, port, ssl=self._tls, server_hostname=host if self._tls else None
@@ -267,8 +279,10 @@ class JournalLink(asyncio.Protocol):
         same node on a new connection (whose handshake loads the script);
         False otherwise."""
         moved = _moved_to(flush.error)
-        if moved is None and _is_noscript(flush.error):
-            moved = self.address
+        if moved is None and (
+            _is_noscript(flush.error) or (self._resolve is not None and _is_readonly(flush.error))
+        ):
+            moved = self.address  # the same node, or the one _resolve names then
         if moved is None or flush.moves >= MAX_MOVES:
             return False
         flush.moves += 1
@@ -371,6 +385,10 @@ def _error_in(reply: object) -> Exception | None:
 
 def _is_noscript(error: Exception | None) -> bool:
     return isinstance(error, hiredis.ReplyError) and str(error).startswith("NOSCRIPT")
+
+
+def _is_readonly(error: Exception | None) -> bool:
+    return isinstance(error, hiredis.ReplyError) and str(error).startswith("READONLY")
 
 
 def _moved_to(error: Exception | None) -> tuple[str, int] | None:

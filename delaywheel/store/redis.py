@@ -69,7 +69,7 @@ from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delaywheel.store._redis_journal import Command, JournalLink, transaction
+from delaywheel.store._redis_journal import Command, JournalLink, Resolve, transaction
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
@@ -151,11 +151,7 @@ class RedisStore(Store):
     async def open(self) -> None:
         self._start_open()
         try:
-            client = await connect(
-                self._raw_url,
-                connect_timeout_s=self._connect_timeout_s,
-                timeout_s=self._timeout_s,
-            )
+            client = await self._connect_client()
         except CLIENT_ERRORS as exc:
             raise unavailable(self.url, "open", exc, self._secrets) from exc
         try:
@@ -170,6 +166,16 @@ class RedisStore(Store):
         self._link = self._journal_link(client)
         self._warnings = warnings
         self._state = "open"
+
+    async def _connect_client(self) -> Client:
+        """redis-py's client for checks and loading (sentinel.py finds the primary)."""
+        return await connect(
+            self._raw_url, connect_timeout_s=self._connect_timeout_s, timeout_s=self._timeout_s
+        )
+
+    def _resolve_primary(self) -> Resolve | None:
+        """What the journal link asks for its address before each connect (None: the URL's)."""
+        return None
 
     def fenced_writer(self, *, replicas: int = 0, wait_timeout_s: float = 1.0) -> FencedWriter:
         """Fenced flushes (store/fenced.py) on a link of their own, beside ``submit()``.
@@ -221,6 +227,7 @@ class RedisStore(Store):
             tls=_tls_context(options) if self._raw_url.startswith("rediss://") else None,
             connect_timeout_s=float(options.get("socket_connect_timeout", self._connect_timeout_s)),
             timeout_s=max(min_timeout_s, float(options.get("socket_timeout", self._timeout_s))),
+            resolve=self._resolve_primary(),
         )
 
     async def load(

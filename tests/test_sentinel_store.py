@@ -1,0 +1,139 @@
+"""The redis+sentinel:// store (store/sentinel.py): the URL, and the store on a
+real primary, two replicas and three Sentinels (tests/redisfarm.py) through a
+SIGKILL of the primary; READONLY on the journal link against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from conftest import RedisServer
+from test_store import load_all, run
+
+from delaywheel.store import StoreConfigError, StoreError, open_store
+from delaywheel.store._redis_journal import JournalLink, pipeline
+from delaywheel.store.sentinel import RedisSentinelStore, SentinelTarget, parse_sentinel_url
+
+if TYPE_CHECKING:
+    from redisfarm import SentinelFarm
+
+pytest_plugins = ("redisfarm",)
+
+FAILOVER_BOUND_S = 30.0
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis+sentinel://h:26379/mymaster", SentinelTarget([("h", 26379)], "mymaster", 0, None)),
+        (
+            "redis+sentinel://:s%40cret@a:1,b:2,c:3/m/5",
+            SentinelTarget([("a", 1), ("b", 2), ("c", 3)], "m", 5, "s@cret"),
+        ),
+        ("redis+sentinel://[::1]:26379/m", SentinelTarget([("::1", 26379)], "m", 0, None)),
+    ],
+)
+def test_a_sentinel_url_names_sentinels_master_and_db(url: str, expected: SentinelTarget) -> None:
+    assert parse_sentinel_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+sentinel://h:26379", "no MASTER name"),
+        ("redis+sentinel://h:26379/", "no MASTER name"),
+        ("redis+sentinel://h/m", "sentinel 'h' is not host:port"),
+        ("redis+sentinel://h:1,:2/m", "sentinel ':2' is not host:port"),
+        ("redis+sentinel://h:99999/m", "sentinel 'h:99999' is not host:port"),
+        ("redis+sentinel://h:1/m/x", "'x' is not a database number"),
+        ("redis+sentinel://h:1/m/1/2", "'1/2' is not a database number"),
+        ("redis+sentinel://user:pw@h:1/m", "the password goes as :password@"),
+        ("redis+sentinel://h:1/m?db=2", "takes no query"),
+    ],
+)
+def test_a_bad_sentinel_url_is_named(url: str, why: str) -> None:
+    with pytest.raises(StoreConfigError, match=why) as caught:
+        open_store(url)
+    assert "expected redis+sentinel://" in str(caught.value)
+    assert "pw" not in str(caught.value)
+
+
+def sentinel_url(farm: SentinelFarm, db: int) -> str:
+    hosts = ",".join(f"{host}:{port}" for host, port in farm.sentinel_addresses)
+    return f"redis+sentinel://{hosts}/dwmaster/{db}"
+
+
+async def write(store: RedisSentinelStore, changes: dict[str, bytes | None]) -> StoreError | None:
+    done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
+    store.submit(changes, done.set_result)
+    return await done
+
+
+def test_the_store_follows_sentinel_to_the_new_primary(redis_sentinels: SentinelFarm) -> None:
+    farm = redis_sentinels
+
+    async def scenario() -> tuple[dict[str, bytes], float]:
+        store = open_store(sentinel_url(farm, 3))
+        assert isinstance(store, RedisSentinelStore)
+        await store.open()
+        try:
+            assert await write(store, {"a": b"1", "b": b"2"}) is None
+            with farm.primary.client(3) as client:
+                assert client.hgetall("{delaywheel}:tasks") == {b"a": b"1", b"b": b"2"}
+                assert client.wait(2, 5000) == 2
+            farm.primary.kill()
+            killed_s = time.monotonic()
+            # Writes fail (unavailable) until the Sentinels name a new primary.
+            while (error := await write(store, {"c": b"3"})) is not None:
+                assert time.monotonic() - killed_s < FAILOVER_BOUND_S, str(error)
+                await asyncio.sleep(0.2)
+            took_s = time.monotonic() - killed_s
+            assert await write(store, {"a": None}) is None
+            return await load_all(store), took_s
+        finally:
+            await store.close()
+
+    loaded, took_s = run(scenario)
+    assert loaded == {"b": b"2", "c": b"3"}
+    new = farm.current_primary()
+    assert new is not farm.primary
+    with new.client(3) as client:
+        assert client.hgetall("{delaywheel}:tasks") == {b"b": b"2", b"c": b"3"}
+    print(f"writes resumed {took_s:.1f} s after the primary's SIGKILL")
+
+
+def test_readonly_sends_the_flush_to_the_node_looked_up_again(tmp_path: Path) -> None:
+    """A link whose node was demoted (READONLY) asks its resolver again, reconnects
+    and resends: here the first answer is a replica, the next the primary."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "r").mkdir()
+    primary = RedisServer(tmp_path / "p")
+    primary.start()
+    replica = RedisServer(tmp_path / "r", ["--replicaof", "127.0.0.1", str(primary.port)])
+    replica.start()
+    answers = [("127.0.0.1", replica.port), ("127.0.0.1", primary.port)]
+    asked: list[tuple[str, int]] = []
+
+    async def resolve() -> tuple[str, int]:
+        asked.append(answers[min(len(asked), 1)])
+        return asked[-1]
+
+    async def scenario() -> Exception | None:
+        link = JournalLink("unresolved", 0, handshake=[("PING",)], resolve=resolve)
+        done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        link.send(pipeline([("HSET", "k", "f", "v")]), done.set_result)
+        error = await done
+        await link.close()
+        return error
+
+    try:
+        assert run(scenario) is None
+        assert asked == answers
+        with primary.client() as client:
+            assert client.hget("k", "f") == b"v"
+    finally:
+        replica.stop()
+        primary.stop()
