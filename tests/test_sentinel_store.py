@@ -137,3 +137,41 @@ def test_readonly_sends_the_flush_to_the_node_looked_up_again(tmp_path: Path) ->
     finally:
         replica.stop()
         primary.stop()
+
+
+def test_a_refused_handshake_looks_the_primary_up_again(tmp_path: Path) -> None:
+    """The first node named refuses the handshake (it is not the one whose
+    password we hold); the next write asks again and reaches the right one."""
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "right").mkdir()
+    wrong = RedisServer(tmp_path / "wrong", ["--requirepass", "another"])
+    right = RedisServer(tmp_path / "right", ["--requirepass", "ours"])
+    wrong.start()
+    right.start()
+    answers = [("127.0.0.1", wrong.port), ("127.0.0.1", right.port)]
+    asked: list[tuple[str, int]] = []
+
+    async def resolve() -> tuple[str, int]:
+        asked.append(answers[min(len(asked), 1)])
+        return asked[-1]
+
+    async def scenario() -> tuple[Exception | None, Exception | None]:
+        link = JournalLink("unresolved", 0, handshake=[("AUTH", "ours")], resolve=resolve)
+        errors = []
+        for value in ("first", "second"):
+            done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+            link.send(pipeline([("HSET", "k", "f", value)]), done.set_result)
+            errors.append(await done)
+        await link.close()
+        return errors[0], errors[1]
+
+    try:
+        first, second = run(scenario)
+        assert first is not None and "refused the handshake" in str(first)
+        assert second is None
+        assert asked == answers
+        with right.client(password="ours") as client:
+            assert client.hget("k", "f") == b"second"
+    finally:
+        wrong.stop()
+        right.stop()

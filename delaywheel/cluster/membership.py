@@ -116,20 +116,14 @@ def ranking(partition: int, nodes: Iterable[str]) -> list[str]:
 
 
 def first_choice(partition: int, nodes: Iterable[str]) -> str | None:
-    best = None
-    best_key: tuple[int, str] | None = None
-    for node in nodes:
-        key = (weight(node, partition), node)
-        if best_key is None or key > best_key:
-            best, best_key = node, key
-    return best
+    """The node that ranks ``partition`` first; None when there are no nodes."""
+    return max(nodes, key=lambda node: (weight(node, partition), node), default=None)
 
 
 def assignment(nodes: Collection[str], partitions: int) -> dict[int, str]:
     """partition -> the node that ranks it first, over ``nodes`` (none: {})."""
-    if not nodes:
-        return {}
-    return {p: first_choice(p, nodes) or "" for p in range(partitions)}
+    owners = {p: first_choice(p, nodes) for p in range(partitions)}
+    return {p: node for p, node in owners.items() if node is not None}
 
 
 @dataclass(frozen=True)
