@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer
+from conftest import RedisCluster, RedisServer
 from redis.asyncio import Redis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
 from test_store import run
 
 from delaywheel.cluster.lease import Holder, LeaseError, LeaseKeeper, Leases
@@ -225,3 +226,29 @@ def test_membership_ignores_the_local_clock(redis_url: str) -> None:
             assert set(await a.live()) == {"early"}
 
     run(scenario)
+
+
+def test_every_script_is_legal_on_redis_cluster(redis_cluster: RedisCluster) -> None:
+    """Each partition's keys in one slot, the keyspace's own under {prefix}: no
+    CROSSSLOT, and the partitions spread over the primaries."""
+    redis_cluster.flush()
+
+    async def scenario() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port)
+        try:
+            leases = Leases(client, LAYOUT, "a", "h:1")
+            await leases.load()
+            members = Membership(client, LAYOUT, "a", "h:1")
+            await record_partitions(client, LAYOUT)
+            await members.register(60_000)
+            assert await members.live() == {"a": "h:1"}
+            for p in range(16):
+                assert await leases.acquire(p, 5000) == 1
+                assert await leases.renew(p, 1, 5000)
+                assert await leases.release(p, 1)
+        finally:
+            await client.aclose()
+
+    run(scenario)
+    owners = {redis_cluster.owner_of(keys.lease).port for keys in LAYOUT}
+    assert len(owners) == 3

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import RedisServer
+from conftest import RedisCluster, RedisServer
 from test_store import run
 
 from delaywheel.store import open_store
+from delaywheel.store._redis_journal import JournalLink
 from delaywheel.store.base import Changes
 from delaywheel.store.fenced import (
     FencedWriter,
@@ -189,3 +190,29 @@ def wait_for_link(replica: RedisServer) -> None:
         while client.info("replication").get("master_link_status") != "up":
             assert time.monotonic() < deadline, "the replica never synced"
             time.sleep(0.05)
+
+
+def test_fenced_flushes_are_legal_on_redis_cluster(redis_cluster: RedisCluster) -> None:
+    """One partition per flush, sent to any node: each follows MOVED to the
+    node of its slot, whose connection loads the script first; no CROSSSLOT."""
+    redis_cluster.flush()
+    with redis.RedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port) as admin:
+        for p in range(16):
+            admin.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)
+
+        async def scenario() -> list[FlushOutcome]:
+            first = redis_cluster.nodes[0]
+            link = JournalLink("127.0.0.1", first.port, handshake=FencedWriter.handshake())
+            writer = FencedWriter(link)
+            outcomes = [await flush(writer, part(p, 1, {f"t{p}": b"r"})) for p in range(16)]
+            outcomes.append(await flush(writer, part(3, 0, {"stale": b"x"})))
+            await writer.close()
+            return outcomes
+
+        outcomes = run(scenario)
+        assert [o.written for o in outcomes[:16]] == [[p] for p in range(16)]
+        assert all(o.error is None and not o.fenced for o in outcomes[:16])
+        assert list(outcomes[16].fenced) == [3]
+        for p in range(16):
+            assert admin.hget(f"{{delaywheel:p{p:03d}}}:tasks", f"t{p}") == b"r"
+        assert not admin.hexists("{delaywheel:p003}:tasks", "stale")
