@@ -21,7 +21,10 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>:p007}:lease      "<epoch> <node> <address>", with PX: the owner
 
 The partition number is written with at least three digits (``p007``,
-``p1000``) so the keys sort in a listing. The keyspace's own keys stay under
+``p1000``) so the keys sort in a listing. The lease's value is also the
+owner map (the ``cluster`` method will read every lease key): there is no
+separate owners hash to go stale, and a partition whose lease expired shows
+no owner. The keyspace's own keys stay under
 ``{<prefix>}``, beside today's hash, so a migration can check the meta key
 and the old hash in one script. Scripts name every key through KEYS, never
 build one from ARGV.
