@@ -38,6 +38,9 @@ DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
 # Cluster: a node unreachable this long is failing; its replica takes over.
 CLUSTER_NODE_TIMEOUT_MS = 1000
+# Redis 7 syncs a new replica diskless after a 5 s wait for more replicas to
+# join; ours start together, so no wait.
+PRIMARY_ARGS = ("--repl-diskless-sync-delay", "0")
 
 
 class Sentinel:
@@ -103,7 +106,7 @@ class SentinelFarm:
     def __init__(self, directory: Path, replicas: int = 2, sentinels: int = 3) -> None:
         self.directory = directory
         (directory / "primary").mkdir()
-        self.primary = RedisServer(directory / "primary")
+        self.primary = RedisServer(directory / "primary", PRIMARY_ARGS)
         self.replicas: list[RedisServer] = []
         self.sentinels: list[Sentinel] = []
         self._replica_count = replicas
@@ -172,6 +175,7 @@ class ClusterFarm:
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+            *PRIMARY_ARGS,
         ]  # fmt: skip
         self.replicas_each = replicas_each
         self.nodes: list[RedisServer] = []

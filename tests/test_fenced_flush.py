@@ -158,7 +158,8 @@ def test_wait_with_no_replica_times_out_and_says_so(
 def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
     (tmp_path / "primary").mkdir()
     (tmp_path / "replica").mkdir()
-    primary = RedisServer(tmp_path / "primary")
+    # No 5 s wait before the diskless sync of the replica (Redis 7's default).
+    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
     primary.start()
     replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
     try:
