@@ -17,6 +17,7 @@ All ports are free ports of 127.0.0.1, never 6379.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -261,21 +263,26 @@ def _end(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
-@pytest.fixture
-def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelFarm]:
-    farm = SentinelFarm(tmp_path_factory.mktemp("sentinels"))
+Farm = TypeVar("Farm", SentinelFarm, ClusterFarm)
+
+
+@contextlib.contextmanager
+def running(farm: Farm) -> Iterator[Farm]:
+    """``farm`` started, and closed (processes killed, files removed) however it ends."""
     try:
         farm.start()
         yield farm
     finally:
         farm.close()
+
+
+@pytest.fixture
+def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelFarm]:
+    with running(SentinelFarm(tmp_path_factory.mktemp("sentinels"))) as farm:
+        yield farm
 
 
 @pytest.fixture
 def redis_cluster6(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFarm]:
-    farm = ClusterFarm(tmp_path_factory.mktemp("cluster6"))
-    try:
-        farm.start()
+    with running(ClusterFarm(tmp_path_factory.mktemp("cluster6"))) as farm:
         yield farm
-    finally:
-        farm.close()

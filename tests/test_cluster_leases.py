@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from redis.asyncio import RedisCluster as AsyncRedisCluster
 from test_store import run
 
+from delaywheel.cluster._scripts import NodeNameError
 from delaywheel.cluster.lease import Holder, LeaseError, LeaseKeeper, Leases
 from delaywheel.cluster.membership import Membership
 from delaywheel.cluster.partitions import Layout, PartitionsError, record_partitions
@@ -45,11 +46,14 @@ def test_a_held_lease_is_not_acquired_again(redis_url: str) -> None:
     run(scenario)
 
 
+def two_nodes(client: Redis) -> tuple[Leases, Leases]:
+    return Leases(client, LAYOUT, "a", "h:1"), Leases(client, LAYOUT, "b", "h:2")
+
+
 def test_renewal_needs_the_current_node_and_epoch(redis_url: str) -> None:
     async def scenario() -> None:
         async with Redis.from_url(redis_url) as client:
-            a = Leases(client, LAYOUT, "a", "h:1")
-            b = Leases(client, LAYOUT, "b", "h:2")
+            a, b = two_nodes(client)
             assert await a.acquire(0, 300) == 1
             assert await a.renew(0, 1, 5000)
             assert await client.pttl("{delaywheel:p000}:lease") > 300
@@ -67,8 +71,7 @@ def test_renewal_needs_the_current_node_and_epoch(redis_url: str) -> None:
 def test_release_deletes_only_the_owners_lease(redis_url: str) -> None:
     async def scenario() -> None:
         async with Redis.from_url(redis_url) as client:
-            a = Leases(client, LAYOUT, "a", "h:1")
-            b = Leases(client, LAYOUT, "b", "h:2")
+            a, b = two_nodes(client)
             assert await a.acquire(5, 5000) == 1
             assert not await b.release(5, 1)  # not its lease
             assert not await a.release(5, 7)  # not its epoch
@@ -83,8 +86,7 @@ def test_release_deletes_only_the_owners_lease(redis_url: str) -> None:
 def test_after_expiry_the_next_acquire_bumps_the_epoch(redis_url: str) -> None:
     async def scenario() -> None:
         async with Redis.from_url(redis_url) as client:
-            a = Leases(client, LAYOUT, "a", "h:1")
-            b = Leases(client, LAYOUT, "b", "h:2")
+            a, b = two_nodes(client)
             assert await a.acquire(9, 100) == 1
             deadline = time.monotonic() + 5
             while isinstance(got := await b.acquire(9, 5000), Holder):
@@ -108,9 +110,9 @@ def test_scripts_come_back_after_script_flush(redis_url: str) -> None:
 
 
 def test_bad_names_and_lease_periods_are_named() -> None:
-    with pytest.raises(LeaseError, match="node 'a b'"):
+    with pytest.raises(NodeNameError, match="node 'a b'"):
         Leases(None, LAYOUT, "a b", "h:1")  # type: ignore[arg-type]
-    with pytest.raises(LeaseError, match="address ''"):
+    with pytest.raises(NodeNameError, match="address ''"):
         Leases(None, LAYOUT, "a", "")  # type: ignore[arg-type]
     with pytest.raises(LeaseError, match=r"lease 0\.01 s"):
         LeaseKeeper(Leases(None, LAYOUT, "a", "h:1"), 0.01, lambda *_: None)  # type: ignore[arg-type]

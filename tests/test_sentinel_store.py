@@ -105,73 +105,64 @@ def test_the_store_follows_sentinel_to_the_new_primary(redis_sentinels: Sentinel
     print(f"writes resumed {took_s:.1f} s after the primary's SIGKILL")
 
 
+class TwoNodes:
+    """Two private redis-servers, and a resolver that names ``first`` once, then ``second``."""
+
+    def __init__(self, tmp_path: Path, first_args: list[str], second_args: list[str]) -> None:
+        (tmp_path / "second").mkdir()
+        (tmp_path / "first").mkdir()
+        self.second = RedisServer(tmp_path / "second", second_args)
+        self.second.start()
+        first_args = [str(self.second.port) if a == "SECOND" else a for a in first_args]
+        self.first = RedisServer(tmp_path / "first", first_args)
+        self.first.start()
+        self.answers = [("127.0.0.1", self.first.port), ("127.0.0.1", self.second.port)]
+        self.asked: list[tuple[str, int]] = []
+
+    async def resolve(self) -> tuple[str, int]:
+        self.asked.append(self.answers[min(len(self.asked), 1)])
+        return self.asked[-1]
+
+    async def send(self, link: JournalLink, *values: str) -> list[Exception | None]:
+        """HSET k f to each of ``values`` in turn; each flush's error or None."""
+        errors = []
+        for value in values:
+            done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+            link.send(pipeline([("HSET", "k", "f", value)]), done.set_result)
+            errors.append(await done)
+        await link.close()
+        return errors
+
+    def stop(self) -> None:
+        self.first.stop()
+        self.second.stop()
+
+
 def test_readonly_sends_the_flush_to_the_node_looked_up_again(tmp_path: Path) -> None:
     """A link whose node was demoted (READONLY) asks its resolver again, reconnects
-    and resends: here the first answer is a replica, the next the primary."""
-    (tmp_path / "p").mkdir()
-    (tmp_path / "r").mkdir()
-    primary = RedisServer(tmp_path / "p")
-    primary.start()
-    replica = RedisServer(tmp_path / "r", ["--replicaof", "127.0.0.1", str(primary.port)])
-    replica.start()
-    answers = [("127.0.0.1", replica.port), ("127.0.0.1", primary.port)]
-    asked: list[tuple[str, int]] = []
-
-    async def resolve() -> tuple[str, int]:
-        asked.append(answers[min(len(asked), 1)])
-        return asked[-1]
-
-    async def scenario() -> Exception | None:
-        link = JournalLink("unresolved", 0, handshake=[("PING",)], resolve=resolve)
-        done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-        link.send(pipeline([("HSET", "k", "f", "v")]), done.set_result)
-        error = await done
-        await link.close()
-        return error
-
+    and resends: here the first answer is a replica, the next its primary."""
+    nodes = TwoNodes(tmp_path, ["--replicaof", "127.0.0.1", "SECOND"], [])
     try:
-        assert run(scenario) is None
-        assert asked == answers
-        with primary.client() as client:
+        link = JournalLink("unresolved", 0, handshake=[("PING",)], resolve=nodes.resolve)
+        assert run(lambda: nodes.send(link, "v")) == [None]
+        assert nodes.asked == nodes.answers
+        with nodes.second.client() as client:
             assert client.hget("k", "f") == b"v"
     finally:
-        replica.stop()
-        primary.stop()
+        nodes.stop()
 
 
 def test_a_refused_handshake_looks_the_primary_up_again(tmp_path: Path) -> None:
     """The first node named refuses the handshake (it is not the one whose
     password we hold); the next write asks again and reaches the right one."""
-    (tmp_path / "wrong").mkdir()
-    (tmp_path / "right").mkdir()
-    wrong = RedisServer(tmp_path / "wrong", ["--requirepass", "another"])
-    right = RedisServer(tmp_path / "right", ["--requirepass", "ours"])
-    wrong.start()
-    right.start()
-    answers = [("127.0.0.1", wrong.port), ("127.0.0.1", right.port)]
-    asked: list[tuple[str, int]] = []
-
-    async def resolve() -> tuple[str, int]:
-        asked.append(answers[min(len(asked), 1)])
-        return asked[-1]
-
-    async def scenario() -> tuple[Exception | None, Exception | None]:
-        link = JournalLink("unresolved", 0, handshake=[("AUTH", "ours")], resolve=resolve)
-        errors = []
-        for value in ("first", "second"):
-            done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-            link.send(pipeline([("HSET", "k", "f", value)]), done.set_result)
-            errors.append(await done)
-        await link.close()
-        return errors[0], errors[1]
-
+    nodes = TwoNodes(tmp_path, ["--requirepass", "another"], ["--requirepass", "ours"])
     try:
-        first, second = run(scenario)
+        link = JournalLink("unresolved", 0, handshake=[("AUTH", "ours")], resolve=nodes.resolve)
+        first, second = run(lambda: nodes.send(link, "first", "second"))
         assert first is not None and "refused the handshake" in str(first)
         assert second is None
-        assert asked == answers
-        with right.client(password="ours") as client:
+        assert nodes.asked == nodes.answers
+        with nodes.second.client(password="ours") as client:
             assert client.hget("k", "f") == b"second"
     finally:
-        wrong.stop()
-        right.stop()
+        nodes.stop()

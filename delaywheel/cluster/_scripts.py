@@ -15,6 +15,8 @@ from typing import Any, cast
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError
 
+from delaywheel.cluster.partitions import Layout
+
 Client = Redis | RedisCluster
 Arg = str | bytes | int | float
 
@@ -35,6 +37,32 @@ class Script:
         except NoScriptError:  # a restarted or failed-over Redis, or SCRIPT FLUSH
             await self.load(client)
             return await runner.evalsha(self.sha, len(keys), *keys, *args)
+
+
+class NodeNameError(ValueError):
+    """A node name or address that cannot go into a lease or member entry."""
+
+
+def check_name(what: str, value: str) -> str:
+    if not value or any(c.isspace() for c in value) or len(value) > 200:
+        raise NodeNameError(f"{what} {value!r}: must be 1..200 characters without spaces")
+    return value
+
+
+class NodeScripts:
+    """A node's scripts on one redis-py client (its ``SCRIPTS``, loaded by ``load``)."""
+
+    SCRIPTS: tuple[Script, ...] = ()
+
+    def __init__(self, client: Client, layout: Layout, node: str, address: str) -> None:
+        self.client = client
+        self.layout = layout
+        self.node = check_name("node", node)
+        self.address = check_name("address", address)
+
+    async def load(self) -> None:
+        for script in self.SCRIPTS:
+            await script.load(self.client)
 
 
 def text(value: Any) -> str:

@@ -31,8 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from delaywheel.cluster._scripts import Client, Script, text
-from delaywheel.cluster.partitions import Layout
+from delaywheel.cluster._scripts import NodeScripts, Script, text
 
 log = logging.getLogger("delaywheel.cluster")
 
@@ -71,7 +70,7 @@ return 0
 
 
 class LeaseError(ValueError):
-    """A node name or address that cannot go into a lease value, or a bad lease period."""
+    """A lease period out of range."""
 
 
 @dataclass(frozen=True)
@@ -84,24 +83,10 @@ class Holder:
     ttl_ms: int
 
 
-def check_name(what: str, value: str) -> str:
-    if not value or any(c.isspace() for c in value) or len(value) > 200:
-        raise LeaseError(f"{what} {value!r}: must be 1..200 characters without spaces")
-    return value
-
-
-class Leases:
+class Leases(NodeScripts):
     """The lease scripts for one node, on one redis-py client."""
 
-    def __init__(self, client: Client, layout: Layout, node: str, address: str) -> None:
-        self.client = client
-        self.layout = layout
-        self.node = check_name("node", node)
-        self.address = check_name("address", address)
-
-    async def load(self) -> None:
-        for script in (_ACQUIRE, _RENEW, _RELEASE):
-            await script.load(self.client)
+    SCRIPTS = (_ACQUIRE, _RENEW, _RELEASE)
 
     def token(self, epoch: int) -> str:
         return f"{epoch} {self.node} {self.address}"

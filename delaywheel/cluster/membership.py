@@ -22,9 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delaywheel.cluster._scripts import Client, Script, text
-from delaywheel.cluster.lease import check_name
-from delaywheel.cluster.partitions import Layout
+from delaywheel.cluster._scripts import NodeScripts, Script, text
 
 _REGISTER = Script(
     """
@@ -68,18 +66,10 @@ class Registration:
     expires_ms: int
 
 
-class Membership:
+class Membership(NodeScripts):
     """This node's registration, and the live members, on one redis-py client."""
 
-    def __init__(self, client: Client, layout: Layout, node: str, address: str) -> None:
-        self.client = client
-        self.layout = layout
-        self.node = check_name("node", node)
-        self.address = check_name("address", address)
-
-    async def load(self) -> None:
-        for script in (_REGISTER, _LIVE, _LEAVE):
-            await script.load(self.client)
+    SCRIPTS = (_REGISTER, _LIVE, _LEAVE)
 
     async def register(self, ttl_ms: int) -> Registration:
         """Register (or stay registered) until Redis's ``TIME`` + ``ttl_ms``."""

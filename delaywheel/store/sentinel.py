@@ -19,7 +19,7 @@ Writes that fail meanwhile fail as on any unreachable Redis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from urllib.parse import quote, unquote
 
 from redis.asyncio import Redis
@@ -28,12 +28,7 @@ from redis.exceptions import RedisError
 
 from delaywheel.store._redis_journal import Resolve
 from delaywheel.store.base import StoreConfigError, redact_url
-from delaywheel.store.redis import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT_S,
-    RedisStore,
-)
+from delaywheel.store.redis import RedisStore
 from delaywheel.store.redis_client import Client
 
 SCHEME = "redis+sentinel://"
@@ -86,24 +81,13 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
 
 
 class RedisSentinelStore(RedisStore):
-    def __init__(
-        self,
-        url: str,
-        *,
-        prefix: str = DEFAULT_PREFIX,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, url: str, **options: Any) -> None:
+        """``options`` are RedisStore's (prefix, timeouts)."""
         target = parse_sentinel_url(url)
         # The Redis store's own settings (AUTH, SELECT) come from a redis:// URL;
         # its host is replaced by the Sentinels' answer before every connect.
         auth = f":{quote(target.password, safe='')}@" if target.password is not None else ""
-        super().__init__(
-            f"redis://{auth}sentinel-primary:6379/{target.db}",
-            prefix=prefix,
-            connect_timeout_s=connect_timeout_s,
-            timeout_s=timeout_s,
-        )
+        super().__init__(f"redis://{auth}sentinel-primary:6379/{target.db}", **options)
         self.url = redact_url(url)
         self.target = target
         self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
