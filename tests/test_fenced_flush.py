@@ -180,9 +180,9 @@ def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
         assert outcome == FlushOutcome(written=[9], replicas=1)
         with replica.client() as client:  # WAIT said so: the replica has it already
             assert client.hgetall("{delaywheel:p009}:tasks") == {b"a": b"1", b"b": b"2"}
-    finally:
-        replica.stop()
-        primary.stop()
+    finally:  # SIGKILL: a primary stopped with SIGTERM waits 10 s for its replicas
+        replica.kill()
+        primary.kill()
 
 
 def wait_for_link(replica: RedisServer) -> None:

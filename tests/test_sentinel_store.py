@@ -134,8 +134,9 @@ class TwoNodes:
         return errors
 
     def stop(self) -> None:
-        self.first.stop()
-        self.second.stop()
+        # SIGKILL: a primary stopped with SIGTERM waits up to 10 s for its replicas.
+        self.first.kill()
+        self.second.kill()
 
 
 def test_readonly_sends_the_flush_to_the_node_looked_up_again(tmp_path: Path) -> None:
