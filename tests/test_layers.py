@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "delaywheel.wheel": 2,
     "delaywheel.store": 2,
     "delaywheel.delivery": 3,
+    "delaywheel.cluster": 3,
     "delaywheel.engine": 4,
     # Certificate loading, which the settings use to check the files at start.
     "delaywheel.net.tls": 5,

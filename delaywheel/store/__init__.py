@@ -3,6 +3,8 @@
 ``open_store(url)`` picks the store by the URL's scheme:
 
 - ``redis://[[user]:password@]host:port/db``, ``rediss://`` (TLS): redis.py
+- ``redis+sentinel://[:password@]host:port[,host:port...]/MASTER[/DB]``: the
+  Redis store on the primary that Sentinel names (sentinel.py)
 - ``sqlite:///relative.db``, ``sqlite:////absolute.db``: sqlite.py
 - ``memory://``: memory.py
 
@@ -33,7 +35,7 @@ __all__ = [
     "redact_url",
 ]
 
-SCHEMES = ("redis://", "rediss://", "sqlite:///", "memory://")
+SCHEMES = ("redis://", "rediss://", "redis+sentinel://", "sqlite:///", "memory://")
 
 
 def open_store(url: str, *, redis_prefix: str = "delaywheel") -> Store:
@@ -47,7 +49,7 @@ def open_store(url: str, *, redis_prefix: str = "delaywheel") -> Store:
         scheme = urlsplit(url).scheme
     except ValueError:
         scheme = ""
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+sentinel"):
         try:
             import redis.asyncio  # noqa: F401
         except ImportError:
@@ -55,6 +57,10 @@ def open_store(url: str, *, redis_prefix: str = "delaywheel") -> Store:
                 f"store URL {redact_url(url)!r} needs the Redis driver:"
                 " pip install 'redis[hiredis]>=5.0'"
             ) from None
+        if scheme == "redis+sentinel":
+            from delaywheel.store.sentinel import RedisSentinelStore
+
+            return RedisSentinelStore(url, prefix=redis_prefix)
         from delaywheel.store.redis import RedisStore
 
         return RedisStore(url, prefix=redis_prefix)

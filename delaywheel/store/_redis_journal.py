@@ -32,9 +32,18 @@ fails only its own flush. On a Redis Cluster, ``MOVED`` means the slot went to
 another node: nothing of that flush ran, so it is sent again to the node
 named, up to ``MAX_MOVES`` times.
 
-Later: high availability will need each flush to check a fencing epoch. A
-flush is one transaction built in one place, so it can become one EVALSHA
-that checks the epoch and writes, still one round trip.
+High availability: a fenced flush (fenced.py) is one EVALSHA per partition
+that checks the partition's epoch and writes, optionally followed by WAIT,
+still one round trip. It keeps its replies (``Flush.replies``) to tell the
+partitions written from those fenced. Its script is loaded by the link's
+handshake on every connection; a ``NOSCRIPT`` reply (SCRIPT FLUSH under a
+live connection) means nothing of that EVALSHA ran, so the link reconnects,
+which loads the script again, and sends the flush again, as for MOVED.
+
+Sentinel: a link given ``resolve`` asks it for the primary's address before
+every connect, so a drop or a refused handshake finds the new primary on the
+next attempt; and a ``READONLY`` reply (the node was demoted to a replica:
+nothing of that flush ran) reconnects through ``resolve`` and resends.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -57,6 +66,7 @@ DEFAULT_TIMEOUT_S = 5.0
 MAX_MOVES = 3
 
 Done = Callable[[Exception | None], None]
+Resolve = Callable[[], Awaitable[tuple[str, int]]]
 Command = Sequence[str | bytes | int | float]
 
 
@@ -88,11 +98,23 @@ _EXEC = hiredis.pack_command(("EXEC",))
 class Flush:
     """Bytes to send, how many replies they earn, and who to tell."""
 
-    __slots__ = ("done", "error", "expected", "moves", "payload", "received", "sent_s", "tries")
+    __slots__ = (
+        "done",
+        "error",
+        "expected",
+        "moves",
+        "payload",
+        "received",
+        "replies",
+        "sent_s",
+        "tries",
+    )
 
-    def __init__(self, payload: bytes, expected: int) -> None:
+    def __init__(self, payload: bytes, expected: int, *, keep_replies: bool = False) -> None:
         self.payload = payload
         self.expected = expected
+        # Every reply, in order, for a flush whose caller reads them (fenced.py).
+        self.replies: list[object] | None = [] if keep_replies else None
         self.done: Done = _ignore
         self.received = 0
         self.error: Exception | None = None
@@ -103,6 +125,8 @@ class Flush:
     def reset(self) -> None:
         self.received = 0
         self.error = None
+        if self.replies is not None:
+            self.replies = []
 
 
 def _ignore(error: Exception | None) -> None:
@@ -121,8 +145,12 @@ class JournalLink(asyncio.Protocol):
         tls: ssl.SSLContext | None = None,
         connect_timeout_s: float = DEFAULT_TIMEOUT_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        resolve: Resolve | None = None,
     ) -> None:
         self.address = (host, port)
+        # Asked for the address before each connect (a Sentinel's primary), and
+        # then READONLY (a primary demoted under us) reconnects and resends too.
+        self._resolve = resolve
         self._handshake = handshake  # AUTH, SELECT, CLIENT SETNAME: sent first on each connection
         self._tls = tls
         self._connect_timeout_s = connect_timeout_s
@@ -188,6 +216,8 @@ class JournalLink(asyncio.Protocol):
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._resolve is not None:
+            self.address = await self._resolve()
         host, port = self.address
         await loop.create_connection(
             lambda: self, host, port, ssl=self._tls, server_hostname=host if self._tls else None
@@ -229,6 +259,8 @@ class JournalLink(asyncio.Protocol):
                 return
             flush = in_flight[0]
             flush.received += 1
+            if flush.replies is not None:
+                flush.replies.append(reply)
             if flush.error is None:
                 flush.error = _error_in(reply)
             if flush.received == flush.expected:
@@ -243,8 +275,14 @@ class JournalLink(asyncio.Protocol):
             self._wake_idle()
 
     def _follow_move(self, flush: Flush) -> bool:
-        """On MOVED, send the flush again to the node named; False otherwise."""
+        """On MOVED, send the flush again to the node named, on NOSCRIPT to the
+        same node on a new connection (whose handshake loads the script);
+        False otherwise."""
         moved = _moved_to(flush.error)
+        if moved is None and (
+            _is_noscript(flush.error) or (self._resolve is not None and _is_readonly(flush.error))
+        ):
+            moved = self.address  # the same node, or the one _resolve names then
         if moved is None or flush.moves >= MAX_MOVES:
             return False
         flush.moves += 1
@@ -343,6 +381,14 @@ def _error_in(reply: object) -> Exception | None:
             if isinstance(item, hiredis.ReplyError):
                 return item
     return None
+
+
+def _is_noscript(error: Exception | None) -> bool:
+    return isinstance(error, hiredis.ReplyError) and str(error).startswith("NOSCRIPT")
+
+
+def _is_readonly(error: Exception | None) -> bool:
+    return isinstance(error, hiredis.ReplyError) and str(error).startswith("READONLY")
 
 
 def _moved_to(error: Exception | None) -> tuple[str, int] | None:

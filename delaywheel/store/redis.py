@@ -59,7 +59,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 from redis.asyncio import RedisCluster
@@ -69,7 +69,7 @@ from redis.exceptions import AuthenticationError, ClusterDownError, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delaywheel.store._redis_journal import Command, JournalLink, transaction
+from delaywheel.store._redis_journal import Command, JournalLink, Resolve, transaction
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
@@ -84,6 +84,7 @@ from delaywheel.store.base import (
     unavailable,
     url_secrets,
 )
+from delaywheel.store.fenced import LOAD_SCRIPT, FencedWriter
 from delaywheel.store.redis_client import (
     CLIENT_ERRORS,
     Client,
@@ -150,11 +151,7 @@ class RedisStore(Store):
     async def open(self) -> None:
         self._start_open()
         try:
-            client = await connect(
-                self._raw_url,
-                connect_timeout_s=self._connect_timeout_s,
-                timeout_s=self._timeout_s,
-            )
+            client = await self._connect_client()
         except AuthenticationError as exc:  # before CLIENT_ERRORS: it is a ConnectionError
             raise StoreUnavailable(self._auth_failure()) from exc
         except CLIENT_ERRORS as exc:
@@ -192,8 +189,44 @@ class RedisStore(Store):
             " put it in the URL as redis://:PASSWORD@host:port/db"
         )
 
-    def _journal_link(self, client: Client) -> JournalLink:
-        """The write connection's settings, from the URL (and the Cluster's slot map)."""
+    async def _connect_client(self) -> Client:
+        """redis-py's client for checks and loading (sentinel.py finds the primary)."""
+        return await connect(
+            self._raw_url, connect_timeout_s=self._connect_timeout_s, timeout_s=self._timeout_s
+        )
+
+    def _resolve_primary(self) -> Resolve | None:
+        """What the journal link asks for its address before each connect (None: the URL's)."""
+        return None
+
+    def fenced_writer(self, *, replicas: int = 0, wait_timeout_s: float = 1.0) -> FencedWriter:
+        """Fenced flushes (store/fenced.py) on a link of their own, beside ``submit()``.
+
+        Not used by the engine yet (issue 16's wiring). The link's reply
+        timeout must outlast WAIT's, so it is at least ``wait_timeout_s`` + 1 s.
+        """
+        self._check_open("fenced writes")
+        assert self._client is not None
+        link = self._journal_link(
+            self._client,
+            name="delaywheel-fenced",
+            load=[LOAD_SCRIPT],
+            min_timeout_s=wait_timeout_s + 1.0,
+        )
+        return FencedWriter(
+            link, replicas=replicas, wait_timeout_ms=max(1, round(wait_timeout_s * 1000))
+        )
+
+    def _journal_link(
+        self,
+        client: Client,
+        *,
+        name: str = "delaywheel-journal",
+        load: Sequence[Command] = (),
+        min_timeout_s: float = 0.0,
+    ) -> JournalLink:
+        """The write connection's settings, from the URL (and the Cluster's slot map);
+        ``load`` is sent last in each connection's handshake."""
         options = cast("dict[str, Any]", parse_url(self._raw_url))
         host, port = options.get("host", "localhost"), int(options.get("port", 6379))
         if isinstance(client, RedisCluster):  # the node that owns the store's slot
@@ -207,14 +240,16 @@ class RedisStore(Store):
             handshake.append(("AUTH", username, password) if username else ("AUTH", password))
         if int(options.get("db", 0)) and not isinstance(client, RedisCluster):
             handshake.append(("SELECT", int(options["db"])))
-        handshake.append(("CLIENT", "SETNAME", "delaywheel-journal"))
+        handshake.append(("CLIENT", "SETNAME", name))
+        handshake += load
         return JournalLink(
             host,
             port,
             handshake=handshake,
             tls=_tls_context(options) if self._raw_url.startswith("rediss://") else None,
             connect_timeout_s=float(options.get("socket_connect_timeout", self._connect_timeout_s)),
-            timeout_s=float(options.get("socket_timeout", self._timeout_s)),
+            timeout_s=max(min_timeout_s, float(options.get("socket_timeout", self._timeout_s))),
+            resolve=self._resolve_primary(),
         )
 
     async def load(

@@ -1,0 +1,69 @@
+"""Lua scripts run through redis-py: loaded once, run by EVALSHA, reloaded on NOSCRIPT.
+
+These are the calls that are not per request (leases, membership), so
+redis-py's cost per call does not matter here (DESIGN.md's performance
+notes); the journal's fenced flush goes over the hand-made link instead
+(store/fenced.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, cast
+
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import NoScriptError
+
+from delaywheel.cluster.partitions import Layout
+
+Client = Redis | RedisCluster
+Arg = str | bytes | int | float
+
+
+class Script:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    async def load(self, client: Client) -> None:
+        # On a Cluster, redis-py sends SCRIPT LOAD to every primary.
+        await cast(Any, client).script_load(self.source)
+
+    async def run(self, client: Client, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        runner = cast(Any, client)
+        try:
+            return await runner.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:  # a restarted or failed-over Redis, or SCRIPT FLUSH
+            await self.load(client)
+            return await runner.evalsha(self.sha, len(keys), *keys, *args)
+
+
+class NodeNameError(ValueError):
+    """A node name or address that cannot go into a lease or member entry."""
+
+
+def check_name(what: str, value: str) -> str:
+    if not value or any(c.isspace() for c in value) or len(value) > 200:
+        raise NodeNameError(f"{what} {value!r}: must be 1..200 characters without spaces")
+    return value
+
+
+class NodeScripts:
+    """A node's scripts on one redis-py client (its ``SCRIPTS``, loaded by ``load``)."""
+
+    SCRIPTS: tuple[Script, ...] = ()
+
+    def __init__(self, client: Client, layout: Layout, node: str, address: str) -> None:
+        self.client = client
+        self.layout = layout
+        self.node = check_name("node", node)
+        self.address = check_name("address", address)
+
+    async def load(self) -> None:
+        for script in self.SCRIPTS:
+            await script.load(self.client)
+
+
+def text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,146 @@
+"""Which nodes are live, and which partitions each should own (rendezvous hashing).
+
+Membership: a node registers in ``{<prefix>}:members`` (a zset of node ->
+expiry in ms) and ``{<prefix>}:nodes`` (node -> address), and re-registers
+well within its time to live. The expiry is computed inside the script from
+Redis ``TIME``, never from the node's clock, so nodes whose clocks disagree
+still agree on who is live. The same scripts drop the entries that expired.
+
+Assignment: rendezvous hashing (highest random weight). Each node scores
+every (node, partition) pair with a hash and a partition belongs to the live
+node with the highest score. No coordinator: every node computes the same
+ranking from the same member list, and the lease settles any race between
+two nodes that saw different lists for a moment. When a node joins, it takes
+over only the partitions it now ranks first (about P / N of them); when one
+leaves, only its own partitions move, each to its next-ranked node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from delaywheel.cluster._scripts import NodeScripts, Script, text
+
+_REGISTER = Script(
+    """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+for _, node in ipairs(gone) do
+  redis.call('ZREM', KEYS[1], node)
+  redis.call('HDEL', KEYS[2], node)
+end
+local expires_ms = now_ms + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%d', expires_ms), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return {string.format('%d', now_ms), string.format('%d', expires_ms)}
+"""
+)
+_LIVE = Script(
+    """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', now_ms), '+inf')
+local found = {}
+for _, node in ipairs(live) do
+  found[#found + 1] = node
+  found[#found + 1] = redis.call('HGET', KEYS[2], node) or ''
+end
+return found
+"""
+)
+_LEAVE = Script(
+    """
+redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('HDEL', KEYS[2], ARGV[1])
+"""
+)
+
+
+@dataclass(frozen=True)
+class Registration:
+    now_ms: int  # Redis's clock when it registered
+    expires_ms: int
+
+
+class Membership(NodeScripts):
+    """This node's registration, and the live members, on one redis-py client."""
+
+    SCRIPTS = (_REGISTER, _LIVE, _LEAVE)
+
+    async def register(self, ttl_ms: int) -> Registration:
+        """Register (or stay registered) until Redis's ``TIME`` + ``ttl_ms``."""
+        reply: list[Any] = await _REGISTER.run(
+            self.client, self._keys(), [self.node, self.address, int(ttl_ms)]
+        )
+        return Registration(int(reply[0]), int(reply[1]))
+
+    async def live(self) -> dict[str, str]:
+        """node -> address of every member whose registration has not expired."""
+        reply: list[Any] = await _LIVE.run(self.client, self._keys(), [])
+        return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    async def leave(self) -> None:
+        await _LEAVE.run(self.client, self._keys(), [self.node])
+
+    def _keys(self) -> list[str]:
+        return [self.layout.members, self.layout.nodes]
+
+
+def weight(node: str, partition: int) -> int:
+    """The rendezvous score of ``node`` for ``partition``: 64 bits of BLAKE2b.
+
+    (Not CRC-32: its linearity makes the scores of one partition correlate
+    across node names, which skews the balance.)
+    """
+    digest = hashlib.blake2b(f"{partition}/{node}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def ranking(partition: int, nodes: Iterable[str]) -> list[str]:
+    """``nodes`` best first for ``partition`` (ties, unlikely, by name)."""
+    return sorted(nodes, key=lambda node: (weight(node, partition), node), reverse=True)
+
+
+def first_choice(partition: int, nodes: Iterable[str]) -> str | None:
+    """The node that ranks ``partition`` first; None when there are no nodes."""
+    return max(nodes, key=lambda node: (weight(node, partition), node), default=None)
+
+
+def assignment(nodes: Collection[str], partitions: int) -> dict[int, str]:
+    """partition -> the node that ranks it first, over ``nodes`` (none: {})."""
+    owners = {p: first_choice(p, nodes) for p in range(partitions)}
+    return {p: node for p, node in owners.items() if node is not None}
+
+
+@dataclass(frozen=True)
+class Plan:
+    claim: frozenset[int]  # free, and this node ranks first: acquire them
+    hand_back: frozenset[int]  # held, but a live, registered node ranks first
+
+
+def plan(
+    node: str, live: Collection[str], partitions: int, owners: Mapping[int, str | None]
+) -> Plan:
+    """What ``node`` should claim and hand back.
+
+    ``live`` is the registered members (``Membership.live()``); this node
+    counts as live whatever its registration says, so a node whose own
+    registration lapsed keeps what it holds rather than hand it to nobody.
+    ``owners`` says who holds each partition's lease (absent or None: free).
+    A held partition is handed back only to a node in ``live``: a node that
+    is not registered (not started yet, or expired) is never waited for.
+    """
+    members = set(live) | {node}
+    claim, hand_back = set(), set()
+    for p in range(partitions):
+        first = first_choice(p, members)
+        owner = owners.get(p)
+        if owner is None and first == node:
+            claim.add(p)
+        elif owner == node and first != node:
+            hand_back.add(p)
+    return Plan(frozenset(claim), frozenset(hand_back))

@@ -1,0 +1,204 @@
+"""The fenced journal flush: one script per partition checks the epoch, then writes.
+
+How it works. A flush carries, for each partition it touches, the epoch its
+writer holds (the lease's fencing token, cluster/lease.py) and the batch of
+puts and removes. Each partition's batch is one EVALSHA of ``FLUSH_SCRIPT``
+over that partition's two keys, its epoch key and its tasks hash (one hash
+tag, so one Cluster slot): when the stored epoch is not the writer's, the
+script answers ``FENCED ...`` and writes nothing; otherwise it applies the
+HSET/HDEL batch. A script runs atomically, so no acquire can slip in between
+the check and the writes. A deposed owner's flush is refused, whatever it
+believes about its lease.
+
+With ``replicas`` > 0 the EVALSHAs are followed by ``WAIT replicas
+timeout_ms`` in the same pipeline on the same connection: one round trip,
+and WAIT counts the replicas that have everything this connection wrote
+before it. Fewer than asked within the timeout is ``TooFewReplicas``: the
+writes are on the primary but may not survive its failover, so the outcome
+is unknown (the engine answers ``unavailable``; the client retries with the
+same id).
+
+The bytes go over the store's own hiredis link (``_redis_journal``), not
+redis-py: this is the per-request path. The script is loaded by the link's
+handshake (``SCRIPT LOAD``) on every connection, so EVALSHA finds it after a
+reconnect to a restarted or promoted Redis, whose script cache is empty.
+
+Atomicity: Redis checks for out-of-memory at a script's first write, so a
+refused script writes nothing; the HSETs are cut into chunks of
+``CHUNK_FIELDS`` fields because Lua's ``unpack`` has a stack limit.
+
+Not yet wired: the engine still writes through ``RedisStore.submit``. On a
+Redis Cluster a fenced flush must carry only partitions whose slots one node
+serves (one writer per node), which the wiring will arrange.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import hiredis
+
+from delaywheel.store._redis_journal import Command, Flush, JournalLink
+from delaywheel.store.base import Changes, StoreError, StoreUnavailable
+
+# Fields per HSET/HDEL inside the script: unpack() of 2,000 values stays far
+# below Lua's C stack limit (LUAI_MAXCSTACK, 8,000).
+CHUNK_FIELDS = 1000
+
+FLUSH_SCRIPT = f"""
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[1] then
+  local now = epoch or 'unset'
+  return redis.error_reply('FENCED ' .. KEYS[1] .. ' is ' .. now .. ', not ' .. ARGV[1])
+end
+local puts_end = 2 + 2 * tonumber(ARGV[2])
+for first = 3, puts_end, {2 * CHUNK_FIELDS} do
+  local last = math.min(first + {2 * CHUNK_FIELDS - 1}, puts_end)
+  redis.call('HSET', KEYS[2], unpack(ARGV, first, last))
+end
+for first = puts_end + 1, #ARGV, {CHUNK_FIELDS} do
+  local last = math.min(first + {CHUNK_FIELDS - 1}, #ARGV)
+  redis.call('HDEL', KEYS[2], unpack(ARGV, first, last))
+end
+return tonumber(ARGV[2])
+"""
+FLUSH_SHA = hashlib.sha1(FLUSH_SCRIPT.encode()).hexdigest()
+LOAD_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_SCRIPT)
+
+
+class Fenced(StoreError):
+    """A partition's write was refused: its epoch moved on (another node owns it)."""
+
+
+class TooFewReplicas(StoreUnavailable):
+    """WAIT saw fewer replicas than asked in time: written, durability unknown."""
+
+
+@dataclass(frozen=True)
+class PartitionWrite:
+    """One partition's share of a flush."""
+
+    partition: int
+    epoch: int
+    epoch_key: str
+    tasks_key: str
+    changes: Changes
+
+
+@dataclass
+class FlushOutcome:
+    """What a fenced flush did. ``error`` None and ``fenced`` empty: all durable."""
+
+    written: list[int] = field(default_factory=list)  # partitions whose writes landed
+    fenced: dict[int, Fenced] = field(default_factory=dict)
+    replicas: int | None = None  # confirmed by WAIT; None when none were asked for
+    error: StoreError | None = None  # the whole flush: unreachable, refused, too few replicas
+
+
+OnOutcome = Callable[[FlushOutcome], None]
+
+
+def fenced_flush(
+    writes: Sequence[PartitionWrite], *, replicas: int = 0, wait_timeout_ms: int = 1000
+) -> Flush:
+    """One EVALSHA per partition, then ``WAIT`` when ``replicas`` > 0: one flush."""
+    if replicas < 0 or wait_timeout_ms < 1:  # WAIT 0 ms would block for ever
+        raise ValueError(f"replicas {replicas!r}, wait {wait_timeout_ms!r} ms: must be >= 0, >= 1")
+    packed = [hiredis.pack_command(cast(Any, _evalsha(write))) for write in writes]
+    if replicas:
+        packed.append(hiredis.pack_command(cast(Any, ("WAIT", replicas, wait_timeout_ms))))
+    return Flush(b"".join(packed), len(packed), keep_replies=True)
+
+
+def _evalsha(write: PartitionWrite) -> tuple[str | bytes | int, ...]:
+    puts: list[str | bytes] = []
+    removes: list[str] = []
+    for task_id, record in write.changes.items():
+        if record is None:
+            removes.append(task_id)
+        else:
+            puts += (task_id, record)
+    return (
+        "EVALSHA",
+        FLUSH_SHA,
+        2,
+        write.epoch_key,
+        write.tasks_key,
+        write.epoch,
+        len(puts) // 2,
+        *puts,
+        *removes,
+    )
+
+
+def outcome_of(
+    writes: Sequence[PartitionWrite],
+    replicas: int,
+    flush: Flush,
+    exc: Exception | None,
+    where: str,
+) -> FlushOutcome:
+    """Read a finished fenced flush's replies into its outcome."""
+    outcome = FlushOutcome()
+    replies = flush.replies or []
+    if len(replies) < flush.expected:  # the link failed before every reply came
+        outcome.error = StoreUnavailable(f"store {where}: fenced write failed: {exc}")
+        return outcome
+    for write, reply in zip(writes, replies, strict=False):
+        if isinstance(reply, hiredis.ReplyError):
+            if str(reply).startswith("FENCED "):
+                outcome.fenced[write.partition] = Fenced(
+                    f"partition {write.partition}: write refused, {str(reply)[7:]}"
+                )
+            elif outcome.error is None:
+                outcome.error = StoreError(f"store {where}: partition {write.partition}: {reply}")
+        else:
+            outcome.written.append(write.partition)
+    if replicas:
+        confirmed = replies[len(writes)]
+        if isinstance(confirmed, hiredis.ReplyError) or not isinstance(confirmed, int):
+            outcome.error = outcome.error or StoreUnavailable(
+                f"store {where}: WAIT {replicas} failed: {confirmed!r}"
+            )
+        else:
+            outcome.replicas = confirmed
+            if confirmed < replicas and outcome.error is None:
+                outcome.error = TooFewReplicas(
+                    f"store {where}: WAIT {replicas}: {confirmed} replica(s) confirmed in time;"
+                    " the write may not survive a failover"
+                )
+    return outcome
+
+
+class FencedWriter:
+    """Fenced flushes over one journal link (see the module docstring)."""
+
+    def __init__(
+        self, link: JournalLink, *, replicas: int = 0, wait_timeout_ms: int = 1000
+    ) -> None:
+        self.link = link
+        self.replicas = replicas
+        self.wait_timeout_ms = wait_timeout_ms
+
+    @staticmethod
+    def handshake(before: Sequence[Command] = ()) -> list[Command]:
+        """A link's handshake that also loads the flush script (AUTH, SELECT first)."""
+        return [*before, LOAD_SCRIPT]
+
+    def submit(self, writes: Sequence[PartitionWrite], done: OnOutcome) -> None:
+        if not writes:
+            done(FlushOutcome(replicas=None))
+            return
+        flush = fenced_flush(writes, replicas=self.replicas, wait_timeout_ms=self.wait_timeout_ms)
+        where = f"{self.link.address[0]}:{self.link.address[1]}"
+
+        def finished(exc: Exception | None) -> None:
+            done(outcome_of(writes, self.replicas, flush, exc, where))
+
+        self.link.send(flush, finished)
+
+    async def close(self) -> None:
+        await self.link.close()

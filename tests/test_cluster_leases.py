@@ -1,0 +1,256 @@
+"""Leases, the keeper's self-fence and membership (delaywheel/cluster) against
+real redis-servers: the session's private one, and one of the test's own for
+the test that freezes Redis with SIGSTOP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RedisCluster, RedisServer
+from redis.asyncio import Redis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
+from test_store import run
+
+from delaywheel.cluster._scripts import NodeNameError
+from delaywheel.cluster.lease import Holder, LeaseError, LeaseKeeper, Leases
+from delaywheel.cluster.membership import Membership
+from delaywheel.cluster.partitions import Layout, PartitionsError, record_partitions
+
+LAYOUT = Layout("delaywheel", 16)
+
+
+def test_a_held_lease_is_not_acquired_again(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a = Leases(client, LAYOUT, "a", "127.0.0.1:7001")
+            b = Leases(client, LAYOUT, "b", "127.0.0.1:7002")
+            await a.load()
+            assert await a.acquire(3, 5000) == 1
+            held = await b.acquire(3, 5000)
+            assert isinstance(held, Holder)
+            assert (held.node, held.address, held.epoch) == ("a", "127.0.0.1:7001", 1)
+            assert 0 < held.ttl_ms <= 5000
+            assert await a.acquire(3, 5000) != 2  # not even by its holder: no epoch bump
+            assert await client.get("{delaywheel:p003}:epoch") == b"1"
+            assert await client.get("{delaywheel:p003}:lease") == b"1 a 127.0.0.1:7001"
+            seen = await b.holder(3)
+            assert seen is not None and (seen.node, seen.epoch) == ("a", 1)
+            assert await b.holder(4) is None
+            assert await b.acquire(4, 5000) == 1  # partitions are independent
+
+    run(scenario)
+
+
+def two_nodes(client: Redis) -> tuple[Leases, Leases]:
+    return Leases(client, LAYOUT, "a", "h:1"), Leases(client, LAYOUT, "b", "h:2")
+
+
+def test_renewal_needs_the_current_node_and_epoch(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a, b = two_nodes(client)
+            assert await a.acquire(0, 300) == 1
+            assert await a.renew(0, 1, 5000)
+            assert await client.pttl("{delaywheel:p000}:lease") > 300
+            assert not await b.renew(0, 1, 5000)  # another node, same epoch
+            assert not await a.renew(0, 0, 5000)  # a stale epoch
+            await client.delete("{delaywheel:p000}:lease")  # redbeat#163: the lease vanishes
+            assert await b.acquire(0, 5000) == 2
+            assert not await a.renew(0, 1, 5000)  # the old owner does not revive it
+            seen = await b.holder(0)
+            assert seen is not None and (seen.node, seen.epoch) == ("b", 2)
+
+    run(scenario)
+
+
+def test_release_deletes_only_the_owners_lease(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a, b = two_nodes(client)
+            assert await a.acquire(5, 5000) == 1
+            assert not await b.release(5, 1)  # not its lease
+            assert not await a.release(5, 7)  # not its epoch
+            assert await client.get("{delaywheel:p005}:lease") == b"1 a h:1"
+            assert await a.release(5, 1)
+            assert await client.exists("{delaywheel:p005}:lease") == 0
+            assert await b.acquire(5, 5000) == 2
+
+    run(scenario)
+
+
+def test_after_expiry_the_next_acquire_bumps_the_epoch(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a, b = two_nodes(client)
+            assert await a.acquire(9, 100) == 1
+            deadline = time.monotonic() + 5
+            while isinstance(got := await b.acquire(9, 5000), Holder):
+                assert time.monotonic() < deadline, "the lease never expired"
+                await asyncio.sleep(0.02)
+            assert got == 2
+            assert not await a.renew(9, 1, 5000)
+
+    run(scenario)
+
+
+def test_scripts_come_back_after_script_flush(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a = Leases(client, LAYOUT, "a", "h:1")
+            await a.load()
+            await client.script_flush()  # as a restarted Redis would have it
+            assert await a.acquire(1, 5000) == 1
+
+    run(scenario)
+
+
+def test_bad_names_and_lease_periods_are_named() -> None:
+    with pytest.raises(NodeNameError, match="node 'a b'"):
+        Leases(None, LAYOUT, "a b", "h:1")  # type: ignore[arg-type]
+    with pytest.raises(NodeNameError, match="address ''"):
+        Leases(None, LAYOUT, "a", "")  # type: ignore[arg-type]
+    with pytest.raises(LeaseError, match=r"lease 0\.01 s"):
+        LeaseKeeper(Leases(None, LAYOUT, "a", "h:1"), 0.01, lambda *_: None)  # type: ignore[arg-type]
+
+
+def test_the_partition_count_is_fixed_at_first_use(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            await record_partitions(client, Layout("ks", 16))
+            await record_partitions(client, Layout("ks", 16))
+            with pytest.raises(PartitionsError, match=r"'ks' has 16 partitions .* not 32"):
+                await record_partitions(client, Layout("ks", 32))
+            await record_partitions(client, Layout("other", 32))  # another keyspace
+
+    run(scenario)
+
+
+def test_the_keeper_renews_while_redis_answers(redis_url: str) -> None:
+    async def scenario() -> None:
+        lost: list[tuple[int, int, str]] = []
+        async with Redis.from_url(redis_url, socket_timeout=2) as client:
+            keeper = LeaseKeeper(Leases(client, LAYOUT, "a", "h:1"), 1.2, lambda *x: lost.append(x))
+            assert await keeper.acquire(2) == 1
+            assert await keeper.acquire(7) == 1
+            keeper.start()
+            await asyncio.sleep(2.5)  # two lease periods: six renewals
+            assert lost == []
+            assert keeper.held == {2: 1, 7: 1}
+            await client.delete("{delaywheel:p007}:lease")  # someone else's doing
+            await asyncio.sleep(1.0)  # the next renewal (every 0.4 s) finds it gone
+            assert lost == [(7, 1, "lost")]
+            assert keeper.held == {2: 1}
+            await keeper.close()
+            assert await client.exists("{delaywheel:p002}:lease") == 0  # released
+
+    run(scenario)
+
+
+def test_the_keeper_fences_itself_when_redis_freezes(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    lease_s = 1.5
+
+    async def scenario() -> float:
+        fenced: list[tuple[int, int, str, float]] = []
+        async with Redis(port=server.port, socket_timeout=5) as client:
+            leases = Leases(client, LAYOUT, "a", "h:1")
+            keeper = LeaseKeeper(
+                leases, lease_s, lambda p, e, why: fenced.append((p, e, why, time.monotonic()))
+            )
+            assert await keeper.acquire(4) == 1
+            keeper.start()
+            await asyncio.sleep(2.0)
+            assert fenced == []
+            os.kill(pid, signal.SIGSTOP)
+            stopped_s = time.monotonic()
+            try:
+                await asyncio.sleep(0.8 * lease_s + 1.0)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert [f[:3] for f in fenced] == [(4, 1, "fenced")]
+            assert keeper.held == {}
+            await keeper.close(release=False)
+            return fenced[0][3] - stopped_s
+
+    try:
+        after_stop_s = run(scenario)
+    finally:
+        server.stop()
+    # The last renewal that succeeded was sent about L/3 at most before the
+    # stop, so the fence comes 0.8 L after it: within (0.8 L - L/3, 0.8 L] of
+    # the stop, give or take the loop's lateness (generous margins).
+    assert 0.8 * lease_s - lease_s / 3 - 0.3 <= after_stop_s <= 0.8 * lease_s + 0.5
+
+
+def test_members_expire_by_the_redis_clock(redis_url: str) -> None:
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a = Membership(client, LAYOUT, "a", "127.0.0.1:7001")
+            b = Membership(client, LAYOUT, "b", "127.0.0.1:7002")
+            await a.load()
+            seconds, micros = await client.time()
+            registered = await a.register(400)
+            redis_now_ms = seconds * 1000 + micros // 1000
+            assert redis_now_ms - 50 <= registered.now_ms <= redis_now_ms + 50
+            assert registered.expires_ms == registered.now_ms + 400
+            assert await client.zscore(LAYOUT.members, "a") == registered.expires_ms
+            await b.register(60_000)
+            assert await a.live() == {"a": "127.0.0.1:7001", "b": "127.0.0.1:7002"}
+            await asyncio.sleep(0.6)
+            assert await b.live() == {"b": "127.0.0.1:7002"}
+            await b.register(60_000)  # a registration sweeps the expired ones out
+            assert await client.zrange(LAYOUT.members, 0, -1) == [b"b"]
+            assert await client.hkeys(LAYOUT.nodes) == [b"b"]
+            await b.leave()
+            assert await a.live() == {}
+
+    run(scenario)
+
+
+def test_membership_ignores_the_local_clock(redis_url: str) -> None:
+    """An expiry written as Redis's now (as if a node's clock ran late) is already
+    expired: liveness is judged by Redis's TIME alone."""
+
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a = Membership(client, LAYOUT, "a", "h:1")
+            seconds, micros = await client.time()
+            await client.zadd(LAYOUT.members, {"late": seconds * 1000 + micros // 1000})
+            await client.zadd(LAYOUT.members, {"early": (seconds + 3600) * 1000})
+            assert set(await a.live()) == {"early"}
+
+    run(scenario)
+
+
+def test_every_script_is_legal_on_redis_cluster(redis_cluster: RedisCluster) -> None:
+    """Each partition's keys in one slot, the keyspace's own under {prefix}: no
+    CROSSSLOT, and the partitions spread over the primaries."""
+    redis_cluster.flush()
+
+    async def scenario() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port)
+        try:
+            leases = Leases(client, LAYOUT, "a", "h:1")
+            await leases.load()
+            members = Membership(client, LAYOUT, "a", "h:1")
+            await record_partitions(client, LAYOUT)
+            await members.register(60_000)
+            assert await members.live() == {"a": "h:1"}
+            for p in range(16):
+                assert await leases.acquire(p, 5000) == 1
+                assert await leases.renew(p, 1, 5000)
+                assert await leases.release(p, 1)
+        finally:
+            await client.aclose()
+
+    run(scenario)
+    owners = {redis_cluster.owner_of(keys.lease).port for keys in LAYOUT}
+    assert len(owners) == 3

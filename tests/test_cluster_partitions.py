@@ -1,0 +1,137 @@
+"""Partitions and rendezvous assignment (delaywheel/cluster), without Redis:
+the hash every client must share, the key layout, and how partitions move
+over nodes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delaywheel.cluster.membership import assignment, first_choice, plan, ranking
+from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
+
+
+def crc32_by_the_book(data: bytes) -> int:
+    """CRC-32 (reflected, polynomial 0xEDB88320), bit by bit: zlib's, computed apart."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_the_hash_is_crc32_of_the_utf8_id() -> None:
+    # 0xCBF43926 is CRC-32's published check value, for "123456789".
+    assert partition_of("123456789", 2**32) == 0xCBF43926
+    assert partition_of("123456789", 16) == 0xCBF43926 % 16 == 6
+    for task_id in ("order-42", "café", "01J9Z3ZK6Q", "", "日本語"):
+        expected = crc32_by_the_book(task_id.encode("utf-8"))
+        assert partition_of(task_id, 16) == expected % 16
+        assert partition_of(task_id, 1000) == expected % 1000
+
+
+@given(st.text(max_size=40), st.integers(1, 5000))
+def test_every_id_lands_in_a_partition(task_id: str, partitions: int) -> None:
+    p = partition_of(task_id, partitions)
+    assert 0 <= p < partitions
+    assert p == crc32_by_the_book(task_id.encode("utf-8")) % partitions
+
+
+def test_each_partition_keeps_its_keys_under_one_tag() -> None:
+    layout = Layout("delaywheel", 16)
+    keys = layout.partition(7)
+    assert (keys.tasks, keys.epoch, keys.lease) == (
+        "{delaywheel:p007}:tasks",
+        "{delaywheel:p007}:epoch",
+        "{delaywheel:p007}:lease",
+    )
+    assert layout.meta == "{delaywheel}:meta"
+    assert layout.single_node_tasks == "{delaywheel}:tasks"  # today's store's key
+    assert Layout("x", 2000).partition(1234).tasks == "{x:p1234}:tasks"
+    assert layout.of("123456789") == layout.partition(6)
+    assert len({k.tag for k in layout}) == 16
+
+
+@pytest.mark.parametrize("bad", [0, -1, 16385, 2.5, True, "16"])
+def test_a_bad_partition_count_is_named(bad: object) -> None:
+    with pytest.raises(PartitionsError, match=repr(bad).replace("(", r"\(")):
+        Layout("delaywheel", bad)  # type: ignore[arg-type]
+
+
+def test_a_bad_prefix_or_partition_is_named() -> None:
+    with pytest.raises(PartitionsError, match=re.escape("'a{b'")):
+        Layout("a{b", 16)
+    with pytest.raises(
+        PartitionsError, match=re.escape("partition 16: this keyspace has partitions 0..15")
+    ):
+        Layout("delaywheel", 16).partition(16)
+
+
+NODES = [f"node-{i}" for i in range(5)]
+
+
+def test_rendezvous_balances_partitions_over_nodes() -> None:
+    for count in (2, 3, 5):
+        owners = assignment(NODES[:count], 3000)
+        per_node = [list(owners.values()).count(node) for node in NODES[:count]]
+        mean = 3000 / count
+        assert all(0.85 * mean < n < 1.15 * mean for n in per_node), per_node
+
+
+def test_rendezvous_ranks_the_same_whatever_the_order() -> None:
+    for p in range(50):
+        assert ranking(p, NODES) == ranking(p, list(reversed(NODES)))
+        assert first_choice(p, NODES) == ranking(p, NODES)[0]
+    assert first_choice(3, []) is None
+    assert assignment([], 16) == {}
+
+
+names = st.lists(st.text("abcdefgh0123456789-", min_size=1, max_size=8), unique=True)
+
+
+@settings(max_examples=100)
+@given(names.filter(lambda n: len(n) >= 1), st.text("xyz", min_size=1, max_size=6))
+def test_a_joining_node_takes_only_what_it_now_ranks_first(nodes: list[str], new: str) -> None:
+    before = assignment(nodes, 64)
+    after = assignment([*nodes, new], 64)
+    for p in range(64):
+        assert after[p] in (before[p], new)  # nothing moves between the old nodes
+
+
+@settings(max_examples=100)
+@given(names.filter(lambda n: len(n) >= 2), st.data())
+def test_a_leaving_node_gives_up_only_its_own(nodes: list[str], data: st.DataObject) -> None:
+    gone = data.draw(st.sampled_from(nodes))
+    before = assignment(nodes, 64)
+    after = assignment([n for n in nodes if n != gone], 64)
+    for p in range(64):
+        if before[p] != gone:
+            assert after[p] == before[p]
+        else:
+            assert after[p] == ranking(p, nodes)[1]  # its next-ranked node
+
+
+def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
+    three = ["a", "b", "c"]
+    first = assignment(three, 32)
+    mine = {p for p, n in first.items() if n == "a"}
+    # Alone, "a" claims everything free; the others are not registered yet.
+    alone = plan("a", [], 32, {})
+    assert alone.claim == frozenset(range(32)) and not alone.hand_back
+    # Holding everything while b and c register: hand back exactly theirs.
+    held_all = plan("a", ["b", "c"], 32, dict.fromkeys(range(32), "a"))
+    assert held_all.hand_back == frozenset(set(range(32)) - mine)
+    assert not held_all.claim
+    # A partition held by someone else is neither claimed nor handed back.
+    others = plan("a", ["b", "c"], 32, dict.fromkeys(range(32), "b"))
+    assert not others.claim and not others.hand_back
+    # Free partitions: only those "a" ranks first among the live.
+    free = plan("a", ["a", "b", "c"], 32, {})
+    assert free.claim == frozenset(mine)
+    # "a" keeps what it ranks first even when its own registration lapsed.
+    lapsed = plan("a", ["b"], 32, dict.fromkeys(range(32), "a"))
+    assert lapsed.hand_back == frozenset(p for p in range(32) if ranking(p, ["a", "b"])[0] == "b")

@@ -1,0 +1,219 @@
+"""The fenced journal flush (store/fenced.py) against real redis-servers: the
+epoch check at the store, big batches, a flushed script cache, and WAIT on the
+same connection against a real replica and against none."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import RedisCluster, RedisServer
+from test_store import run
+
+from delaywheel.store import open_store
+from delaywheel.store._redis_journal import JournalLink
+from delaywheel.store.base import Changes
+from delaywheel.store.fenced import (
+    FencedWriter,
+    FlushOutcome,
+    PartitionWrite,
+    TooFewReplicas,
+    fenced_flush,
+)
+from delaywheel.store.redis import RedisStore
+
+
+def part(p: int, epoch: int, changes: Changes) -> PartitionWrite:
+    tag = f"{{delaywheel:p{p:03d}}}"
+    return PartitionWrite(p, epoch, f"{tag}:epoch", f"{tag}:tasks", changes)
+
+
+async def flush(writer: FencedWriter, *writes: PartitionWrite) -> FlushOutcome:
+    finished: asyncio.Future[FlushOutcome] = asyncio.get_running_loop().create_future()
+    writer.submit(writes, finished.set_result)
+    return await finished
+
+
+def db_of(url: str) -> int:
+    return int(url.rsplit("/", 1)[1])
+
+
+def test_a_write_with_the_current_epoch_lands(redis_url: str, redis_server: RedisServer) -> None:
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p003}:epoch", 3)
+
+    async def scenario() -> None:
+        async with open_store(redis_url) as store:
+            assert isinstance(store, RedisStore)
+            writer = store.fenced_writer()
+            outcome = await flush(writer, part(3, 3, {"a": b"1", "b": b"2", "c": b"3"}))
+            assert outcome == FlushOutcome(written=[3])
+            outcome = await flush(writer, part(3, 3, {"a": None, "b": b"two"}))
+            assert outcome.error is None and outcome.written == [3]
+            await writer.close()
+
+    run(scenario)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hgetall("{delaywheel:p003}:tasks") == {b"b": b"two", b"c": b"3"}
+
+
+def test_a_write_with_an_old_epoch_is_refused_and_writes_nothing(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p001}:epoch", 5)
+        client.set("{delaywheel:p002}:epoch", 2)
+        client.hset("{delaywheel:p001}:tasks", "kept", b"old")
+
+    async def scenario() -> FlushOutcome:
+        async with open_store(redis_url) as store:
+            assert isinstance(store, RedisStore)
+            writer = store.fenced_writer()
+            outcome = await flush(
+                writer,
+                part(1, 4, {"kept": None, "new": b"x"}),  # deposed: epoch 5 is someone else's
+                part(2, 2, {"mine": b"y"}),  # current
+                part(7, 1, {"nobody": b"z"}),  # never acquired
+            )
+            await writer.close()
+            return outcome
+
+    outcome = run(scenario)
+    assert outcome.error is None
+    assert outcome.written == [2]
+    assert sorted(outcome.fenced) == [1, 7]
+    assert "{delaywheel:p001}:epoch is 5, not 4" in str(outcome.fenced[1])
+    assert "is unset, not 1" in str(outcome.fenced[7])
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hgetall("{delaywheel:p001}:tasks") == {b"kept": b"old"}
+        assert client.hgetall("{delaywheel:p002}:tasks") == {b"mine": b"y"}
+        assert client.exists("{delaywheel:p007}:tasks") == 0
+
+
+def test_big_batches_and_a_flushed_script_cache(redis_url: str, redis_server: RedisServer) -> None:
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p000}:epoch", 1)
+    puts: Changes = {f"t{n}": b"r" * 50 for n in range(5000)}
+
+    async def scenario() -> None:
+        async with open_store(redis_url) as store:
+            assert isinstance(store, RedisStore)
+            writer = store.fenced_writer()
+            assert (await flush(writer, part(0, 1, puts))).written == [0]
+            with redis_server.client() as admin:
+                admin.script_flush()  # the link's next EVALSHA meets NOSCRIPT
+                noscripts = noscript_errors(admin)
+            removes: Changes = {f"t{n}": None for n in range(2500)}
+            outcome = await flush(writer, part(0, 1, {**removes, "extra": b"e"}))
+            assert outcome == FlushOutcome(written=[0])
+            with redis_server.client() as admin:
+                assert noscript_errors(admin) == noscripts + 1  # met, then reloaded
+            await writer.close()
+
+    run(scenario)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hlen("{delaywheel:p000}:tasks") == 2501
+        assert client.hexists("{delaywheel:p000}:tasks", "t4999")
+        assert not client.hexists("{delaywheel:p000}:tasks", "t0")
+
+
+def noscript_errors(admin: redis.Redis) -> int:
+    return int(admin.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
+
+
+def test_bad_wait_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="replicas -1"):
+        fenced_flush([], replicas=-1)
+    with pytest.raises(ValueError, match="wait 0 ms"):
+        fenced_flush([], replicas=1, wait_timeout_ms=0)
+
+
+def test_wait_with_no_replica_times_out_and_says_so(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p004}:epoch", 1)
+
+    async def scenario() -> tuple[FlushOutcome, float]:
+        async with open_store(redis_url) as store:
+            assert isinstance(store, RedisStore)
+            writer = store.fenced_writer(replicas=1, wait_timeout_s=0.2)
+            started_s = time.monotonic()
+            outcome = await flush(writer, part(4, 1, {"a": b"1"}))
+            took_s = time.monotonic() - started_s
+            await writer.close()
+            return outcome, took_s
+
+    outcome, took_s = run(scenario)
+    assert isinstance(outcome.error, TooFewReplicas)
+    assert "WAIT 1: 0 replica(s) confirmed in time" in str(outcome.error)
+    assert outcome.replicas == 0
+    assert outcome.written == [4]  # on the primary, but not known to survive a failover
+    assert took_s >= 0.15  # WAIT waited for its timeout (no upper bound asserted)
+
+
+def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    # No 5 s wait before the diskless sync of the replica (Redis 7's default).
+    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
+    primary.start()
+    replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        replica.start()
+        wait_for_link(replica)
+        with primary.client() as client:
+            client.set("{delaywheel:p009}:epoch", 2)
+
+        async def scenario() -> FlushOutcome:
+            async with open_store(primary.url) as store:
+                assert isinstance(store, RedisStore)
+                writer = store.fenced_writer(replicas=1, wait_timeout_s=5.0)
+                outcome = await flush(writer, part(9, 2, {"a": b"1", "b": b"2"}))
+                await writer.close()
+                return outcome
+
+        outcome = run(scenario)
+        assert outcome == FlushOutcome(written=[9], replicas=1)
+        with replica.client() as client:  # WAIT said so: the replica has it already
+            assert client.hgetall("{delaywheel:p009}:tasks") == {b"a": b"1", b"b": b"2"}
+    finally:  # SIGKILL: a primary stopped with SIGTERM waits 10 s for its replicas
+        replica.kill()
+        primary.kill()
+
+
+def wait_for_link(replica: RedisServer) -> None:
+    deadline = time.monotonic() + 10
+    with replica.client() as client:
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+
+
+def test_fenced_flushes_are_legal_on_redis_cluster(redis_cluster: RedisCluster) -> None:
+    """One partition per flush, sent to any node: each follows MOVED to the
+    node of its slot, whose connection loads the script first; no CROSSSLOT."""
+    redis_cluster.flush()
+    with redis.RedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port) as admin:
+        for p in range(16):
+            admin.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)
+
+        async def scenario() -> list[FlushOutcome]:
+            first = redis_cluster.nodes[0]
+            link = JournalLink("127.0.0.1", first.port, handshake=FencedWriter.handshake())
+            writer = FencedWriter(link)
+            outcomes = [await flush(writer, part(p, 1, {f"t{p}": b"r"})) for p in range(16)]
+            outcomes.append(await flush(writer, part(3, 0, {"stale": b"x"})))
+            await writer.close()
+            return outcomes
+
+        outcomes = run(scenario)
+        assert [o.written for o in outcomes[:16]] == [[p] for p in range(16)]
+        assert all(o.error is None and not o.fenced for o in outcomes[:16])
+        assert list(outcomes[16].fenced) == [3]
+        for p in range(16):
+            assert admin.hget(f"{{delaywheel:p{p:03d}}}:tasks", f"t{p}") == b"r"
+        assert not admin.hexists("{delaywheel:p003}:tasks", "stale")
