@@ -22,8 +22,8 @@ from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
-from delaywheel.listen import listen_error
 from delaywheel.logs import shown_settings, start_line
+from delaywheel.net.listen import listen_error
 from delaywheel.net.server import Server
 from delaywheel.store import Store, open_store
 

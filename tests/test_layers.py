@@ -41,8 +41,6 @@ LAYERS: dict[str, int] = {
     "delaywheel.net": 7,
     "delaywheel.logs": 8,
     "delaywheel.metrics": 8,
-    # The one-line error for an address the server cannot listen on.
-    "delaywheel.listen": 8,
     "delaywheel.app": 9,
     "delaywheel.cli": 10,
     "delaywheel.__main__": 11,

@@ -225,7 +225,7 @@ def serve(log_level: str, log_format: str, **options: object) -> None:
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     from delaywheel.app import run
-    from delaywheel.listen import ListenError
+    from delaywheel.net.listen import ListenError
     from delaywheel.store.base import StoreError
 
     try:
