@@ -36,6 +36,7 @@ from delaywheel_client.errors import BadRequest
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg, StreamConfig
 from serverproc import ServerProcess
+from waiting import wait_until as wait_for
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -49,17 +50,6 @@ T = TypeVar("T")
 
 def unique(prefix: str) -> str:
     return f"dw-e2e-{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def wait_for(check: Callable[[], T | None], timeout_s: float = 20.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.02)
 
 
 def wait_dead(client: Client, task_id: str, timeout_s: float = 20.0) -> dict[str, Any]:
@@ -518,7 +508,11 @@ def test_sigterm_ends_the_server_while_a_broker_does_not_answer(url: str) -> Non
     with down_port("unresponsive") as port:
         proc = ServerProcess(*DELIVERY_ARGS, "--broker", f"down={url.format(port=port)}")
         try:
-            time.sleep(0.5)  # its first connection is under way (5 s to time out)
+            # Its first connection is under way (5 s to time out). This sleep stays for
+            # now: waiting instead for the connection to reach the port (accept()) and
+            # stopping at once makes the stop hang, for redis (the 10 s grace) and NATS
+            # (past 15 s) in about one run of five: a server bug, reported in issue 15.
+            time.sleep(0.5)
         finally:
             assert proc.stop() == 0
     assert PASSWORD not in proc.log_text()

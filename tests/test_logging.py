@@ -248,7 +248,7 @@ def drive(
         try:
             adder = threading.Thread(target=lambda: added.append(client.add("slow", 1)["id"]))
             adder.start()
-            time.sleep(STOPPED_S)
+            time.sleep(STOPPED_S)  # stays: the write must be slow enough to be logged
         finally:
             os.kill(pid, signal.SIGCONT)
         adder.join(10)

@@ -711,7 +711,9 @@ def test_redis_load_yields_each_task_once_while_the_hash_shrinks(
             dropped = unseen[:19_000]
             client.hdel(key, *dropped)
             client.hdel(twin, *dropped)
-            time.sleep(0.3)  # Redis resizes the hash on its next cron run
+            # stays: Redis resizes the hash on its next cron run (10 a second), and
+            # nothing a client may read says it has
+            time.sleep(0.3)
             async for batch in loading:
                 loaded.update(i for i, _ in batch)
             while cursor:
