@@ -307,6 +307,7 @@ def test_message_over_the_limit_is_server_closed(limited_server: ServerProcess) 
         assert dw.ping() == "pong"  # a new connection
 
 
+@pytest.mark.process
 def test_refused_connection_is_server_closed_with_its_code() -> None:
     proc = ServerProcess("--max-connections", "1")
     try:

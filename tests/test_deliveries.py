@@ -25,6 +25,8 @@ from delaywheel_client.errors import BadRequest
 from serverproc import ServerProcess
 from waiting import wait_until as wait_for
 
+pytestmark = pytest.mark.process  # every test runs the server in a process of its own
+
 SECRET = "s3cret-for-tests"
 
 
@@ -218,6 +220,7 @@ def test_destinations_the_allow_list_refuses_are_bad_requests_at_add() -> None:
         proc.stop()
 
 
+@pytest.mark.slow
 def test_a_slow_endpoint_delays_neither_queue_tasks_nor_clients(
     server: ServerProcess, endpoint: Endpoint
 ) -> None:
@@ -243,6 +246,7 @@ def test_a_slow_endpoint_delays_neither_queue_tasks_nor_clients(
     assert 1 <= in_flight <= 64  # --http-concurrency bounds one destination
 
 
+@pytest.mark.slow
 def test_a_restart_in_the_middle_of_retries_keeps_the_attempt_count(
     endpoint: Endpoint, durable_server: ServerProcess
 ) -> None:
@@ -261,6 +265,7 @@ def test_a_restart_in_the_middle_of_retries_keeps_the_attempt_count(
     assert dead["attempts"] == 4
 
 
+@pytest.mark.slow
 def test_kill_9_during_300_deliveries_then_every_task_is_delivered(
     endpoint: Endpoint, durable_server: ServerProcess
 ) -> None:
@@ -278,6 +283,7 @@ def test_kill_9_during_300_deliveries_then_every_task_is_delivered(
     assert delivered == ids
 
 
+@pytest.mark.slow
 def test_sigterm_lets_a_delivery_in_flight_finish_and_it_is_not_repeated(
     endpoint: Endpoint, durable_server: ServerProcess
 ) -> None:

@@ -29,7 +29,13 @@ def fsync_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
     server.stop()
 
 
-@pytest.fixture(params=["redis", "redis-cluster", "sqlite"])
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+        "sqlite",
+    ]
+)
 def store_args(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
     """A fresh, empty durable store per test: its own Redis prefix, or its own file.
 
@@ -111,6 +117,8 @@ class Worker(threading.Thread):
             return  # the server was killed under us: expected
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_mid_stream_loses_nothing_acknowledged(store_args: list[str]) -> None:
     server = start(store_args)
     workers = [Worker(f"w{n}", server.address) for n in range(4)]
@@ -144,6 +152,8 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged(store_args: list[str]) -> 
     assert found.keys() <= sent, "a task nobody added appeared"
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_tasks_due_during_downtime_are_delivered_at_restart(store_args: list[str]) -> None:
     server = start(store_args)
     with Raw(server.address) as peer:
@@ -158,6 +168,8 @@ def test_tasks_due_during_downtime_are_delivered_at_restart(store_args: list[str
     assert got == {f"due{i}" for i in range(20)}
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_task_laps_away_keeps_its_due_time_across_a_restart(store_args: list[str]) -> None:
     # 10 slots of 0.2 s: a lap is 2 s, and the task is 2.5 laps away. Firing a
     # lap early or late would be 2 s off; the margins below are far tighter.
@@ -186,6 +198,7 @@ def test_a_task_laps_away_keeps_its_due_time_across_a_restart(store_args: list[s
         assert late_s < 1.0, f"{task['id']} fired {late_s:.2f} s late"
 
 
+@pytest.mark.process
 def test_corrupt_record_is_logged_and_skipped(fsync_redis: RedisServer) -> None:
     fsync_redis.start()
     prefix = f"t-{uuid.uuid4().hex[:8]}"
@@ -204,6 +217,7 @@ def test_corrupt_record_is_logged_and_skipped(fsync_redis: RedisServer) -> None:
     assert "skipping corrupt record for task 'broken'" in again.log_text()
 
 
+@pytest.mark.process
 def test_redis_outage_under_load(fsync_redis: RedisServer) -> None:
     fsync_redis.start()
     store = ["--store", fsync_redis.url, "--redis-prefix", f"t-{uuid.uuid4().hex[:8]}"]
@@ -305,6 +319,7 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
     asyncio.run(scenario())
 
 
+@pytest.mark.process
 def test_serve_without_redis_exits_with_one_line_suggesting_sqlite() -> None:
     """The default store is Redis; when it is not there, say so and what to do instead.
 

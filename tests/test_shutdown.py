@@ -22,11 +22,13 @@ from rawpeer import Raw
 from serverproc import ServerProcess
 from waiting import wait_until
 
+pytestmark = pytest.mark.process
+
 CLIENTS = 4
 UNDER_LOAD_ADDS = 50  # acknowledged per client before the signal: all of them are adding
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]:
     if request.param == "sqlite":
         yield ["--store", f"sqlite:///{tmp_path / 'tasks.db'}"]
@@ -141,6 +143,7 @@ def test_an_add_waiting_on_the_store_at_sigterm_is_answered_once_durable(
         proc.stop()
 
 
+@pytest.mark.slow
 def test_a_sigterm_just_after_the_listening_line_is_a_clean_stop() -> None:
     """Scripts and tests (serverproc.py) take the listening line for "up"; a SIGTERM
     then must be a clean stop, not the signal's default action (exit code -15)."""

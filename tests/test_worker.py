@@ -138,6 +138,7 @@ def test_signal_stops_after_the_task_in_hand(
     assert len(list(client.iter_tasks(topic=topic))) == 2  # the first one was acked
 
 
+@pytest.mark.process
 def test_lost_connection_is_retried(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
