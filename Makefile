@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: install test lint build bench run clean
+.PHONY: install test test-fast lint build bench run clean
 
 install: $(STAMP)
 
@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml client/pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone, in under a minute: none that starts a process of ours,
+# needs a redis-server, a broker or a build, or takes seconds (tests/README.md).
+FAST_MARKERS := not (slow or process or redis or brokers or packaging)
+test-fast: install
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -15,6 +15,18 @@ import redis
 from delaywheel_client import Client
 from serverproc import ServerProcess
 
+# The machine's services (RabbitMQ, NATS, docker-compose) and the markers of the
+# fast loop: fixtures and hooks of their own modules, taken into effect here.
+from services import nats_url as nats_url
+from services import rabbitmq_url as rabbitmq_url
+from suites import pytest_collection_modifyitems as pytest_collection_modifyitems
+from suites import pytest_configure as pytest_configure
+from suites import pytest_fixture_setup as pytest_fixture_setup
+from suites import pytest_runtest_makereport as pytest_runtest_makereport
+from suites import pytest_runtest_protocol as pytest_runtest_protocol
+from suites import pytest_runtest_setup as pytest_runtest_setup
+from suites import pytest_terminal_summary as pytest_terminal_summary
+
 # ---------------------------------------------------------------------------
 # Redis: one private redis-server per test session (owner: store)
 #

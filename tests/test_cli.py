@@ -150,6 +150,7 @@ def test_process_server_from_env_and_unreachable_exits_3(address: str) -> None:
     assert one_line(done.stderr).startswith("cannot reach the server")
 
 
+@pytest.mark.process
 def test_process_serve_bad_setting_exits_2_with_one_line() -> None:
     done = proc("serve", "--store", "memory://", "--tick", "0")
     assert done.returncode == 2
@@ -574,6 +575,7 @@ def test_import_from_stdin_with_durations_times_and_bytes(address: str) -> None:
 # -- environment variables, token ----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_env_vars_server_json_and_token() -> None:
     secured = ServerProcess(env={"DELAYWHEEL_TOKEN": "s3cret"})  # serve reads it too
     try:

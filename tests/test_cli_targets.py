@@ -2,7 +2,8 @@
 
 The server (one per module) has a Redis store, so ``store`` is a broker, plus a Redis
 broker ``r`` (the same Redis), a RabbitMQ broker ``q`` and a NATS broker ``n`` (both run
-on this machine), and lets HTTP targets point at 127.0.0.1. Tasks are added an hour
+on this machine: a test of the server skips when either does not answer, see
+tests/services.py), and lets HTTP targets point at 127.0.0.1. Tasks are added an hour
 ahead, so nothing is delivered: each test reads the target back with ``get`` and
 compares it with the normalized map the server keeps, or with the line that ``get``
 shows of it in text. The usage errors are caught before any connection, so they run
@@ -25,20 +26,16 @@ from serverproc import ServerProcess
 from delaywheel.cli import main
 from delaywheel.cli.output import task_text
 
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-NATS_URL = "nats://127.0.0.1:4222"
-
-
 HOOK = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: never called an hour ahead
 NOWHERE = f"127.0.0.1:{free_port()}"
 
 
 @pytest.fixture(scope="module")
-def server(module_redis_url: str) -> Iterator[ServerProcess]:
+def server(module_redis_url: str, rabbitmq_url: str, nats_url: str) -> Iterator[ServerProcess]:
     proc = ServerProcess(
         "--http-allow", "127.0.0.1",
-        "--broker", f"q={AMQP_URL}",
-        "--broker", f"n={NATS_URL}",
+        "--broker", f"q={rabbitmq_url}",
+        "--broker", f"n={nats_url}",
         "--broker", f"r={module_redis_url}",  # the store's Redis again, under another name
         store=module_redis_url,
     )  # fmt: skip

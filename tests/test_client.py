@@ -36,6 +36,7 @@ from delaywheel_client import (
 )
 from delaywheel_client.connection import PIPELINE_CHUNK_BYTES, parse_url
 from serverproc import ServerProcess
+from waiting import wait_until, wait_until_async
 
 TASK_KEYS = {"id", "topic", "state", "at", "body", "ttr", "max_attempts", "attempts", "created"}
 TASK_KEYS |= {"target", "cycle", "slot"}
@@ -183,7 +184,7 @@ def test_release_and_touch(client: Client, topic: str) -> None:
     task_id = client.add(topic, ttr=30)["id"]
     first = client.reserve(topic)
     assert first is not None
-    time.sleep(0.01)
+    time.sleep(0.01)  # stays: time must pass for touch to move the deadline on
     deadline = client.touch(task_id)
     assert deadline > first["deadline"]
     assert client.release(task_id) is True
@@ -306,6 +307,7 @@ def test_message_over_the_limit_is_server_closed(limited_server: ServerProcess) 
         assert dw.ping() == "pong"  # a new connection
 
 
+@pytest.mark.process
 def test_refused_connection_is_server_closed_with_its_code() -> None:
     proc = ServerProcess("--max-connections", "1")
     try:
@@ -438,9 +440,10 @@ def test_threads_share_a_client_while_one_blocks_in_reserve(client: Client, topi
         except BaseException as exc:
             errors.append(exc)
 
+    waiting = client.stats()["waiting_reserves"]  # the module's server: others' may be there
     blocker = threading.Thread(target=reserve)
     blocker.start()
-    time.sleep(0.1)  # let it block first
+    wait_until(lambda: client.stats()["waiting_reserves"] > waiting, what="the reserve to block")
     adders = [threading.Thread(target=add, args=(w,)) for w in range(8)]
     for thread in adders:
         thread.start()
@@ -505,11 +508,11 @@ def test_a_sent_write_whose_reply_is_lost_is_not_retried(
         except BaseException as exc:
             failures.append(exc)
 
-    with Client(*fixed_port_server.address) as dw:
+    with Client(*fixed_port_server.address) as dw, Client(*fixed_port_server.address) as watcher:
         dw.ping()
         blocker = threading.Thread(target=reserve)
         blocker.start()
-        time.sleep(0.2)
+        wait_until(lambda: watcher.stats()["waiting_reserves"] == 1, what="the reserve to block")
         fixed_port_server.kill()
         blocker.join(5)
         assert not blocker.is_alive()
@@ -583,8 +586,13 @@ def test_async_every_method(server: ServerProcess, topic: str) -> None:
 def test_async_replies_out_of_order(server: ServerProcess, topic: str) -> None:
     async def main() -> None:
         async with AsyncClient(*server.address) as dw:
+            before = (await dw.stats())["waiting_reserves"]  # others' may be there
             waiting = asyncio.ensure_future(dw.reserve(topic, timeout=10))
-            await asyncio.sleep(0.1)
+
+            async def blocked() -> bool:
+                return bool((await dw.stats())["waiting_reserves"] > before)
+
+            await wait_until_async(blocked, what="the reserve to block")
             assert not waiting.done()
             assert await dw.ping() == "pong"  # answered while the reserve blocks
             task_id = (await dw.add(topic, "go"))["id"]
@@ -624,7 +632,11 @@ def test_async_drop_fails_pending_calls_and_next_call_reconnects(
     async def main() -> None:
         async with await AsyncClient.connect(*fixed_port_server.address) as dw:
             waiting = [asyncio.ensure_future(dw.reserve(topic, timeout=20)) for _ in range(3)]
-            await asyncio.sleep(0.2)
+
+            async def blocked() -> bool:
+                return bool((await dw.stats())["waiting_reserves"] == 3)
+
+            await wait_until_async(blocked, what="the three reserves to block")
             fixed_port_server.kill()
             results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
             assert all(isinstance(r, ConnectionFailed) for r in results)

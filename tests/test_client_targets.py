@@ -3,7 +3,8 @@ real server.
 
 The server (one per module) has a Redis store, so ``store`` is a broker, plus a Redis
 broker ``r`` (the same Redis), a RabbitMQ broker ``q`` and a NATS broker ``n`` (both run
-on this machine), and lets HTTP targets point at 127.0.0.1. Tasks are added an hour
+on this machine: a test of the server skips when either does not answer, see
+tests/services.py), and lets HTTP targets point at 127.0.0.1. Tasks are added an hour
 ahead, so nothing is delivered; the server keeps a target with every field present,
 which is what the constructors build, so a round trip gives back the very map sent.
 """
@@ -77,11 +78,11 @@ def test_exported_from_the_package() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(module_redis_url: str) -> Iterator[ServerProcess]:
+def server(module_redis_url: str, rabbitmq_url: str, nats_url: str) -> Iterator[ServerProcess]:
     proc = ServerProcess(
         "--http-allow", "127.0.0.1",
-        "--broker", "q=amqp://guest:guest@127.0.0.1:5672/",
-        "--broker", "n=nats://127.0.0.1:4222",
+        "--broker", f"q={rabbitmq_url}",
+        "--broker", f"n={nats_url}",
         "--broker", f"r={module_redis_url}",  # the store's Redis again, under another name
         store=module_redis_url,
     )  # fmt: skip

@@ -39,8 +39,11 @@ import yaml
 from conftest import RedisServer
 from delaywheel_client import Client, errors
 from serverproc import LISTENING, START_TIMEOUT_S, ServerProcess
+from services import need_program
 
 from delaywheel import __version__
+
+pytestmark = pytest.mark.packaging
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose-run-sample.yml"
@@ -77,12 +80,7 @@ def _run(argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.CompletedP
 
 
 def _compose(file: Path, *args: str) -> list[str]:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.fail(
-            "docker-compose is not installed: Debian's package docker-compose has it"
-            " (.ci/run installs it)"
-        )
+    exe = need_program("docker-compose", "docker-compose")  # skips without it (fails in CI)
     return [exe, "--project-directory", str(ROOT), "-f", str(file), *args]
 
 
@@ -426,6 +424,7 @@ def _requires(wheel: Path) -> list[str]:
     return re.findall(r"^Requires-Dist: (.*)$", metadata.decode(), re.MULTILINE)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_build_makes_two_distributions(dists: Path) -> None:
     assert sorted(path.name for path in dists.iterdir()) == [
@@ -452,6 +451,7 @@ def test_build_makes_two_distributions(dists: Path) -> None:
     assert not [name for name in sdist if "delaywheel_client" in name or "/client/" in name]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_server_wheels_alone_serve(server_venv: Path, dists: Path, tmp_path: Path) -> None:
     report = _report(server_venv)
@@ -471,6 +471,7 @@ def test_the_server_wheels_alone_serve(server_venv: Path, dists: Path, tmp_path:
         assert "pong" in _run(ping, "delaywheel ping", env=_clean_env(), cwd=tmp_path).stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_client_wheel_alone_needs_msgpack_only(
     client_venv: Path, dists: Path, server: ServerProcess

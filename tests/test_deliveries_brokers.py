@@ -4,9 +4,10 @@ The server runs as its own process (``ServerProcess``) with a 50 ms tick, a
 0.2 s retry base and ``--broker NAME=URL`` options; each test starts its own,
 so ``stats`` counts that test's tasks alone. Redis is the private
 redis-server of conftest.py, RabbitMQ and NATS JetStream the machine's own,
-which CI starts (.ci/run): when either is not answering these tests fail,
-they do not skip. Each test makes its own queue, exchange, stream or key
-under a unique name and removes it afterwards.
+which CI starts (.ci/run): a test that needs one is marked ``brokers``, and
+skips when it is not answering (tests/services.py), or fails in CI. Each
+test makes its own queue, exchange, stream or key under a unique name and
+removes it afterwards.
 
 The client is blocking, so the tests are plain functions; reading RabbitMQ
 and NATS takes one ``asyncio.run`` per look (``amqp``, ``jetstream``).
@@ -36,6 +37,9 @@ from delaywheel_client.errors import BadRequest
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg, StreamConfig
 from serverproc import ServerProcess
+from waiting import wait_until as wait_for
+
+pytestmark = pytest.mark.process
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -49,17 +53,6 @@ T = TypeVar("T")
 
 def unique(prefix: str) -> str:
     return f"dw-e2e-{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def wait_for(check: Callable[[], T | None], timeout_s: float = 20.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.02)
 
 
 def wait_dead(client: Client, task_id: str, timeout_s: float = 20.0) -> dict[str, Any]:
@@ -249,6 +242,7 @@ def test_a_store_target_cannot_write_the_stores_own_keys(redis_url: str) -> None
 # -- RabbitMQ -------------------------------------------------------------------------
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_message_carries_the_task(amqp_queue: str) -> None:
     bodies = [
         ({"order": 42, "items": ["a"]}, b'{"order":42,"items":["a"]}', "application/json"),
@@ -278,6 +272,7 @@ def test_amqp_message_carries_the_task(amqp_queue: str) -> None:
         assert message.exchange == ""
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_unroutable_goes_dead_then_a_bound_queue_and_kick_deliver_it() -> None:
     exchange, routing_key, queue_name, topic = unique("x"), unique("rk"), unique("q"), unique("t")
     amqp(lambda channel: channel.declare_exchange(exchange, aio_pika.ExchangeType.DIRECT))
@@ -311,6 +306,7 @@ def test_amqp_unroutable_goes_dead_then_a_bound_queue_and_kick_deliver_it() -> N
         amqp(lambda channel: channel.exchange_delete(exchange))
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_unroutable_tasks_due_with_routable_ones_fail_alone(amqp_queue: str) -> None:
     """A return is matched to its own message: 100 of each due at once, one try each."""
     good = {"type": "amqp", "broker": "mq", "routing_key": amqp_queue}
@@ -335,6 +331,7 @@ def test_amqp_unroutable_tasks_due_with_routable_ones_fail_alone(amqp_queue: str
     assert len(messages) == 100 and {message.message_id for message in messages} == ids
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_a_missing_exchange_fails_only_its_own_task(amqp_queue: str) -> None:
     """One task aimed at a missing exchange, due with 100 good ones on the same broker,
     one try each: it alone goes dead, naming its exchange, and each good one arrives
@@ -364,6 +361,8 @@ def check_missing_exchange(client: Client, queue_name: str, missing: str) -> Non
     assert (stats["deliveries"]["delivered"], stats["deliveries"]["failed"]) == (100, 1)
 
 
+@pytest.mark.slow
+@pytest.mark.brokers("rabbitmq")
 def test_sigterm_as_the_first_amqp_connection_is_made_is_a_clean_stop() -> None:
     """Against a local RabbitMQ the first connection is under way in the first
     milliseconds: a stop at once (on the listening line) must close it too."""
@@ -377,6 +376,7 @@ def test_sigterm_as_the_first_amqp_connection_is_made_is_a_clean_stop() -> None:
 # -- NATS JetStream -------------------------------------------------------------------
 
 
+@pytest.mark.brokers("nats")
 def test_nats_message_carries_the_task(nats_stream: tuple[str, str]) -> None:
     stream, prefix = nats_stream
     with serving("--broker", f"bus={NATS_URL}") as (_proc, client):
@@ -415,6 +415,7 @@ def test_nats_message_carries_the_task(nats_stream: tuple[str, str]) -> None:
         )
 
 
+@pytest.mark.brokers("nats")
 def test_nats_subject_without_a_stream_goes_dead() -> None:
     subject = unique("nostream")
     with serving("--broker", f"bus={NATS_URL}") as (_proc, client):
@@ -444,7 +445,8 @@ def down_port(how: str) -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
-@pytest.mark.parametrize("how", ["refused", "unresponsive"])
+@pytest.mark.brokers("rabbitmq")
+@pytest.mark.parametrize("how", ["refused", pytest.param("unresponsive", marks=pytest.mark.slow)])
 def test_a_broker_that_is_down_fails_its_own_tasks_and_nothing_else(
     how: str, amqp_queue: str
 ) -> None:
@@ -518,7 +520,11 @@ def test_sigterm_ends_the_server_while_a_broker_does_not_answer(url: str) -> Non
     with down_port("unresponsive") as port:
         proc = ServerProcess(*DELIVERY_ARGS, "--broker", f"down={url.format(port=port)}")
         try:
-            time.sleep(0.5)  # its first connection is under way (5 s to time out)
+            # Its first connection is under way (5 s to time out). This sleep stays for
+            # now: waiting instead for the connection to reach the port (accept()) and
+            # stopping at once makes the stop hang, for redis (the 10 s grace) and NATS
+            # (past 15 s) in about one run of five: a server bug, reported in issue 15.
+            time.sleep(0.5)
         finally:
             assert proc.stop() == 0
     assert PASSWORD not in proc.log_text()
@@ -538,6 +544,7 @@ HAVE = "this server has 'bus' (nats), 'mq' (amqp)"
     ],
     ids=["unknown-broker", "http-allow"],
 )
+@pytest.mark.brokers("rabbitmq")
 def test_add_many_with_a_refused_target_adds_nothing(target: dict[str, Any], words: str) -> None:
     with serving("--broker", f"mq={AMQP_URL}") as (_proc, client):
         with pytest.raises(BadRequest) as caught:
@@ -559,6 +566,7 @@ def test_add_many_with_a_refused_target_adds_nothing(target: dict[str, Any], wor
         ({"type": "redis", "broker": "mq", "key": "k"}, "'mq' is amqp, not redis"),
     ],
 )
+@pytest.mark.brokers
 def test_an_unknown_broker_or_one_of_another_kind_is_refused_at_add(
     target: dict[str, Any], words: str
 ) -> None:
@@ -572,6 +580,8 @@ def test_an_unknown_broker_or_one_of_another_kind_is_refused_at_add(
 # -- a crash while pushes are in flight ---------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.brokers("rabbitmq")
 def test_kill_9_while_pushing_to_rabbitmq_then_every_task_arrives(
     tmp_path: Path, amqp_queue: str
 ) -> None:

@@ -1,9 +1,10 @@
 """Broker targets: the registry, and each sender against a real broker.
 
 Redis is the private redis-server of conftest.py (``redis_url``), RabbitMQ and
-NATS JetStream are the machine's own, which CI starts (.ci/run): when either
-is not answering these tests fail, they do not skip. Each test makes its own
-queue, exchange or stream under a unique name and deletes it afterwards.
+NATS JetStream are the machine's own, which CI starts (.ci/run): a test that
+needs one is marked ``brokers``, and skips when it is not answering
+(tests/services.py), or fails in CI. Each test makes its own queue, exchange
+or stream under a unique name and deletes it afterwards.
 """
 
 from __future__ import annotations
@@ -411,6 +412,7 @@ def amqp_target(routing_key: str, exchange: str = "") -> dict[str, Any]:
     return {"type": "amqp", "broker": "mq", "exchange": exchange, "routing_key": routing_key}
 
 
+@pytest.mark.brokers("rabbitmq")
 @pytest.mark.parametrize(
     ("body", "payload", "content_type"),
     [
@@ -437,6 +439,7 @@ def test_amqp_publishes_to_the_default_exchange(
     run(scenario())
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_publishes_to_a_named_exchange() -> None:
     exchange = unique("x")
 
@@ -455,6 +458,7 @@ def test_amqp_publishes_to_a_named_exchange() -> None:
     run(scenario())
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_unroutable_is_a_failed_attempt() -> None:
     async def scenario() -> None:
         async with started(Brokers({"mq": AMQP_URL})) as brokers:
@@ -464,6 +468,7 @@ def test_amqp_unroutable_is_a_failed_attempt() -> None:
     run(scenario())
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_a_missing_exchange_fails_only_the_pushes_aimed_at_it() -> None:
     """100 pushes in flight beside one to a missing exchange are all delivered: the
     exchange is looked up on a channel of its own, which its 404 closes instead of
@@ -503,6 +508,7 @@ def test_amqp_a_missing_exchange_fails_only_the_pushes_aimed_at_it() -> None:
     run(scenario())
 
 
+@pytest.mark.brokers("rabbitmq")
 def test_amqp_a_publishing_channel_closed_anyway_is_blamed_and_reopened() -> None:
     """An exchange deleted after it was looked up still closes the publishing channel
     (404). The pushes that fails say that the channel closed, not that their own
@@ -597,7 +603,10 @@ async def close_while_connecting(url: str, after_s: float) -> None:
         assert not running, f"still running {after_s:g} s after start, once closed: {running}"
 
 
-@pytest.mark.parametrize("how", ["unresponsive", "refused", "answering"])
+@pytest.mark.parametrize(
+    "how",
+    ["unresponsive", "refused", pytest.param("answering", marks=pytest.mark.brokers("rabbitmq"))],
+)
 def test_amqp_close_while_connecting_stops_the_connecting(how: str) -> None:
     """A connection being made is closed too, and nothing of aio-pika's is left
     running: a task left (its reconnect loop, which swallows cancellation until its
@@ -639,6 +648,7 @@ def nats_target(subject: str) -> dict[str, Any]:
     return {"type": "nats", "broker": "bus", "subject": subject}
 
 
+@pytest.mark.brokers("nats")
 def test_nats_publishes_to_jetstream_once_per_task() -> None:
     async def scenario() -> None:
         async with (
@@ -662,6 +672,7 @@ def test_nats_publishes_to_jetstream_once_per_task() -> None:
     run(scenario())
 
 
+@pytest.mark.brokers("nats")
 def test_nats_ids_differing_in_edge_spaces_are_not_duplicates() -> None:
     ids = ["t-8", " t-8", "t-8\r\n", "50%"]
 
@@ -684,6 +695,7 @@ def test_nats_ids_differing_in_edge_spaces_are_not_duplicates() -> None:
     run(scenario())
 
 
+@pytest.mark.brokers("nats")
 def test_nats_subject_without_a_stream_is_a_failed_attempt() -> None:
     async def scenario() -> None:
         async with started(Brokers({"bus": NATS_URL})) as brokers:
@@ -744,7 +756,13 @@ class TcpProxy:
             writer.transport.abort()
 
 
-@pytest.mark.parametrize("kind", ["amqp", "nats"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("amqp", marks=pytest.mark.brokers("rabbitmq")),
+        pytest.param("nats", marks=pytest.mark.brokers("nats")),
+    ],
+)
 def test_a_cut_connection_is_noticed_and_restored(
     kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:

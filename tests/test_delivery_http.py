@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from conftest import free_port
 from multidict import CIMultiDict
+from waiting import wait_until_async
 
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery, DeliveryFailed
@@ -451,12 +452,15 @@ def test_requests_over_the_bound_wait_for_a_slot() -> None:
             sends = [
                 asyncio.ensure_future(sender.send(delivery(rx.url("/track")))) for _ in range(6)
             ]
-            try:
-                await asyncio.sleep(0.05)  # each request takes 0.1 s
-                busy = sender.state()
+            busy = {"in_flight": 2, "waiting": 4, "concurrency": 2}
+
+            async def full() -> bool:
+                return sender.state() == busy
+
+            try:  # each request takes 0.1 s: long enough to see the other four wait
+                await wait_until_async(full, what=f"the sender to be full: {busy}")
             finally:
                 await asyncio.gather(*sends)
-            assert busy == {"in_flight": 2, "waiting": 4, "concurrency": 2}
             assert sender.state() == {"in_flight": 0, "waiting": 0, "concurrency": 2}
         assert rx.most_active == 2
         assert rx.tracked == 6

@@ -18,6 +18,7 @@ import pytest
 from conftest import RedisCluster, RedisServer
 from rawpeer import Raw
 from serverproc import ServerProcess
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,13 @@ def fsync_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
     server.stop()
 
 
-@pytest.fixture(params=["redis", "redis-cluster", "sqlite"])
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+        "sqlite",
+    ]
+)
 def store_args(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
     """A fresh, empty durable store per test: its own Redis prefix, or its own file.
 
@@ -58,6 +65,9 @@ def all_tasks(peer: Raw) -> dict[str, dict[str, Any]]:
         cursor = page["next"]
         if cursor is None:
             return tasks
+
+
+MID_STREAM_ADDS = 200  # per worker before the kill; the checks below need 50
 
 
 class Worker(threading.Thread):
@@ -107,12 +117,17 @@ class Worker(threading.Thread):
             return  # the server was killed under us: expected
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_mid_stream_loses_nothing_acknowledged(store_args: list[str]) -> None:
     server = start(store_args)
     workers = [Worker(f"w{n}", server.address) for n in range(4)]
     for worker in workers:
         worker.start()
-    time.sleep(1.5)
+    wait_until(
+        lambda: all(len(w.added) > MID_STREAM_ADDS and len(w.updated) > 5 for w in workers),
+        what=f"every worker to have {MID_STREAM_ADDS} adds acknowledged",
+    )
     server.kill()
     for worker in workers:
         worker.join(10)
@@ -137,13 +152,15 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged(store_args: list[str]) -> 
     assert found.keys() <= sent, "a task nobody added appeared"
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_tasks_due_during_downtime_are_delivered_at_restart(store_args: list[str]) -> None:
     server = start(store_args)
     with Raw(server.address) as peer:
         for i in range(20):
             peer.call("add", {"id": f"due{i}", "topic": "downtime", "delay": 0.3})
     server.kill()
-    time.sleep(0.6)
+    time.sleep(0.6)  # stays: they fall due while the server is down, which is the test
     again = start(store_args)
     with Raw(again.address) as peer:
         got = {peer.call("reserve", ["downtime"], 2)["id"] for _ in range(20)}
@@ -151,6 +168,8 @@ def test_tasks_due_during_downtime_are_delivered_at_restart(store_args: list[str
     assert got == {f"due{i}" for i in range(20)}
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_task_laps_away_keeps_its_due_time_across_a_restart(store_args: list[str]) -> None:
     # 10 slots of 0.2 s: a lap is 2 s, and the task is 2.5 laps away. Firing a
     # lap early or late would be 2 s off; the margins below are far tighter.
@@ -162,7 +181,7 @@ def test_a_task_laps_away_keeps_its_due_time_across_a_restart(store_args: list[s
         added = peer.call("add", {"id": "laps", "topic": "laps", "delay": 5.0})
         assert added["cycle"] == 2
         packed = peer.call("add", {"id": "packed", "topic": "laps", "delay": 9.0})
-    time.sleep(2.0)
+    time.sleep(2.0)  # stays: a lap goes by before the restart, as the test means
     server.stop()
     again = ServerProcess(*store_args[2:], "--slots", "10", **wheel)
     fired_s = {}
@@ -179,6 +198,7 @@ def test_a_task_laps_away_keeps_its_due_time_across_a_restart(store_args: list[s
         assert late_s < 1.0, f"{task['id']} fired {late_s:.2f} s late"
 
 
+@pytest.mark.process
 def test_corrupt_record_is_logged_and_skipped(fsync_redis: RedisServer) -> None:
     fsync_redis.start()
     prefix = f"t-{uuid.uuid4().hex[:8]}"
@@ -197,6 +217,7 @@ def test_corrupt_record_is_logged_and_skipped(fsync_redis: RedisServer) -> None:
     assert "skipping corrupt record for task 'broken'" in again.log_text()
 
 
+@pytest.mark.process
 def test_redis_outage_under_load(fsync_redis: RedisServer) -> None:
     fsync_redis.start()
     store = ["--store", fsync_redis.url, "--redis-prefix", f"t-{uuid.uuid4().hex[:8]}"]
@@ -298,6 +319,7 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
     asyncio.run(scenario())
 
 
+@pytest.mark.process
 def test_serve_without_redis_exits_with_one_line_suggesting_sqlite() -> None:
     """The default store is Redis; when it is not there, say so and what to do instead.
 

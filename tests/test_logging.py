@@ -44,6 +44,8 @@ from test_deliveries_brokers import wait_for
 from delaywheel import __version__
 from delaywheel.config import Settings
 
+pytestmark = pytest.mark.process  # every test runs the server in a process of its own
+
 
 def _secret(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:12]}"
@@ -173,6 +175,7 @@ def refused_garbage(address: tuple[str, int], data: bytes) -> None:
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_a_run_logs_each_event_once_and_no_secret(
     log_format: str, store_redis: RedisServer, broker_redis: RedisServer
@@ -250,7 +253,7 @@ def drive(
         try:
             adder = threading.Thread(target=lambda: added.append(client.add("slow", 1)["id"]))
             adder.start()
-            time.sleep(STOPPED_S)
+            time.sleep(STOPPED_S)  # stays: the write must be slow enough to be logged
         finally:
             os.kill(pid, signal.SIGCONT)
         adder.join(10)

@@ -263,6 +263,7 @@ def test_every_lifecycle_event_is_counted_exactly(
     assert got("delaywheel_info", version=stats["version"], store=stats["store"]) == 1
 
 
+@pytest.mark.process
 def test_topics_beyond_the_limit_are_summed_apart(tmp_path: Path) -> None:
     proc = ServerProcess("--metrics-port", "0", "--metrics-topics", "3")
     try:
@@ -287,6 +288,8 @@ def test_topics_beyond_the_limit_are_summed_apart(tmp_path: Path) -> None:
     assert sum(topics.values()) + sum(got.series("delaywheel_other_topics_tasks").values()) == 56
 
 
+@pytest.mark.process
+@pytest.mark.redis
 def test_a_store_that_goes_away_shows_in_the_metrics(tmp_path: Path) -> None:
     (tmp_path / "redis").mkdir()
     redis = RedisServer(tmp_path / "redis")
@@ -326,6 +329,7 @@ def test_a_store_that_goes_away_shows_in_the_metrics(tmp_path: Path) -> None:
         redis.stop()
 
 
+@pytest.mark.process
 def test_metrics_are_off_by_default() -> None:
     proc = ServerProcess()
     try:
@@ -338,6 +342,7 @@ def test_metrics_are_off_by_default() -> None:
         proc.stop()
 
 
+@pytest.mark.process
 def test_a_server_without_metrics_does_not_import_them() -> None:
     """Importing the server (``app``, the CLI) loads neither prometheus-client
     nor aiohttp: a tenth of a second at every start that only metrics need."""
@@ -374,6 +379,7 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
+@pytest.mark.process
 def test_a_scrape_is_valid_exposition_with_the_documented_metrics() -> None:
     proc = ServerProcess("--metrics-port", "0")
     try:
@@ -407,6 +413,7 @@ def known(name: str, got: Scrape) -> bool:
     return suffix in ("bucket", "count", "sum") and got.types.get(base) == "histogram"
 
 
+@pytest.mark.process
 def test_the_dashboard_and_the_alerts_use_only_metrics_the_server_has() -> None:
     proc = ServerProcess("--metrics-port", "0")
     try:

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 from rawpeer import Raw
 from serverproc import ServerProcess
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -136,11 +137,15 @@ def test_reserve_timeout_answers_nil_and_later_requests_overtake(raw: Raw) -> No
 
 def test_waiting_consumers_are_served_in_arrival_order(server: ServerProcess) -> None:
     peers = [Raw(server.address) for _ in range(3)]
-    ids = []
-    for peer in peers:
-        ids.append(peer.send("reserve", ["fair"], 10))
-        time.sleep(0.05)  # arrival order is what we are testing
     producer = Raw(server.address)
+    waiting = producer.call("stats")["waiting_reserves"]  # other tests' may be there too
+    for peer in peers:
+        peer.send("reserve", ["fair"], 10)
+        waiting += 1  # each is blocked before the next is sent: arrival order is the test
+        wait_until(
+            lambda n=waiting: producer.call("stats")["waiting_reserves"] == n,
+            what=f"{waiting} blocked reserves",
+        )
     for i in range(3):
         producer.call("add", {"id": f"f{i}", "topic": "fair"})
     got = [peer.recv()[3]["id"] for peer in peers]
@@ -155,10 +160,7 @@ def test_ttr_redelivery_dead_and_kick(raw: Raw) -> None:
     assert first["attempts"] == 1
     second = raw.call("reserve", ["ttr"], 5)  # comes back once the TTR runs out
     assert (second["id"], second["attempts"]) == ("ttr", 2)
-    deadline = time.monotonic() + 5
-    while raw.call("get", "ttr")["state"] != "dead":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: raw.call("get", "ttr")["state"] == "dead", 5, "the task to be dead")
     assert raw.call("kick", "ttr", 10) == 1
     assert raw.call("reserve", ["ttr"], 0)["attempts"] == 1
 

@@ -20,11 +20,15 @@ from delaywheel_client import Client
 from delaywheel_client.errors import DelaywheelError
 from rawpeer import Raw
 from serverproc import ServerProcess
+from waiting import wait_until
+
+pytestmark = pytest.mark.process
 
 CLIENTS = 4
+UNDER_LOAD_ADDS = 50  # acknowledged per client before the signal: all of them are adding
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]:
     if request.param == "sqlite":
         yield ["--store", f"sqlite:///{tmp_path / 'tasks.db'}"]
@@ -63,7 +67,10 @@ def test_a_signal_under_load_loses_nothing_acknowledged(
         for thread in threads:
             thread.start()
         start.set()
-        time.sleep(0.5)
+        wait_until(
+            lambda: all(len(acked) >= UNDER_LOAD_ADDS for acked in acknowledged),
+            what=f"every client to have {UNDER_LOAD_ADDS} adds acknowledged",
+        )
         assert proc.proc is not None
         proc.proc.send_signal(signum)
         assert proc.proc.wait(15) == 0
@@ -85,9 +92,12 @@ def test_a_signal_under_load_loses_nothing_acknowledged(
 def test_a_blocked_reserve_is_answered_nil_at_sigterm() -> None:
     proc = ServerProcess()
     try:
-        with Raw(proc.address) as peer:
+        with Raw(proc.address) as peer, Raw(proc.address) as watcher:
             msgid = peer.send("reserve", "nothing-comes", 30)
-            time.sleep(0.2)  # it is blocked in the server
+            wait_until(
+                lambda: watcher.call("stats")["waiting_reserves"] == 1,
+                what="the reserve to be blocked in the server",
+            )
             started_s = time.monotonic()
             assert proc.proc is not None
             proc.proc.send_signal(signal.SIGTERM)
@@ -105,15 +115,20 @@ def test_an_add_waiting_on_the_store_at_sigterm_is_answered_once_durable(
     proc = ServerProcess(*store[2:], store=store[1])
     assert redis_server.proc is not None
     try:
-        with Raw(proc.address) as peer:
+        with Raw(proc.address) as peer, Raw(proc.address) as watcher:
             assert peer.call("ping") == "pong"
             redis_server.proc.send_signal(signal.SIGSTOP)  # the write cannot complete
             try:
                 msgid = peer.send("add", {"id": "in-flight", "topic": "t", "delay": 60})
-                time.sleep(0.3)
+                wait_until(  # reads are answered while the store is away
+                    lambda: watcher.call("stats")["tasks"] == 1,
+                    what="the add to be taken, its write waiting on the store",
+                )
                 assert proc.proc is not None
                 proc.proc.send_signal(signal.SIGTERM)
-                time.sleep(0.3)
+                wait_until(
+                    lambda: "shutting down" in proc.log_text(), what="the server to take SIGTERM"
+                )
             finally:
                 redis_server.proc.send_signal(signal.SIGCONT)
             kind, got_id, error, result = peer.recv()
@@ -128,6 +143,7 @@ def test_an_add_waiting_on_the_store_at_sigterm_is_answered_once_durable(
         proc.stop()
 
 
+@pytest.mark.slow
 def test_a_sigterm_just_after_the_listening_line_is_a_clean_stop() -> None:
     """Scripts and tests (serverproc.py) take the listening line for "up"; a SIGTERM
     then must be a clean stop, not the signal's default action (exit code -15)."""

@@ -403,6 +403,7 @@ def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )  # fmt: skip
 
 
+@pytest.mark.process
 def test_serve_with_a_bad_cert_path_is_a_usage_error(tmp_path: Path, certs: Certs) -> None:
     missing = tmp_path / "nope.pem"
     done = serve("--tls-cert", str(missing), "--tls-key", str(certs.server_key))
@@ -425,6 +426,7 @@ SERVER_PAIR = ("--tls-cert", "{server_cert}", "--tls-key", "{server_key}")
         ((*SERVER_PAIR, "--tls-client-ca", "{server_key}"), "holds no PEM certificate"),
     ],
 )
+@pytest.mark.process
 def test_serve_tls_checks(certs: Certs, args: tuple[str, ...], message: str) -> None:
     paths = {name: str(getattr(certs, name)) for name in ("server_cert", "server_key", "ca")}
     paths |= {"client_key": str(certs.client_key), "dir": str(certs.ca.parent)}
@@ -433,6 +435,7 @@ def test_serve_tls_checks(certs: Certs, args: tuple[str, ...], message: str) -> 
     assert message in one_line(done.stderr)
 
 
+@pytest.mark.process
 def test_serve_takes_the_tls_files_from_the_environment(tmp_path: Path, certs: Certs) -> None:
     missing = tmp_path / "nope.key"
     env = {**os.environ, "DELAYWHEEL_TLS_CERT": str(certs.server_cert),

@@ -295,7 +295,8 @@ WheelVersusOracle.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_wheel_matches_oracle = WheelVersusOracle.TestCase
+# 300 runs of 60 steps: about a minute, so not in the fast loop
+test_wheel_matches_oracle = pytest.mark.slow(WheelVersusOracle.TestCase)
 
 
 # -- boundaries, one by one ---------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from delaywheel_client import Client, Worker
 from serverproc import ServerProcess
+from waiting import wait_until
 
 
 def test_success_acks(client: Client, topic: str) -> None:
@@ -83,7 +84,7 @@ def test_stop_from_another_thread_ends_run(client: Client, topic: str) -> None:
     @worker.handler(topic)
     def slow(task: dict[str, Any]) -> None:
         started.set()
-        time.sleep(0.2)
+        time.sleep(0.2)  # stays: the handler's work, in hand while stop() is called
 
     for n in range(5):
         client.add(topic, n)
@@ -128,7 +129,7 @@ def test_signal_stops_after_the_task_in_hand(
     @worker.handler(topic)
     def handle(task: dict[str, Any]) -> None:
         os.kill(os.getpid(), signum)  # delivered to our handler, installed by run()
-        time.sleep(0.05)
+        time.sleep(0.05)  # stays: the task's work goes on after the signal
         done.append(task["body"])
 
     assert worker.run() == 1
@@ -137,13 +138,14 @@ def test_signal_stops_after_the_task_in_hand(
     assert len(list(client.iter_tasks(topic=topic))) == 2  # the first one was acked
 
 
+@pytest.mark.process
 def test_lost_connection_is_retried(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = ServerProcess("--port", str(port))  # the last --port wins over serverproc's 0
     try:
-        with Client(*proc.address, retries=0) as dw:
+        with Client(*proc.address, retries=0) as dw, Client(*proc.address) as watcher:
             handled: list[Any] = []
             worker = Worker(dw, reserve_timeout_s=0.2)
             worker.register("lost", lambda task: handled.append(task["body"]))
@@ -151,9 +153,14 @@ def test_lost_connection_is_retried(caplog: pytest.LogCaptureFixture) -> None:
             runner = threading.Thread(target=lambda: result.append(worker.run(max_tasks=1)))
             with caplog.at_level(logging.WARNING, logger="delaywheel_client.worker"):
                 runner.start()
-                time.sleep(0.3)
+                wait_until(
+                    lambda: watcher.stats()["waiting_reserves"] == 1, what="the worker's reserve"
+                )
                 proc.stop()
-                time.sleep(0.5)
+                wait_until(
+                    lambda: any("reserve failed" in r.getMessage() for r in caplog.records),
+                    what="the worker to notice the server is gone",
+                )
                 proc.start()
                 assert proc.port == port
                 dw.add("lost", "after restart")
