@@ -151,6 +151,7 @@ def test_the_keeper_renews_while_redis_answers(redis_url: str) -> None:
     run(scenario)
 
 
+@pytest.mark.redis
 def test_the_keeper_fences_itself_when_redis_freezes(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()

@@ -155,6 +155,7 @@ def test_wait_with_no_replica_times_out_and_says_so(
     assert took_s >= 0.15  # WAIT waited for its timeout (no upper bound asserted)
 
 
+@pytest.mark.redis
 def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
     (tmp_path / "primary").mkdir()
     (tmp_path / "replica").mkdir()

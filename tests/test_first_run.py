@@ -34,6 +34,9 @@ from delaywheel_client.errors import ConnectionFailed
 from nats.js.api import StreamConfig
 from serverproc import ServerProcess
 
+# Every test here runs the CLI or the server in a process of its own.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_CANNOT_LISTEN = 4
 
@@ -431,6 +434,7 @@ def test_edge_spaces_in_ids_reach_an_http_endpoint_percent_encoded() -> None:
     assert {headers["Delaywheel-Topic"] for headers in hooks.headers} == {"%20topic"}
 
 
+@pytest.mark.brokers("nats")
 def test_edge_spaces_in_ids_reach_nats_percent_encoded() -> None:
     stream = f"dw_first_run_{uuid.uuid4().hex[:12]}"
     subject = f"dw-first-run-{uuid.uuid4().hex[:12]}.x"

@@ -266,6 +266,7 @@ def test_every_method_checks_its_param_count_as_the_table_says(server: ServerPro
         assert raw.call("release", "arity-missing")[:2] == ("error", "not_found")
 
 
+@pytest.mark.process
 def test_only_the_open_methods_answer_before_auth() -> None:
     proc = ServerProcess("--token", "surface-secret")
     try:

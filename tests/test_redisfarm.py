@@ -59,6 +59,7 @@ def test_the_cluster_is_ok_with_three_primaries_and_three_replicas(
         assert cluster.get("{delaywheel:p015}:epoch") == b"1"
 
 
+@pytest.mark.redis
 @pytest.mark.parametrize("kind", ["sentinels", "cluster"])
 def test_a_farm_leaves_nothing_behind(kind: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     from redisfarm import ClusterFarm, SentinelFarm

@@ -139,6 +139,7 @@ class TwoNodes:
         self.second.kill()
 
 
+@pytest.mark.redis
 def test_readonly_sends_the_flush_to_the_node_looked_up_again(tmp_path: Path) -> None:
     """A link whose node was demoted (READONLY) asks its resolver again, reconnects
     and resends: here the first answer is a replica, the next its primary."""
@@ -153,6 +154,7 @@ def test_readonly_sends_the_flush_to_the_node_looked_up_again(tmp_path: Path) ->
         nodes.stop()
 
 
+@pytest.mark.redis
 def test_a_refused_handshake_looks_the_primary_up_again(tmp_path: Path) -> None:
     """The first node named refuses the handshake (it is not the one whose
     password we hold); the next write asks again and reaches the right one."""
