@@ -20,7 +20,7 @@ KEY_FRAMES = {
     "Engine._create": r"engine\.py:Engine\._create$",
     "Engine._move": r"engine\.py:Engine\._move$",
     "Engine.try_reserve / ack": r"engine\.py:Engine\.(try_reserve|ack)$",
-    "Task() and Task.to_record": r"task\.py:Task\.(__init__|to_record)$",
+    "Task() and to_record": r"(task\.py:Task\.__init__|record\.py:to_record)$",
     "Journal.record": r"journal\.py:Journal\.record$",
     "Journal.flush / _start": r"journal\.py:Journal\.(flush|_start)$",
     "Journal._written (completion)": r"journal\.py:Journal\._written$",
@@ -34,7 +34,7 @@ KEY_FRAMES = {
     "load_tasks (restart)": r"^delaywheel/loading\.py:",
     "store load (restart)": r"^delaywheel/store/\w+\.py:\w+Store\.(load|_scan)$",
     "redis-py (restart)": r"^redis/",
-    "record read (restart)": r"task\.py:(read_record|_unpack_record|Task\.from_record)$",
+    "record read (restart)": r"record\.py:(read_record|_unpack_record|from_record)$",
     "imports (restart)": r"^<frozen importlib",
 }
 THREAD_ROOT = "threading.py:Thread._bootstrap"  # the outermost frame of a thread's stack

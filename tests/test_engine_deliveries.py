@@ -23,7 +23,7 @@ from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.task import Task, read_record
+from delaywheel.engine.record import from_record, read_record, to_record
 from delaywheel.errors import RequestError
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
@@ -245,11 +245,11 @@ def test_an_attempt_a_crash_cut_off_is_sent_again_after_loading() -> None:
 
 def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     fields = (3, "mail", 0, T0 + 60, T0, 0, 60, 5, 0, msgpack.packb("hi"))
-    task = Task.from_record("old", msgpack.packb(fields, use_bin_type=True))
+    task = from_record("old", msgpack.packb(fields, use_bin_type=True))
     assert task.target is None and task.last_error is None and task.topic == "mail"
-    new_record = task.to_record()
+    new_record = to_record(task)
     assert msgpack.unpackb(new_record)[0] == 4
-    assert Task.from_record("old", new_record).target is None
+    assert from_record("old", new_record).target is None
 
 
 def test_an_outcome_the_store_failed_to_take_is_tried_again(

@@ -44,6 +44,7 @@ from delaywheel.engine.journal import Journal
 from delaywheel.engine.loading import load_tasks
 from delaywheel.engine.packed import WINDOW_S, PackedTasks
 from delaywheel.engine.queues import Queues, Waiter
+from delaywheel.engine.record import from_record
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
@@ -568,7 +569,7 @@ class Engine:
         """Decode a packed task and schedule it (``TaskIndex.get`` calls this)."""
         # Read and checked again (it passed at load, so this cannot fail): the
         # checks are a fraction of the unpacking, which has to happen anyway.
-        task = Task.from_record(task_id, record)
+        task = from_record(task_id, record)
         self._tasks.add(task)
         self._locate(task)  # already counted, at load
         self._packed.thawed()

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
 from delaywheel.store.base import Store, StoreError
 from delaywheel.store.watch import StoreWatch
@@ -136,7 +137,7 @@ class Journal:
         self._touched = set()
         self._writing = batch
         changes = {
-            task_id: (None if task.state in (GONE, NEW) else task.to_record())
+            task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
         }
         batch.size = len(changes)

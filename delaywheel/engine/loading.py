@@ -13,16 +13,15 @@ from collections.abc import AsyncIterator, Callable
 
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.packed import PackedTasks
-from delaywheel.engine.task import (
+from delaywheel.engine.record import (
     AT_FIELD,
-    DELAYED,
-    IN_WHEEL,
     STATE_CODE,
     STATE_FIELD,
     TOPIC_FIELD,
-    Task,
+    from_fields,
     read_record,
 )
+from delaywheel.engine.task import DELAYED, IN_WHEEL, Task
 from delaywheel.wheel import TimingWheel
 
 log = logging.getLogger("delaywheel.engine.loading")  # pinned: its name is documented
@@ -48,7 +47,7 @@ async def load_tasks(
     now_s = wheel.now_s
     hold_from_s = packed.hold_from(now_s)
     delayed = STATE_CODE[DELAYED]
-    read, build = read_record, Task.from_fields
+    read, build = read_record, from_fields
     async for batch in batches:
         fresh: list[Task] = []
         timers: list[tuple[Task, float]] = []
