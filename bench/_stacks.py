@@ -31,7 +31,7 @@ KEY_FRAMES = {
     "task index": r"^delaywheel/index\.py:",
     "reply writing (Connection._flush)": r"connection\.py:Connection\.(_flush|_send)$",
     "GC": r"^CPython:gc_collect",
-    "load_tasks (restart)": r"^delaywheel/loading\.py:",
+    "load_tasks (restart)": r"cold\.py:load_tasks$",
     "store load (restart)": r"^delaywheel/store/\w+\.py:\w+Store\.(load|_scan)$",
     "redis-py (restart)": r"^redis/",
     "record read (restart)": r"record\.py:(read_record|_unpack_record|from_record)$",

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import delaywheel.engine.engine
+from delaywheel.engine.cold import PackedTasks
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.packed import PackedTasks
 from delaywheel.errors import RequestError
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore

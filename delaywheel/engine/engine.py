@@ -39,10 +39,9 @@ from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
 from delaywheel.engine.attempts import Attempts, RetryPolicy
+from delaywheel.engine.cold import WINDOW_S, PackedTasks, load_tasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Journal
-from delaywheel.engine.loading import load_tasks
-from delaywheel.engine.packed import WINDOW_S, PackedTasks
 from delaywheel.engine.queues import Queues, Waiter
 from delaywheel.engine.record import from_record
 from delaywheel.engine.task import (
@@ -408,7 +407,7 @@ class Engine:
 
     @property
     def packed_count(self) -> int:
-        """Delayed tasks held packed (``delaywheel.engine.packed``): ``stats``' ``wheel.packed``."""
+        """Delayed tasks held packed (``delaywheel.engine.cold``): ``stats``' ``wheel.packed``."""
         return self._packed.count
 
     def stats(self, now_s: float) -> dict[str, Any]:
@@ -521,7 +520,7 @@ class Engine:
 
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and
-        skipped. Returns how many loaded (see ``delaywheel.engine.loading``)."""
+        skipped. Returns how many loaded (see ``delaywheel.engine.cold``)."""
         return await load_tasks(
             batches,
             wheel=self.wheel,
@@ -532,7 +531,7 @@ class Engine:
         )
 
     def _durable(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
-        """A batch is in the store: pack its far delayed tasks (``delaywheel.engine.packed``).
+        """A batch is in the store: pack its far delayed tasks (``delaywheel.engine.cold``).
 
         Packed, a task is the record just written, which is the task as it is
         now only if nothing has changed it since: it must be the indexed task
