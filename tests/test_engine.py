@@ -454,7 +454,7 @@ def test_list_shows_a_task_whose_delete_was_undone() -> None:
         engine.delete("a", T0)
         batch = engine.journal.pending()
         assert batch is not None
-        engine._rollback(list(reversed(batch.undo)))  # as the journal does when a write fails
+        engine.table.rollback(list(reversed(batch.undo)))  # as the journal does when a write fails
         assert [t["id"] for t in engine.list_tasks({}, T0)["tasks"]] == ["a", "b"]
         assert engine.stats(T0)["states"]["ready"] == 2
 

@@ -8,17 +8,18 @@ cost of loading it. So a delayed task due after the next time window (a
 minute with the default wheel) stays as its record: the task index maps its
 id to the record bytes, and ``PackedTasks`` remembers which window it falls
 in. Tasks are packed when loaded at start-up, and when added or changed at
-run time once their record is in the store (``Engine._durable``, from the
+run time once their record is in the store (``ColdTasks.pack``, from the
 record the journal just wrote). A window before a window begins, the engine
 decodes its tasks and schedules them in the wheel, a few thousand per turn
 of the event loop so that a crowded window does not stall it; a request that
 names a packed task decodes it on the spot, and ``list`` decodes a budget of
 them per call.
 
-Only bookkeeping lives here; the engine does the packing and decoding
-(``Engine._durable``, ``Engine._thaw``).
+``PackedTasks`` is the bookkeeping of which windows hold which ids (the
+task table owns one, with the other containers); ``ColdTasks`` packs and
+decodes tasks in the task table (``delaywheel.engine.table``).
 
-Start-up (``load_tasks``) is the path a restart takes for millions of tasks,
+Start-up (``ColdTasks.load``) is the path a restart takes for millions of tasks,
 so it works a batch at a time: each record is read and checked; a delayed
 task due after the next time window stays packed, and the others are built
 and then placed, indexed and counted in bulk.
@@ -29,19 +30,22 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
-from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.record import (
     AT_FIELD,
     STATE_CODE,
     STATE_FIELD,
     TOPIC_FIELD,
     from_fields,
+    from_record,
     read_record,
 )
 from delaywheel.engine.task import DELAYED, IN_WHEEL, Task
-from delaywheel.wheel import TimingWheel
+
+if TYPE_CHECKING:
+    from delaywheel.engine.table import TaskTable
 
 log = logging.getLogger("delaywheel.engine.loading")  # pinned: its name is documented
 
@@ -143,25 +147,88 @@ class PackedTasks:
         return found
 
 
-async def load_tasks(
-    batches: AsyncIterator[list[tuple[str, bytes]]],
-    *,
-    wheel: TimingWheel,
-    index: TaskIndex,
-    counts: TaskCounts,
-    packed: PackedTasks,
-    locate: Callable[[Task], bool],
-) -> int:
-    """Load every record of ``batches`` (``(id, record)`` lists, each id once);
-    corrupt ones are logged with their id and skipped. Returns how many
-    tasks were loaded. ``locate`` puts a ready or dead task in its queue."""
-    loaded = 0
-    next_report = LOAD_PROGRESS_EVERY
-    now_s = wheel.now_s
-    hold_from_s = packed.hold_from(now_s)
-    delayed = STATE_CODE[DELAYED]
-    read, build = read_record, from_fields
-    async for batch in batches:
+class ColdTasks:
+    """Packs the task table's far delayed tasks once durable, and decodes them
+    when their window comes or a request names them."""
+
+    def __init__(self, table: TaskTable) -> None:
+        self._table = table
+
+    def pack(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
+        """A batch is in the store: pack its far delayed tasks.
+
+        Packed, a task is the record just written, which is the task as it is
+        now only if nothing has changed it since: it must be the indexed task
+        of its id, still delayed, and in no batch still gathering or being
+        written (that batch comes here in turn). Its counts stay as they are.
+        ``TaskTable.move`` left such a task out of the wheel; one that can no
+        longer be packed (its window came closer while the write took) is
+        scheduled now.
+        """
+        table = self._table
+        wheel, index, packed = table.wheel, table.index, table.packed
+        now_s = wheel.now_s
+        hold_from_s = packed.hold_from(now_s)
+        by_id, pending = index.by_id, table.journal.is_pending
+        held: list[str] = []
+        held_at: list[float] = []
+        for task_id, task in tasks.items():
+            if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
+                continue
+            if task.at_s < hold_from_s:
+                # Left out of the wheel by move(), to be packed: too close now.
+                # (One the wheel fired into its lane is unscheduled too: not that.)
+                if not task.scheduled and task_id not in table.waiting:
+                    wheel.insert(task, task.at_s)
+                continue
+            record = changes[task_id]
+            assert record is not None  # a delayed task's change is a put
+            if task.scheduled:
+                wheel.remove(task)
+            index.freeze(task, record)
+            held.append(task_id)
+            held_at.append(task.at_s)
+        if held:
+            packed.hold(held, held_at, now_s)
+
+    def decode(self, task_id: str, record: bytes) -> Task:
+        """Decode a packed task and schedule it (``TaskIndex.get`` calls this)."""
+        # Read and checked again (it passed at load, so this cannot fail): the
+        # checks are a fraction of the unpacking, which has to happen anyway.
+        task = from_record(task_id, record)
+        table = self._table
+        table.index.add(task)
+        table.locate(task)  # already counted, at load
+        table.packed.thawed()
+        return task
+
+    def thaw(self, limit: int, by_s: float | None = None) -> None:
+        """Decode packed tasks from the earliest windows (``PackedTasks.take``)."""
+        get = self._table.index.get
+        for task_id in self._table.packed.take(limit, by_s):
+            get(task_id)  # decodes the task if it is still packed
+
+    async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+        """Load every record of ``batches`` (``(id, record)`` lists, each id once)
+        into the table; corrupt ones are logged with their id and skipped.
+        Returns how many tasks were loaded."""
+        loaded = 0
+        next_report = LOAD_PROGRESS_EVERY
+        now_s = self._table.wheel.now_s
+        async for batch in batches:
+            loaded += self._load_batch(batch, now_s)
+            if loaded >= next_report:
+                log.info("loaded %d tasks so far", loaded, extra={"tasks": loaded})
+                next_report += LOAD_PROGRESS_EVERY
+        return loaded
+
+    def _load_batch(self, batch: list[tuple[str, bytes]], now_s: float) -> int:
+        """One batch of ``load``: read, then placed, indexed and counted in bulk."""
+        table = self._table
+        wheel, index, counts, packed = table.wheel, table.index, table.counts, table.packed
+        hold_from_s = packed.hold_from(now_s)
+        delayed = STATE_CODE[DELAYED]
+        read, build, locate = read_record, from_fields, table.locate
         fresh: list[Task] = []
         timers: list[tuple[Task, float]] = []
         held: list[tuple[str, bytes]] = []  # the batch's own (id, record) pairs
@@ -181,7 +248,7 @@ async def load_tasks(
                 continue
             task = build(task_id, fields)
             fresh.append(task)
-            if task.state in IN_WHEEL:  # as the engine's _locate() would, in bulk
+            if task.state in IN_WHEEL:  # as the table's locate() would, in bulk
                 timers.append((task, task.timer_s))
             else:
                 locate(task)
@@ -192,8 +259,4 @@ async def load_tasks(
         # Counted a batch at a time: a third of the cost of counting task by task.
         counts.add_all(fresh)
         counts.add_topics(held_topics, DELAYED)
-        loaded += len(fresh) + len(held)
-        if loaded >= next_report:
-            log.info("loaded %d tasks so far", loaded, extra={"tasks": loaded})
-            next_report += LOAD_PROGRESS_EVERY
-    return loaded
+        return len(fresh) + len(held)

@@ -4,8 +4,9 @@ A task lives in exactly one place, chosen by its state: ``delayed`` and
 ``reserved`` tasks sit in the wheel (at their due time and their TTR deadline),
 ``ready`` tasks in their topic's ready queue, ``dead`` tasks in their topic's
 dead list, ``delivering`` tasks (an HTTP or broker target's attempt in flight)
-in the engine's set of deliveries. ``new`` and ``gone`` are the pseudo-states
-before ``add`` and after ``ack``/``delete``: such a task is nowhere.
+in the task table's ``delivering``. ``new`` and ``gone`` are the pseudo-states
+before ``add`` and after ``ack``/``delete``: such a task is nowhere. The
+task table (``delaywheel.engine.table``) keeps every task in its place.
 
 A task with a ``target`` (HTTP, a broker) never becomes ``ready``: when due it
 is ``delivering``, and the attempt's outcome makes it ``gone`` (delivered),
@@ -171,7 +172,7 @@ _QUEUE_TARGET = {"type": "queue"}
 def place_of(task: Task, wheel: TimingWheel) -> tuple[int | None, int | None]:
     """``(cycle, slot)`` as the protocol reports them: a scheduled task's place in
     the wheel, the cursor for a ready one, nothing for a dead one. A delayed
-    task out of the wheel until its add is durable (``Engine._move``) is
+    task out of the wheel until its add is durable (``TaskTable.move``) is
     placed where its time puts it."""
     if task.scheduled:
         return wheel.place(task)
