@@ -152,7 +152,7 @@ class ServerCollector:
             "delaywheel_fire_lateness_seconds",
             "How late the wheel fired each timer: a delayed task after its due time, a "
             "reservation after its deadline. The tick's rounding up is included.",
-            [((), engine.lateness)],
+            [((), engine.firing.lateness)],
         )
 
     def _store(self) -> Iterator[Metric]:

@@ -489,9 +489,9 @@ def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
 
 
 def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPatch) -> None:
-    import delaywheel.engine.engine
+    import delaywheel.engine.firing
 
-    monkeypatch.setattr(delaywheel.engine.engine, "FIRE_BATCH", 4)
+    monkeypatch.setattr(delaywheel.engine.firing, "FIRE_BATCH", 4)
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         for i in range(10):

@@ -462,8 +462,10 @@ def test_lateness_is_counted_per_fired_batch_as_one_observation_per_timer() -> N
         for at_s in due:
             late_s = now_s - at_s
             expected[sum(1 for bound in LATENESS_BOUNDS_S if bound < late_s)] += 1
-        assert engine.lateness.counts == expected
-        assert engine.lateness.total == pytest.approx(sum(now_s - at_s for at_s in due), abs=0.01)
+        assert engine.firing.lateness.counts == expected
+        assert engine.firing.lateness.total == pytest.approx(
+            sum(now_s - at_s for at_s in due), abs=0.01
+        )
         assert engine.events.fired == len(due)
 
     asyncio.run(main())

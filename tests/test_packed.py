@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import delaywheel.engine.engine
+import delaywheel.engine.firing
 from delaywheel.engine.cold import PackedTasks
 from delaywheel.engine.engine import Engine
 from delaywheel.errors import RequestError
@@ -344,7 +345,7 @@ def test_a_crowded_window_comes_in_batches_unless_it_has_begun() -> None:
 def test_the_engine_decodes_a_crowded_window_over_several_advances(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delaywheel.engine.engine, "THAW_BATCH", 3)
+    monkeypatch.setattr(delaywheel.engine.firing, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}  # one window, from T0 + 30
 
     async def scenario(engine: Engine) -> None:
@@ -365,7 +366,7 @@ def test_the_engine_decodes_a_crowded_window_over_several_advances(
 def test_a_window_already_begun_is_decoded_whole_and_fires_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delaywheel.engine.engine, "THAW_BATCH", 3)
+    monkeypatch.setattr(delaywheel.engine.firing, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}
 
     async def scenario(engine: Engine) -> None:

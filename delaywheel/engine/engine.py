@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import base64
 import os
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable
 from itertools import count
-from operator import attrgetter
 from typing import Any
 
 from delaywheel import __version__, checks
@@ -29,6 +27,7 @@ from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
 from delaywheel.engine.attempts import Attempts, RetryPolicy
+from delaywheel.engine.firing import Firing
 from delaywheel.engine.index import TaskCounts
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.table import TaskTable
@@ -36,21 +35,10 @@ from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, d
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
 from delaywheel.store.base import Store
-from delaywheel.tallies import LATENESS_BOUNDS_S, Histogram
 
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
-# How many packed tasks one advance decodes (a few ms of work): a window
-# holding half a million is decoded over many turns of the loop, not in one stall.
-THAW_BATCH = 2_000
-# How many due tasks one advance makes ready: 5-8 ms of work on our 2-core
-# machines (3-5 us a task), so 200,000 due in the same second are made ready
-# over 200 turns of the loop, with requests served between them, at about the
-# same rate as in one stall of a second. Larger batches gain nothing.
-FIRE_BATCH = 1_000
-
-_due_of = attrgetter("due_s")  # a timer's due time in the wheel
 
 
 class Engine:
@@ -73,6 +61,7 @@ class Engine:
         self.wheel, self.queues, self.journal = table.wheel, table.queues, table.journal
         self._tasks, self.events = table.index, table.events
         self.attempts = Attempts(table, retry or RetryPolicy())
+        self.firing = Firing(table, self.attempts)
         self.started_s = now_s
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
@@ -80,9 +69,6 @@ class Engine:
         # a str object of 64 bytes, not the 80 that a 17-character id takes.
         self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
-        # For metrics, read only when scraped (delaywheel.tallies): how late
-        # the wheel's timers fired.
-        self.lateness = Histogram(LATENESS_BOUNDS_S)
 
     # -- requests ------------------------------------------------------------
 
@@ -300,51 +286,12 @@ class Engine:
     # -- time ------------------------------------------------------------------
 
     def advance(self, now_s: float) -> int:
-        """Fire what the wheel says is due, at most ``FIRE_BATCH`` tasks; returns
-        how many it moved. With more due, ``next_fire_s()`` is at or before
-        ``now_s``, so the driver calls again on the next turn of the loop."""
-        table = self.table
-        thaw_s = table.packed.next_thaw_s()
-        if thaw_s is not None and thaw_s <= now_s:
-            table.cold.thaw(THAW_BATCH, by_s=now_s)
-        fired = self.wheel.advance(now_s, FIRE_BATCH)
-        if fired:
-            self._count_fired(fired, now_s)
-        for task in fired:
-            assert isinstance(task, Task)
-            if task.target is not None and task.state == DELAYED:
-                self.attempts.due(task)  # it stays delayed until its lane has room
-            else:
-                table.fire(task)
-        if fired:
-            self.table.serve_waiters(now_s)
-        return len(fired)
-
-    def _count_fired(self, fired: list[Any], now_s: float) -> None:
-        """Count a batch of fired timers and how late each fired (after its due
-        time, or a reservation's deadline), a few bisects per batch rather than
-        one per timer: ``fired`` is in due order, so those at most a bound late
-        are a run at its end."""
-        n = len(fired)
-        self.events.fired += n
-        lateness = self.lateness
-        bounds, counts = lateness.bounds, lateness.counts
-        lateness.total += n * now_s - sum([timer.due_s for timer in fired])
-        first = bisect_left(bounds, now_s - fired[-1].due_s)  # the least late one's bucket
-        last = bisect_left(bounds, now_s - fired[0].due_s)
-        at_most = 0  # how many are at most the previous bound late
-        for i in range(first, last):
-            below = n - bisect_left(fired, now_s - bounds[i], key=_due_of)
-            counts[i] += below - at_most
-            at_most = below
-        counts[last] += n - at_most
+        """Fire what is due (``delaywheel.engine.firing``); returns how many moved."""
+        return self.firing.advance(now_s)
 
     def next_fire_s(self) -> float | None:
-        """When ``advance`` next has work: a tick with timers, or packed tasks to decode."""
-        fire_s, thaw_s = self.wheel.next_fire_s(), self.table.packed.next_thaw_s()
-        if fire_s is None or thaw_s is None:
-            return thaw_s if fire_s is None else fire_s
-        return min(fire_s, thaw_s)
+        """When ``advance`` next has work (``delaywheel.engine.firing``)."""
+        return self.firing.next_fire_s()
 
     # -- deliveries --------------------------------------------------------------
 
