@@ -22,14 +22,14 @@ from collections.abc import AsyncIterator, Callable
 from itertools import count
 from typing import Any
 
-from delaywheel import __version__, checks
+from delaywheel import checks
 from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
 from delaywheel.engine.attempts import Attempts, RetryPolicy
 from delaywheel.engine.firing import Firing
-from delaywheel.engine.index import TaskCounts
 from delaywheel.engine.queues import Waiter
+from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of
 from delaywheel.engine.validate import Limits
@@ -248,40 +248,13 @@ class Engine:
         self.table.serve_waiters(now_s)
         return len(kicked)
 
-    @property
-    def task_counts(self) -> TaskCounts:
-        """Tasks by state and by topic, as ``stats`` reports them."""
-        return self.table.counts
-
-    @property
-    def packed_count(self) -> int:
-        """Delayed tasks held packed (``delaywheel.engine.cold``): ``stats``' ``wheel.packed``."""
-        return self.table.packed.count
+    def snapshot(self) -> Snapshot:
+        """The figures ``stats`` and ``/metrics`` show (``delaywheel.engine.snapshot``)."""
+        return Snapshot.of(self)
 
     def stats(self, now_s: float) -> dict[str, Any]:
-        wheel = self.wheel.stats()
-        return {
-            "version": __version__,
-            "uptime": now_s - self.started_s,
-            "tasks": len(self._tasks),
-            "states": self.table.counts.by_state(),
-            "topics": self.table.counts.by_topic(),
-            "slots": self.wheel.slots,
-            "tick": self.wheel.tick_s,
-            "cursor": wheel.cursor_slot,
-            "wheel": {
-                "pending": wheel.pending,
-                "in_ring": wheel.in_ring,
-                "above_ring": wheel.above_ring,
-                "buckets": wheel.buckets,
-                "packed": self.table.packed.count,
-            },
-            "waiting_reserves": self.queues.waiter_count(),
-            "store": self.store.url,
-            "flushes": self.journal.flushes,
-            "last_flush_size": self.journal.last_batch_size,
-            "max_flush_size": self.journal.max_batch_size,
-        }
+        """The engine's part of the ``stats`` reply."""
+        return Snapshot.of(self).stats(now_s)
 
     # -- time ------------------------------------------------------------------
 
