@@ -63,9 +63,9 @@ def test_add_then_due_then_reserve_then_ack() -> None:
         assert task["deadline"] == T0 + 30 + 60
         await durable(engine)
         assert added["id"] in await stored_ids(store)
-        assert engine.ack(task["id"], T0 + 31) is True
+        assert engine.ack(task["id"]) is True
         await durable(engine)
-        assert engine.get(task["id"], T0 + 31) is None
+        assert engine.get(task["id"]) is None
         assert added["id"] not in await stored_ids(store)
 
     run(scenario)
@@ -88,16 +88,16 @@ def test_ttr_expiry_redelivers_then_dead_then_kick() -> None:
         first = engine.try_reserve(["t"], T0)
         assert first is not None and first["attempts"] == 1
         engine.advance(T0 + 4)
-        assert engine.get("j", T0 + 4)["state"] == "reserved"  # type: ignore[index]
+        assert engine.get("j")["state"] == "reserved"  # type: ignore[index]
         engine.advance(T0 + 5)
-        assert engine.get("j", T0 + 5)["state"] == "ready"  # type: ignore[index]
+        assert engine.get("j")["state"] == "ready"  # type: ignore[index]
         second = engine.try_reserve(["t"], T0 + 5)
         assert second is not None and second["attempts"] == 2
         engine.advance(T0 + 10)
-        assert engine.get("j", T0 + 10)["state"] == "dead"  # type: ignore[index]
+        assert engine.get("j")["state"] == "dead"  # type: ignore[index]
         assert engine.try_reserve(["t"], T0 + 10) is None
         assert engine.kick("t", 10, T0 + 11) == 1
-        kicked = engine.get("j", T0 + 11)
+        kicked = engine.get("j")
         assert kicked is not None and (kicked["state"], kicked["attempts"]) == ("ready", 0)
 
     run(scenario)
@@ -109,9 +109,9 @@ def test_touch_extends_and_release_delays() -> None:
         engine.try_reserve(["t"], T0)
         assert engine.touch("j", T0 + 8) == T0 + 18
         engine.advance(T0 + 12)
-        assert engine.get("j", T0 + 12)["state"] == "reserved"  # type: ignore[index]
+        assert engine.get("j")["state"] == "reserved"  # type: ignore[index]
         assert engine.release("j", 30, T0 + 12) is True
-        task = engine.get("j", T0 + 12)
+        task = engine.get("j")
         assert task is not None and (task["state"], task["at"]) == ("delayed", T0 + 42)
         assert code_of(lambda: engine.touch("j", T0 + 13)) == "conflict"
         engine.advance(T0 + 42)
@@ -126,7 +126,7 @@ def test_release_on_last_attempt_is_dead() -> None:
         engine.add({"id": "j", "topic": "t", "max_attempts": 1}, T0)
         engine.try_reserve(["t"], T0)
         engine.release("j", 0, T0)
-        assert engine.get("j", T0)["state"] == "dead"  # type: ignore[index]
+        assert engine.get("j")["state"] == "dead"  # type: ignore[index]
 
     run(scenario)
 
@@ -136,8 +136,8 @@ def test_ttr_zero_is_at_most_once() -> None:
         engine.add({"id": "j", "topic": "t", "ttr": 0}, T0)
         task = engine.try_reserve(["t"], T0)
         assert task is not None and task["state"] == "gone"
-        assert engine.get("j", T0) is None
-        assert code_of(lambda: engine.ack("j", T0)) == "not_found"
+        assert engine.get("j") is None
+        assert code_of(lambda: engine.ack("j")) == "not_found"
         await durable(engine)
         assert "j" not in await stored_ids(store)
 
@@ -147,7 +147,7 @@ def test_ttr_zero_is_at_most_once() -> None:
 def test_update_moves_the_task_in_the_wheel() -> None:
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         engine.add({"id": "j", "topic": "t", "delay": 7200}, T0)
-        assert engine.get("j", T0)["cycle"] == 2  # type: ignore[index]
+        assert engine.get("j")["cycle"] == 2  # type: ignore[index]
         updated = engine.update("j", {"delay": 10, "body": "new", "topic": "u"}, T0)
         assert (updated["cycle"], updated["topic"], updated["body"]) == (0, "u", "new")
         engine.advance(T0 + 10)
@@ -165,7 +165,7 @@ def test_add_many_is_all_or_nothing() -> None:
         assert code_of(lambda: engine.add_many([{"topic": "t"}, {"topic": ""}], T0)) == (
             "bad_request"
         )
-        assert engine.get("a", T0) is None
+        assert engine.get("a") is None
         assert len(engine.add_many([{"topic": "t"}] * 3, T0)) == 3
 
     run(scenario)
@@ -175,11 +175,11 @@ def test_list_pages_with_filters_and_cursor() -> None:
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         for i in range(25):
             engine.add({"id": f"t{i:02}", "topic": "even" if i % 2 == 0 else "odd"}, T0)
-        engine.delete("t04", T0)
+        engine.delete("t04")
         seen: list[str] = []
         cursor = None
         while True:
-            page = engine.list_tasks({"topic": "even", "limit": 4, "cursor": cursor}, T0)
+            page = engine.list_tasks({"topic": "even", "limit": 4, "cursor": cursor})
             seen += [task["id"] for task in page["tasks"]]
             cursor = page["next"]
             if cursor is None:
@@ -255,9 +255,7 @@ def test_recovery_rebuilds_every_state() -> None:
         await durable(engine)
         again = Engine(store, now_s=T0 + 50)
         assert await again.load(store.load()) == 4
-        states = {
-            i: again.get(i, T0 + 50)["state"] for i in ("delayed", "ready", "reserved", "dead")
-        }  # type: ignore[index]
+        states = {i: again.get(i)["state"] for i in ("delayed", "ready", "reserved", "dead")}  # type: ignore[index]
         assert states == {
             "delayed": "delayed",
             "ready": "ready",
@@ -265,7 +263,7 @@ def test_recovery_rebuilds_every_state() -> None:
             "dead": "dead",
         }
         again.advance(T0 + 50)  # the reservation's deadline (T0 + 30) passed while down
-        assert again.get("reserved", T0 + 50)["state"] == "ready"  # type: ignore[index]
+        assert again.get("reserved")["state"] == "ready"  # type: ignore[index]
         assert again.advance(T0 + 100) == 1
 
     run(scenario)
@@ -381,13 +379,13 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
             assert await engine.load(batches()) == len(good)
         for task_id in corrupt:
             assert f"skipping corrupt record for task {task_id!r}" in caplog.text
-            assert engine.get(task_id, T0) is None
+            assert engine.get(task_id) is None
         assert "at inf" in caplog.text and "deadline nan" in caplog.text
         assert engine.stats(T0)["tasks"] == len(good)
         assert engine.stats(T0)["wheel"]["packed"] == 1
-        assert engine.get("far", T0)["at"] == T0 + 10_000.0  # type: ignore[index]
-        assert engine.get("delayed", T0)["ttr"] == 60.0  # type: ignore[index]
-        assert type(engine.get("delayed", T0)["ttr"]) is float  # type: ignore[index]
+        assert engine.get("far")["at"] == T0 + 10_000.0  # type: ignore[index]
+        assert engine.get("delayed")["ttr"] == 60.0  # type: ignore[index]
+        assert type(engine.get("delayed")["ttr"]) is float  # type: ignore[index]
         assert engine.try_reserve(["t"], T0)["id"] == "ready"  # type: ignore[index]
         assert engine.try_reserve(["t"], T0)["ttr"] == 30.0  # type: ignore[index]
         assert engine.advance(T0 + 5) == 1  # the reservation expires: ready again
@@ -418,7 +416,7 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         engine.add({"id": "d", "topic": "t", "delay": 100}, T0)
-        assert code_of(lambda: engine.ack("d", T0)) == "conflict"
+        assert code_of(lambda: engine.ack("d")) == "conflict"
         assert code_of(lambda: engine.release("d", 0, T0)) == "conflict"
         assert code_of(lambda: engine.kick("t", 1, T0) or engine.touch("d", T0)) == "conflict"
 
@@ -451,11 +449,11 @@ def test_list_shows_a_task_whose_delete_was_undone() -> None:
         await durable(engine)
         batch_before = engine.journal.pending()
         assert batch_before is None
-        engine.delete("a", T0)
+        engine.delete("a")
         batch = engine.journal.pending()
         assert batch is not None
         engine.table.rollback(list(reversed(batch.undo)))  # as the journal does when a write fails
-        assert [t["id"] for t in engine.list_tasks({}, T0)["tasks"]] == ["a", "b"]
+        assert [t["id"] for t in engine.list_tasks({})["tasks"]] == ["a", "b"]
         assert engine.stats(T0)["states"]["ready"] == 2
 
     run(scenario)
@@ -507,7 +505,7 @@ def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPat
         assert counts == [4, 4, 2]
         order = [engine.try_reserve(["t"], T0 + 31)["id"] for _ in range(10)]  # type: ignore[index]
         assert order == [f"b{i}" for i in range(10)]
-        assert engine.get("later", T0 + 31)["state"] == "delayed"  # type: ignore[index]
+        assert engine.get("later")["state"] == "delayed"  # type: ignore[index]
 
     run(scenario)
 

@@ -8,7 +8,8 @@ keeps it and journals it. The modules beside this one do the rest: time's
 changes (``firing``), delivery attempts of targeted tasks (``attempts``),
 cold tasks and loading (``cold``).
 
-Methods take ``now_s`` instead of reading a clock. Mutating methods return at
+A verb whose outcome depends on the time takes ``now_s`` instead of reading a
+clock (``get``, ``list_tasks``, ``delete`` and ``ack`` do not). Mutating methods return at
 once; the server holds their replies until ``journal.pending()`` is durable.
 A blocked ``reserve`` is a ``Waiter`` that gets its task when one becomes
 ready; handing it over is itself a journaled change.
@@ -163,7 +164,7 @@ class Engine:
         self.table.serve_waiters(now_s)
         return self.describe(task)
 
-    def delete(self, task_id: Any, now_s: float) -> bool:
+    def delete(self, task_id: Any) -> bool:
         task = self._tasks.get(validate.task_id(task_id))
         if task is None:
             return False
@@ -171,11 +172,11 @@ class Engine:
         self.events.deleted += 1
         return True
 
-    def get(self, task_id: Any, now_s: float) -> dict[str, Any] | None:
+    def get(self, task_id: Any) -> dict[str, Any] | None:
         task = self._tasks.get(validate.task_id(task_id))
         return None if task is None else self.describe(task)
 
-    def list_tasks(self, query: Any, now_s: float) -> dict[str, Any]:
+    def list_tasks(self, query: Any) -> dict[str, Any]:
         q = validate.list_query(query)
 
         def wanted(task: Task) -> bool:
@@ -202,7 +203,7 @@ class Engine:
     def cancel_wait(self, waiter: Waiter) -> None:
         self.queues.cancel_waiter(waiter)
 
-    def ack(self, task_id: Any, now_s: float) -> bool:
+    def ack(self, task_id: Any) -> bool:
         task = self._find(task_id)
         self.table.move(task, "ack", GONE)
         self.events.acked += 1
