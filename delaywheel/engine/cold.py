@@ -166,10 +166,10 @@ class ColdTasks:
         scheduled now.
         """
         table = self._table
-        wheel, index, packed = table.wheel, table.index, table.packed
+        wheel, packed = table.wheel, table.packed
         now_s = wheel.now_s
         hold_from_s = packed.hold_from(now_s)
-        by_id, pending = index.by_id, table.journal.is_pending
+        by_id, pending = table.index.by_id, table.journal.is_pending
         held: list[str] = []
         held_at: list[float] = []
         for task_id, task in tasks.items():
@@ -185,7 +185,7 @@ class ColdTasks:
             assert record is not None  # a delayed task's change is a put
             if task.scheduled:
                 wheel.remove(task)
-            index.freeze(task, record)
+            table.index.freeze(task, record)
             held.append(task_id)
             held_at.append(task.at_s)
         if held:

@@ -14,9 +14,9 @@ coroutine per flush. While that write is in flight the next batch gathers;
 it is started from the write's callback. Under load one store round trip
 therefore carries everything that arrived during the previous one.
 
-Once a batch is durable, the task table's ``durable(tasks, changes)`` sees
-what it held before the replies go out: far-future tasks are packed then,
-from the records just written (``delaywheel.engine.cold``).
+Once a batch is durable, the task table's cold tasks see what it held
+before the replies go out (``ColdTasks.pack``): far-future tasks are packed
+then, from the records just written (``delaywheel.engine.cold``).
 
 Replies wait on batches: whoever needs "durable" registers a callback on the
 batch it depends on (``pending()``), and the callback runs once the write
@@ -76,7 +76,9 @@ class Batch:
 class Journal:
     def __init__(self, store: Store, table: TaskTable) -> None:
         self._store = store
-        self._table = table  # it calls record(); the journal calls its durable() and rollback()
+        # The table calls record(); the journal calls its rollback(), and its
+        # cold tasks' pack() once a batch is durable.
+        self._table = table
         self.inline = store.inline
         self._gathering = Batch()
         self._writing: Batch | None = None
@@ -162,7 +164,7 @@ class Journal:
             if not self.inline:
                 self.watch.written(batch.size)
             try:
-                self._table.durable(batch.tasks, changes)
+                self._table.cold.pack(batch.tasks, changes)
             except Exception:  # the write is durable: its replies must still go
                 log.exception("durable hook failed")
             batch.finish(None)

@@ -30,7 +30,6 @@ store did not take, tried again later.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
@@ -125,7 +124,7 @@ class TaskTable:
             self.index.remove(task)
         elif to == DELAYED and task.at_s >= self.packed.hold_from(self.wheel.now_s):
             # Due after the next window: it will be packed once durable
-            # (``durable``), so it skips the wheel, whose insert and removal
+            # (``ColdTasks.pack``), so it skips the wheel, whose insert and removal
             # would be a fifth of an add. Nothing fires it before then anyway.
             self.counts.add(task.topic, DELAYED)
         else:
@@ -181,10 +180,6 @@ class TaskTable:
             task.restore_fields(snap)
             self.place(task)
         self.serve_waiters(self.wheel.now_s)
-
-    def durable(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
-        """A batch is in the store (the journal's): pack its far delayed tasks."""
-        self.cold.pack(tasks, changes)
 
     # -- handing tasks out -----------------------------------------------------
 
