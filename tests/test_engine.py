@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.record import from_record, to_record
+from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.task import CHANGEABLE, STATES, TRANSITIONS, Task
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
@@ -550,3 +552,12 @@ def test_a_ready_queue_gives_the_oldest_due_first_in_and_out_of_order(ops: list[
             head.state = "gone"
         expected = min(live, key=lambda t: (t.at_s, t.queue_seq)) if live else None
         assert queues.oldest_ready(["t"]) is expected
+
+
+def test_the_settings_defaults_are_the_engines_own() -> None:
+    """Each limit and retry default is defined once, by the engine, and the
+    settings (which the CLI's flags default to) take it from there."""
+    settings = Settings()
+    assert settings.limits == Limits()
+    policy = RetryPolicy()
+    assert (settings.retry_base_s, settings.retry_cap_s) == (policy.base_s, policy.cap_s)

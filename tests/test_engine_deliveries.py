@@ -21,9 +21,9 @@ from conftest import RedisServer
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import TargetRules
-from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.record import from_record, read_record, to_record
+from delaywheel.engine.retry import RetryPolicy
 from delaywheel.errors import RequestError
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore

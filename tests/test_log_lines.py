@@ -19,8 +19,8 @@ import pytest
 from delaywheel.config import Settings
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.targets import TargetRules, destination
-from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
+from delaywheel.engine.retry import RetryPolicy
 from delaywheel.logs import JsonFormatter, shown_settings
 from delaywheel.net.connection import _loggable
 from delaywheel.store.base import Changes, Done, StoreUnavailable

@@ -13,7 +13,7 @@ after it); and a crash during an attempt leaves the task ``delivering`` in
 the store, where loading finds it: it is sent again with the same attempt
 number (``start``). The dispatcher reports the outcome (``outcome``): the
 task is removed, or goes back to ``delayed`` at its next try
-(``RetryPolicy``), or to ``dead`` after ``max_attempts``.
+(``RetryPolicy``, ``delaywheel.engine.retry``), or to ``dead`` after ``max_attempts``.
 
 Every change goes through the task table's ``move`` (``delaywheel.engine.table``),
 so the transition table, the counts and the journal see it as any other.
@@ -22,14 +22,15 @@ so the transition table, the counts and the journal see it as any other.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import destination
+from delaywheel.engine.retry import (
+    RetryPolicy as RetryPolicy,  # re-exported: app.py imports it here
+)
 from delaywheel.engine.task import DEAD, DELAYED, DELIVERING, GONE, Task
 from delaywheel.store.base import StoreError
 
@@ -38,29 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delaywheel.delivery")
 
-DEFAULT_RETRY_BASE_S = 1.0
-DEFAULT_RETRY_CAP_S = 3600.0
-# A retry waits base * 2^(attempt-1); past this exponent the cap has long won
-# (and 2.0**1024 would overflow).
-_MAX_RETRY_EXPONENT = 60
-
 # The dispatcher's queue(task_id, target): a due task for its destination's lane.
 Queue = Callable[[str, dict[str, Any]], None]
 # Called once per begun attempt: the Delivery to send, or None (not to be sent).
 Ready = Callable[["Delivery | None"], None]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    base_s: float = DEFAULT_RETRY_BASE_S
-    cap_s: float = DEFAULT_RETRY_CAP_S
-    jitter: Callable[[], float] = field(default=random.random)  # in [0, 1)
-
-    def delay_s(self, attempts: int) -> float:
-        """How long after failed attempt number ``attempts`` the next one starts:
-        the base doubled per attempt, plus up to 10 % jitter, at most the cap."""
-        exponent = min(attempts - 1, _MAX_RETRY_EXPONENT)
-        return min(self.base_s * 2.0**exponent * (1.0 + 0.1 * self.jitter()), self.cap_s)
 
 
 class Attempts:

@@ -27,9 +27,10 @@ from delaywheel import checks
 from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
-from delaywheel.engine.attempts import Attempts, RetryPolicy
+from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
+from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of
