@@ -47,7 +47,7 @@ from delaywheel.engine.task import DELAYED, IN_WHEEL, Task
 if TYPE_CHECKING:
     from delaywheel.engine.table import TaskTable
 
-log = logging.getLogger("delaywheel.engine.loading")  # pinned: its name is documented
+log = logging.getLogger("delaywheel.loading")  # pinned: docs/operations.md names it
 
 # The window for the default wheel (3600 slots of 1 s). A shorter one packs
 # more at start and decodes less at a time later; a lap of a small test wheel
