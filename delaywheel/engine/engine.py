@@ -8,19 +8,16 @@ keeps it and journals it. The modules beside this one do the rest: time's
 changes (``firing``), delivery attempts of targeted tasks (``attempts``),
 cold tasks and loading (``cold``).
 
-A verb whose outcome depends on the time takes ``now_s`` instead of reading a
-clock (``get``, ``list_tasks``, ``delete`` and ``ack`` do not). Mutating methods return at
-once; the server holds their replies until ``journal.pending()`` is durable.
+A verb whose outcome depends on the time takes ``now_s`` instead of reading
+a clock (``get``, ``list_tasks``, ``delete`` and ``ack`` do not). Mutating verbs
+return at once; the server holds their replies until ``journal.pending()`` is durable.
 A blocked ``reserve`` is a ``Waiter`` that gets its task when one becomes
 ready; handing it over is itself a journaled change.
 """
 
 from __future__ import annotations
 
-import base64
-import os
 from collections.abc import AsyncIterator, Callable
-from itertools import count
 from typing import Any
 
 from delaywheel import checks
@@ -65,17 +62,11 @@ class Engine:
         self.attempts = Attempts(table, retry or RetryPolicy())
         self.firing = Firing(table, self.attempts)
         self.started_s = now_s
-        # Server-made ids: a random per-process prefix and a counter (unique
-        # across restarts without a round trip, and cheap to make). 40 bits in
-        # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
-        # a str object of 64 bytes, not the 80 that a 17-character id takes.
-        self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
-        self._id_counter = count(1)
 
     # -- requests ------------------------------------------------------------
 
     def add(self, fields: Any, now_s: float) -> dict[str, Any]:
-        task = self._create(self._checked(fields, now_s), now_s)
+        task = self.table.create(self._checked(fields, now_s), now_s)
         self.table.serve_waiters(now_s)
         return self._added(task)
 
@@ -94,7 +85,7 @@ class Engine:
             except RequestError as exc:
                 raise RequestError(exc.code, f"task {index}: {exc.message}") from None
             checked.append(new)
-        created = [self._create(new, now_s) for new in checked]
+        created = [self.table.create(new, now_s) for new in checked]
         self.table.serve_waiters(now_s)
         return [self._added(task) for task in created]
 
@@ -107,31 +98,6 @@ class Engine:
                 new.target, new.body_packed, task_id=new.id, topic=new.topic
             )
         return new
-
-    def _create(self, new: validate.NewTask, now_s: float) -> Task:
-        """Create a task from ``_checked`` fields (``target`` None: the ready queue)."""
-        task_id = new.id
-        if task_id is None:
-            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
-        elif task_id in self._tasks:
-            raise RequestError("exists", f"a task with id {task_id!r} already exists")
-        target = new.target
-        task = Task(
-            task_id,
-            new.topic,
-            new.at_s,
-            body_packed=new.body_packed,
-            ttr_s=new.ttr_s,
-            max_attempts=new.max_attempts,
-            created_s=now_s,
-            target=target,
-        )
-        self._tasks.add(task)
-        # A targeted task due now is delayed all the same: the next tick sends it.
-        due_later = new.at_s > now_s or target is not None
-        self.table.move(task, "add", DELAYED if due_later else READY)
-        self.events.added += 1
-        return task
 
     def _added(self, task: Task) -> dict[str, Any]:
         cycle, slot = place_of(task, self.wheel)

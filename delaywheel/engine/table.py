@@ -11,8 +11,9 @@ due after the next window and kept packed (``packed``, ``index`` holding its
 record; ``delaywheel.engine.cold``). Every live task is in ``index`` and
 counted by state and topic in ``counts``.
 
-This class is the only writer of those containers. A request's change goes
-through ``move``, which checks the transition table, takes the task out of
+This class is the only writer of those containers. A new task comes in
+through ``create`` (which makes its id when the client gave none); a
+request's change goes through ``move``, which checks the transition table, takes the task out of
 the place its old state kept it in, changes it, puts it where the new state
 keeps it, and journals it. Because a task's place follows from its state,
 undoing a change after a failed store write (``rollback``) is just putting
@@ -30,6 +31,9 @@ store did not take, tried again later.
 
 from __future__ import annotations
 
+import base64
+import os
+from itertools import count
 from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
@@ -49,6 +53,8 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
+from delaywheel.engine.validate import NewTask
+from delaywheel.errors import RequestError
 from delaywheel.store.base import Store
 from delaywheel.tallies import EventCounts
 from delaywheel.wheel import TimingWheel
@@ -71,6 +77,12 @@ class TaskTable:
         # counted where each is handled.
         self.events = EventCounts()
         self.journal = Journal(store, self)
+        # Server-made ids: a random per-process prefix and a counter (unique
+        # across restarts without a round trip, and cheap to make). 40 bits in
+        # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
+        # a str object of 64 bytes, not the 80 that a 17-character id takes.
+        self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
+        self._id_counter = count(1)
 
     # -- where a task lives --------------------------------------------------
 
@@ -111,6 +123,32 @@ class TaskTable:
         self.counts.remove(task.topic, state)
 
     # -- changes -------------------------------------------------------------
+
+    def create(self, new: NewTask, now_s: float) -> Task:
+        """A new task from checked fields (``Engine._checked``; ``target`` None:
+        the ready queue), indexed and added: delayed, or ready when due now."""
+        task_id = new.id
+        if task_id is None:
+            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
+        elif task_id in self.index:
+            raise RequestError("exists", f"a task with id {task_id!r} already exists")
+        target = new.target
+        task = Task(
+            task_id,
+            new.topic,
+            new.at_s,
+            body_packed=new.body_packed,
+            ttr_s=new.ttr_s,
+            max_attempts=new.max_attempts,
+            created_s=now_s,
+            target=target,
+        )
+        self.index.add(task)
+        # A targeted task due now is delayed all the same: the next tick sends it.
+        due_later = new.at_s > now_s or target is not None
+        self.move(task, "add", DELAYED if due_later else READY)
+        self.events.added += 1
+        return task
 
     def move(self, task: Task, event: str, to: str, **fields: Any) -> None:
         """The one way a request changes a task: check, unplace, change, place, journal."""
