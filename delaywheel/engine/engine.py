@@ -218,11 +218,17 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         """The figures ``stats`` and ``/metrics`` show (``delaywheel.engine.snapshot``)."""
-        return Snapshot.of(self)
+        return Snapshot.of(
+            self.table,
+            store=self.store.url,
+            started_s=self.started_s,
+            delivery_deaths=self.attempts.deaths,
+            lateness=self.firing.lateness,
+        )
 
     def stats(self, now_s: float) -> dict[str, Any]:
         """The engine's part of the ``stats`` reply."""
-        return Snapshot.of(self).stats(now_s)
+        return self.snapshot().stats(now_s)
 
     # -- time ------------------------------------------------------------------
 

@@ -11,15 +11,13 @@ at once on the event loop's thread: a scrape must not copy a million topics.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from delaywheel import __version__
 from delaywheel.engine.index import TaskCounts
+from delaywheel.engine.table import TaskTable
 from delaywheel.tallies import EventCounts, Histogram
 from delaywheel.wheel import WheelStats
-
-if TYPE_CHECKING:
-    from delaywheel.engine.engine import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +44,23 @@ class Snapshot:
     lateness: Histogram
 
     @classmethod
-    def of(cls, engine: Engine) -> Snapshot:
-        table, journal = engine.table, engine.journal
+    def of(
+        cls,
+        table: TaskTable,
+        *,
+        store: str,
+        started_s: float,
+        delivery_deaths: int,
+        lateness: Histogram,
+    ) -> Snapshot:
+        """The table's figures now, with the engine's own: the store's URL,
+        when it started, deaths after a last delivery attempt, lateness."""
+        journal = table.journal
         watch = journal.watch
         return cls(
             version=__version__,
-            store=engine.store.url,
-            started_s=engine.started_s,
+            store=store,
+            started_s=started_s,
             tasks=len(table.index),
             counts=table.counts,
             slots=table.wheel.slots,
@@ -68,8 +76,8 @@ class Snapshot:
             flush_seconds=watch.durations,
             flush_changes=watch.sizes,
             events=table.events,
-            deaths=table.events.deaths + engine.attempts.deaths,
-            lateness=engine.firing.lateness,
+            deaths=table.events.deaths + delivery_deaths,
+            lateness=lateness,
         )
 
     def stats(self, now_s: float) -> dict[str, Any]:
