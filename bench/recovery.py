@@ -50,6 +50,7 @@ import redis
 
 from bench import Figure, Report, Target, paused_gc, progress
 from bench._procs import private_redis, running_server
+from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, READY, RESERVED, Task
 from delaywheel.store import Store, open_store
 from delaywheel.store.base import DEFAULT_BATCH_SIZE
@@ -105,7 +106,7 @@ def records(
             # Far enough out that no reservation expires while the server starts.
             deadline_s=now_s + 3600 if state == RESERVED else 0.0,
         )
-        batch.append((task.id, task.to_record()))
+        batch.append((task.id, to_record(task)))
         if len(batch) == WRITE_BATCH:
             yield batch
             batch = []

@@ -13,9 +13,13 @@ from typing import TYPE_CHECKING
 
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
+# Re-exported: the CLI takes every default from here. Each is defined once,
+# by the layer that applies it.
+from delaywheel.engine.retry import DEFAULT_RETRY_BASE_S as DEFAULT_RETRY_BASE_S
+from delaywheel.engine.retry import DEFAULT_RETRY_CAP_S as DEFAULT_RETRY_CAP_S
+from delaywheel.engine.validate import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
+from delaywheel.engine.validate import DEFAULT_MAX_DELAY_S as DEFAULT_MAX_DELAY_S
 from delaywheel.engine.validate import Limits
-
-# Re-exported: the CLI takes every default from here.
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
 
@@ -25,14 +29,10 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3450
 DEFAULT_STORE = "redis://127.0.0.1:6379/0"
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 10_000
-DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
 DEFAULT_MESSAGE_TIMEOUT_S = 30.0
 DEFAULT_HTTP_ALLOW = "public"
 DEFAULT_HTTP_CONCURRENCY = 64
-DEFAULT_RETRY_BASE_S = 1.0
-DEFAULT_RETRY_CAP_S = 3600.0
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 # Topics named in the per-topic task metrics; the rest are summed apart
 # (docs/metrics.md): each topic is a series per state in Prometheus.

@@ -4,7 +4,9 @@ Nothing here runs per request. The server already keeps what the metrics
 show, or counts it where the event is handled with one int addition
 (``delaywheel.tallies``); ``ServerCollector.collect`` reads it all when
 Prometheus scrapes, in time proportional to the topics, methods and
-brokers, never to the tasks. Per-topic series are capped at
+brokers, never to the tasks. The engine's figures come from the same
+snapshot that ``stats`` answers from (``delaywheel.engine.snapshot``), so
+the two cannot disagree. Per-topic series are capped at
 ``--metrics-topics``, the largest topics by task count; the others are
 summed into ``delaywheel_other_topics_tasks``, so a server with a million
 topics still exposes a bounded number of series.
@@ -35,7 +37,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
-from delaywheel import __version__
+from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.task import STATES
 from delaywheel.tallies import Histogram
 
@@ -78,29 +80,28 @@ class ServerCollector:
         self._topics = topics
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._info()
-        yield from self._tasks()
-        yield from self._events()
-        yield from self._store()
+        snapshot = self._server.engine.snapshot()
+        yield from self._info(snapshot)
+        yield from self._tasks(snapshot)
+        yield from self._events(snapshot)
+        yield from self._store(snapshot)
         yield from self._requests()
         yield from self._deliveries()
 
-    def _info(self) -> Iterator[Metric]:
-        engine = self._server.engine
+    def _info(self, snapshot: Snapshot) -> Iterator[Metric]:
         info = GaugeMetricFamily(
             "delaywheel_info", "The server's version and store (1).", labels=["version", "store"]
         )
-        info.add_metric([__version__, engine.store.url], 1)
+        info.add_metric([snapshot.version, snapshot.store], 1)
         yield info
         yield GaugeMetricFamily(
             "delaywheel_start_time_seconds",
             "When the server started, in Unix seconds.",
-            value=engine.started_s,
+            value=snapshot.started_s,
         )
 
-    def _tasks(self) -> Iterator[Metric]:
-        engine = self._server.engine
-        counts = engine.task_counts
+    def _tasks(self, snapshot: Snapshot) -> Iterator[Metric]:
+        counts = snapshot.counts
         by_state = GaugeMetricFamily("delaywheel_tasks", "Tasks by state.", labels=["state"])
         for state, n in counts.by_state().items():
             by_state.add_metric([state], n)
@@ -130,17 +131,16 @@ class ServerCollector:
         yield GaugeMetricFamily(
             "delaywheel_packed_tasks",
             "Delayed tasks held packed until their window comes (counted in delaywheel_tasks).",
-            value=engine.packed_count,
+            value=snapshot.packed,
         )
         yield GaugeMetricFamily(
             "delaywheel_waiting_reserves",
             "Blocked reserves waiting for a task.",
-            value=engine.queues.waiter_count(),
+            value=snapshot.waiting_reserves,
         )
 
-    def _events(self) -> Iterator[Metric]:
-        engine = self._server.engine
-        events = engine.events
+    def _events(self, snapshot: Snapshot) -> Iterator[Metric]:
+        events = snapshot.events
         for slot, name, doc in _EVENTS:
             yield CounterMetricFamily(name, doc, value=getattr(events, slot))
         yield CounterMetricFamily(
@@ -152,40 +152,38 @@ class ServerCollector:
             "delaywheel_task_deaths_total",
             "Tasks made dead: their last attempt failed (a TTR run out, a release, a failed "
             "delivery).",
-            value=events.deaths + engine.attempts.deaths,
+            value=snapshot.deaths,
         )
         yield _histogram(
             "delaywheel_fire_lateness_seconds",
             "How late the wheel fired each timer: a delayed task after its due time, a "
             "reservation after its deadline. The tick's rounding up is included.",
-            [((), engine.lateness)],
+            [((), snapshot.lateness)],
         )
 
-    def _store(self) -> Iterator[Metric]:
-        journal = self._server.engine.journal
-        watch = journal.watch
+    def _store(self, snapshot: Snapshot) -> Iterator[Metric]:
         yield GaugeMetricFamily(
             "delaywheel_store_up",
             "0 from a store write that failed until one succeeds, else 1.",
-            value=0 if watch.lost else 1,
+            value=1 if snapshot.store_up else 0,
         )
         yield CounterMetricFamily(
-            "delaywheel_store_flushes_total", "Store writes that succeeded.", value=journal.flushes
+            "delaywheel_store_flushes_total", "Store writes that succeeded.", value=snapshot.flushes
         )
         yield CounterMetricFamily(
             "delaywheel_store_errors_total",
             "Store writes that failed (their requests answered unavailable).",
-            value=watch.failures,
+            value=snapshot.store_errors,
         )
         yield _histogram(
             "delaywheel_store_flush_seconds",
             "How long store writes that succeeded took (not kept for memory://).",
-            [((), watch.durations)],
+            [((), snapshot.flush_seconds)],
         )
         yield _histogram(
             "delaywheel_store_flush_changes",
             "Changes per store write that succeeded: group commit (not kept for memory://).",
-            [((), watch.sizes)],
+            [((), snapshot.flush_changes)],
         )
 
     def _requests(self) -> Iterator[Metric]:

@@ -283,23 +283,23 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
         engine.add({"id": "ready", "topic": "t"}, now_s)
         await engine.journal.drain()
         before = engine.stats(now_s)
-        place = engine.get("kept", now_s)
+        place = engine.get("kept")
 
         fsync_redis.stop()
         failures: list[object] = []
         engine.add({"id": "new", "topic": "t"}, now_s)
         engine.update("kept", {"delay": 5000, "body": "new", "topic": "u"}, now_s)
         engine.try_reserve(["t"], now_s)
-        engine.delete("kept", now_s)  # builds on the update in the same batch
+        engine.delete("kept")  # builds on the update in the same batch
         batch = engine.journal.pending()
         assert batch is not None
         batch.add_callback(failures.append)
         await engine.journal.drain()
         assert len(failures) == 1 and failures[0] is not None
 
-        assert engine.get("new", now_s) is None
-        assert engine.get("kept", now_s) == place
-        assert engine.get("ready", now_s)["state"] == "ready"  # type: ignore[index]
+        assert engine.get("new") is None
+        assert engine.get("kept") == place
+        assert engine.get("ready")["state"] == "ready"  # type: ignore[index]
         after = engine.stats(now_s)
         for key in ("tasks", "states", "topics"):
             assert after[key] == before[key], key
@@ -307,13 +307,13 @@ def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) 
         scheduled = [s["wheel"]["pending"] + s["wheel"]["packed"] for s in (before, after)]
         assert scheduled == [1, 1]
         with pytest.raises(RequestError):
-            engine.ack("ready", now_s)  # the reservation was undone too
+            engine.ack("ready")  # the reservation was undone too
 
         fsync_redis.start()
         await asyncio.sleep(RECONNECT_MIN_S)  # the store's backoff after one failed write
         engine.add({"id": "later", "topic": "t"}, now_s)
         await engine.journal.drain()
-        assert engine.get("later", now_s) is not None
+        assert engine.get("later") is not None
         await store.close()
 
     asyncio.run(scenario())

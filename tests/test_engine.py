@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.queues import Waiter
+from delaywheel.engine.record import from_record, to_record
+from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.task import CHANGEABLE, STATES, TRANSITIONS, Task
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
@@ -62,9 +65,9 @@ def test_add_then_due_then_reserve_then_ack() -> None:
         assert task["deadline"] == T0 + 30 + 60
         await durable(engine)
         assert added["id"] in await stored_ids(store)
-        assert engine.ack(task["id"], T0 + 31) is True
+        assert engine.ack(task["id"]) is True
         await durable(engine)
-        assert engine.get(task["id"], T0 + 31) is None
+        assert engine.get(task["id"]) is None
         assert added["id"] not in await stored_ids(store)
 
     run(scenario)
@@ -87,16 +90,16 @@ def test_ttr_expiry_redelivers_then_dead_then_kick() -> None:
         first = engine.try_reserve(["t"], T0)
         assert first is not None and first["attempts"] == 1
         engine.advance(T0 + 4)
-        assert engine.get("j", T0 + 4)["state"] == "reserved"  # type: ignore[index]
+        assert engine.get("j")["state"] == "reserved"  # type: ignore[index]
         engine.advance(T0 + 5)
-        assert engine.get("j", T0 + 5)["state"] == "ready"  # type: ignore[index]
+        assert engine.get("j")["state"] == "ready"  # type: ignore[index]
         second = engine.try_reserve(["t"], T0 + 5)
         assert second is not None and second["attempts"] == 2
         engine.advance(T0 + 10)
-        assert engine.get("j", T0 + 10)["state"] == "dead"  # type: ignore[index]
+        assert engine.get("j")["state"] == "dead"  # type: ignore[index]
         assert engine.try_reserve(["t"], T0 + 10) is None
         assert engine.kick("t", 10, T0 + 11) == 1
-        kicked = engine.get("j", T0 + 11)
+        kicked = engine.get("j")
         assert kicked is not None and (kicked["state"], kicked["attempts"]) == ("ready", 0)
 
     run(scenario)
@@ -108,9 +111,9 @@ def test_touch_extends_and_release_delays() -> None:
         engine.try_reserve(["t"], T0)
         assert engine.touch("j", T0 + 8) == T0 + 18
         engine.advance(T0 + 12)
-        assert engine.get("j", T0 + 12)["state"] == "reserved"  # type: ignore[index]
+        assert engine.get("j")["state"] == "reserved"  # type: ignore[index]
         assert engine.release("j", 30, T0 + 12) is True
-        task = engine.get("j", T0 + 12)
+        task = engine.get("j")
         assert task is not None and (task["state"], task["at"]) == ("delayed", T0 + 42)
         assert code_of(lambda: engine.touch("j", T0 + 13)) == "conflict"
         engine.advance(T0 + 42)
@@ -125,7 +128,7 @@ def test_release_on_last_attempt_is_dead() -> None:
         engine.add({"id": "j", "topic": "t", "max_attempts": 1}, T0)
         engine.try_reserve(["t"], T0)
         engine.release("j", 0, T0)
-        assert engine.get("j", T0)["state"] == "dead"  # type: ignore[index]
+        assert engine.get("j")["state"] == "dead"  # type: ignore[index]
 
     run(scenario)
 
@@ -135,8 +138,8 @@ def test_ttr_zero_is_at_most_once() -> None:
         engine.add({"id": "j", "topic": "t", "ttr": 0}, T0)
         task = engine.try_reserve(["t"], T0)
         assert task is not None and task["state"] == "gone"
-        assert engine.get("j", T0) is None
-        assert code_of(lambda: engine.ack("j", T0)) == "not_found"
+        assert engine.get("j") is None
+        assert code_of(lambda: engine.ack("j")) == "not_found"
         await durable(engine)
         assert "j" not in await stored_ids(store)
 
@@ -146,7 +149,7 @@ def test_ttr_zero_is_at_most_once() -> None:
 def test_update_moves_the_task_in_the_wheel() -> None:
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         engine.add({"id": "j", "topic": "t", "delay": 7200}, T0)
-        assert engine.get("j", T0)["cycle"] == 2  # type: ignore[index]
+        assert engine.get("j")["cycle"] == 2  # type: ignore[index]
         updated = engine.update("j", {"delay": 10, "body": "new", "topic": "u"}, T0)
         assert (updated["cycle"], updated["topic"], updated["body"]) == (0, "u", "new")
         engine.advance(T0 + 10)
@@ -164,7 +167,7 @@ def test_add_many_is_all_or_nothing() -> None:
         assert code_of(lambda: engine.add_many([{"topic": "t"}, {"topic": ""}], T0)) == (
             "bad_request"
         )
-        assert engine.get("a", T0) is None
+        assert engine.get("a") is None
         assert len(engine.add_many([{"topic": "t"}] * 3, T0)) == 3
 
     run(scenario)
@@ -174,11 +177,11 @@ def test_list_pages_with_filters_and_cursor() -> None:
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         for i in range(25):
             engine.add({"id": f"t{i:02}", "topic": "even" if i % 2 == 0 else "odd"}, T0)
-        engine.delete("t04", T0)
+        engine.delete("t04")
         seen: list[str] = []
         cursor = None
         while True:
-            page = engine.list_tasks({"topic": "even", "limit": 4, "cursor": cursor}, T0)
+            page = engine.list_tasks({"topic": "even", "limit": 4, "cursor": cursor})
             seen += [task["id"] for task in page["tasks"]]
             cursor = page["next"]
             if cursor is None:
@@ -254,9 +257,7 @@ def test_recovery_rebuilds_every_state() -> None:
         await durable(engine)
         again = Engine(store, now_s=T0 + 50)
         assert await again.load(store.load()) == 4
-        states = {
-            i: again.get(i, T0 + 50)["state"] for i in ("delayed", "ready", "reserved", "dead")
-        }  # type: ignore[index]
+        states = {i: again.get(i)["state"] for i in ("delayed", "ready", "reserved", "dead")}  # type: ignore[index]
         assert states == {
             "delayed": "delayed",
             "ready": "ready",
@@ -264,7 +265,7 @@ def test_recovery_rebuilds_every_state() -> None:
             "dead": "dead",
         }
         again.advance(T0 + 50)  # the reservation's deadline (T0 + 30) passed while down
-        assert again.get("reserved", T0 + 50)["state"] == "ready"  # type: ignore[index]
+        assert again.get("reserved")["state"] == "ready"  # type: ignore[index]
         assert again.advance(T0 + 100) == 1
 
     run(scenario)
@@ -307,7 +308,7 @@ def test_a_record_gives_back_every_field(
         state=state,
         deadline_s=deadline_s,
     )
-    again = Task.from_record("id-1", task.to_record())
+    again = from_record("id-1", to_record(task))
     assert again.id == "id-1"
     assert again.created_s == created_s
     assert again.snapshot() == task.snapshot(), CHANGEABLE
@@ -316,12 +317,12 @@ def test_a_record_gives_back_every_field(
 def test_a_record_holds_a_whole_ttr_and_no_deadline_as_ints() -> None:
     task = Task("id-1", "t", T0 + 10, body_packed=b"\xc0", ttr_s=60.0, max_attempts=3, created_s=T0)
     task.state = "delayed"
-    fields = msgpack.unpackb(task.to_record())
+    fields = msgpack.unpackb(to_record(task))
     assert fields[0] == 4
     assert (fields[6], fields[8]) == (60, 0)
     assert (type(fields[6]), type(fields[8])) == (int, int)
     task.ttr_s, task.deadline_s = 2.5, T0 + 5
-    fields = msgpack.unpackb(task.to_record())
+    fields = msgpack.unpackb(to_record(task))
     assert (fields[6], fields[8]) == (2.5, T0 + 5)
 
 
@@ -380,13 +381,13 @@ def test_load_skips_each_kind_of_corrupt_record(caplog: pytest.LogCaptureFixture
             assert await engine.load(batches()) == len(good)
         for task_id in corrupt:
             assert f"skipping corrupt record for task {task_id!r}" in caplog.text
-            assert engine.get(task_id, T0) is None
+            assert engine.get(task_id) is None
         assert "at inf" in caplog.text and "deadline nan" in caplog.text
         assert engine.stats(T0)["tasks"] == len(good)
         assert engine.stats(T0)["wheel"]["packed"] == 1
-        assert engine.get("far", T0)["at"] == T0 + 10_000.0  # type: ignore[index]
-        assert engine.get("delayed", T0)["ttr"] == 60.0  # type: ignore[index]
-        assert type(engine.get("delayed", T0)["ttr"]) is float  # type: ignore[index]
+        assert engine.get("far")["at"] == T0 + 10_000.0  # type: ignore[index]
+        assert engine.get("delayed")["ttr"] == 60.0  # type: ignore[index]
+        assert type(engine.get("delayed")["ttr"]) is float  # type: ignore[index]
         assert engine.try_reserve(["t"], T0)["id"] == "ready"  # type: ignore[index]
         assert engine.try_reserve(["t"], T0)["ttr"] == 30.0  # type: ignore[index]
         assert engine.advance(T0 + 5) == 1  # the reservation expires: ready again
@@ -417,7 +418,7 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         engine.add({"id": "d", "topic": "t", "delay": 100}, T0)
-        assert code_of(lambda: engine.ack("d", T0)) == "conflict"
+        assert code_of(lambda: engine.ack("d")) == "conflict"
         assert code_of(lambda: engine.release("d", 0, T0)) == "conflict"
         assert code_of(lambda: engine.kick("t", 1, T0) or engine.touch("d", T0)) == "conflict"
 
@@ -427,7 +428,7 @@ def test_every_transition_in_the_table_is_reachable_and_others_conflict() -> Non
 def test_index_restores_a_task_dropped_by_compaction_in_its_place() -> None:
     from delaywheel.engine.index import TaskIndex
 
-    index = TaskIndex(thaw=Task.from_record)  # nothing is packed here
+    index = TaskIndex(thaw=from_record)  # nothing is packed here
     tasks = [
         Task(f"t{i}", "t", 0.0, body_packed=b"\xc0", ttr_s=1, max_attempts=1, created_s=0)
         for i in range(3000)
@@ -450,11 +451,11 @@ def test_list_shows_a_task_whose_delete_was_undone() -> None:
         await durable(engine)
         batch_before = engine.journal.pending()
         assert batch_before is None
-        engine.delete("a", T0)
+        engine.delete("a")
         batch = engine.journal.pending()
         assert batch is not None
-        engine._rollback(list(reversed(batch.undo)))  # as the journal does when a write fails
-        assert [t["id"] for t in engine.list_tasks({}, T0)["tasks"]] == ["a", "b"]
+        engine.table.rollback(list(reversed(batch.undo)))  # as the journal does when a write fails
+        assert [t["id"] for t in engine.list_tasks({})["tasks"]] == ["a", "b"]
         assert engine.stats(T0)["states"]["ready"] == 2
 
     run(scenario)
@@ -488,9 +489,9 @@ def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
 
 
 def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPatch) -> None:
-    import delaywheel.engine.engine
+    import delaywheel.engine.firing
 
-    monkeypatch.setattr(delaywheel.engine.engine, "FIRE_BATCH", 4)
+    monkeypatch.setattr(delaywheel.engine.firing, "FIRE_BATCH", 4)
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         for i in range(10):
@@ -506,7 +507,7 @@ def test_a_burst_is_made_ready_a_batch_per_advance(monkeypatch: pytest.MonkeyPat
         assert counts == [4, 4, 2]
         order = [engine.try_reserve(["t"], T0 + 31)["id"] for _ in range(10)]  # type: ignore[index]
         assert order == [f"b{i}" for i in range(10)]
-        assert engine.get("later", T0 + 31)["state"] == "delayed"  # type: ignore[index]
+        assert engine.get("later")["state"] == "delayed"  # type: ignore[index]
 
     run(scenario)
 
@@ -551,3 +552,12 @@ def test_a_ready_queue_gives_the_oldest_due_first_in_and_out_of_order(ops: list[
             head.state = "gone"
         expected = min(live, key=lambda t: (t.at_s, t.queue_seq)) if live else None
         assert queues.oldest_ready(["t"]) is expected
+
+
+def test_the_settings_defaults_are_the_engines_own() -> None:
+    """Each limit and retry default is defined once, by the engine, and the
+    settings (which the CLI's flags default to) take it from there."""
+    settings = Settings()
+    assert settings.limits == Limits()
+    policy = RetryPolicy()
+    assert (settings.retry_base_s, settings.retry_cap_s) == (policy.base_s, policy.cap_s)

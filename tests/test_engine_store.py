@@ -23,7 +23,7 @@ def with_store(url: str, scenario: Callable[[Store], Awaitable[None]]) -> None:
 
 
 def states(engine: Engine, ids: list[str], now_s: float) -> dict[str, tuple[Any, ...]]:
-    found = {task_id: engine.get(task_id, now_s) for task_id in ids}
+    found = {task_id: engine.get(task_id) for task_id in ids}
     return {
         task_id: (task["state"], task["attempts"], task["at"], task.get("deadline"))
         for task_id, task in found.items()

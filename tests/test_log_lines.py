@@ -1,6 +1,6 @@
 """The pieces of the log, in process: the JSON format, the settings as the start
 line shows them, refusals and destinations without secrets, the store's outage
-and slow-write lines, and a death logged once durable. The real server's log
+and slow-write lines, a death logged once durable, and loading's progress. The real server's log
 is tests/test_logging.py."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
+import delaywheel.engine.cold
 from delaywheel.config import Settings
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.targets import TargetRules, destination
-from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
+from delaywheel.engine.retry import RetryPolicy
 from delaywheel.logs import JsonFormatter, shown_settings
 from delaywheel.net.connection import _loggable
 from delaywheel.store.base import Changes, Done, StoreUnavailable
@@ -263,7 +264,7 @@ def test_a_death_is_logged_once_the_store_has_it(caplog: pytest.LogCaptureFixtur
         engine.delivered(task_id, 1, "HTTP 500 from http://127.0.0.1:9/hook", t0 + 0.2)
         await engine.journal.drain()
         assert deaths() == []
-        shown = engine.get(task_id, t0 + 0.2)
+        shown = engine.get(task_id)
         assert shown is not None and shown["state"] == "delayed"  # undone, to be tried again
         store.failing = False
         engine.advance(t0 + 3)  # tried again a retry base later (and a 1 s tick)
@@ -277,3 +278,27 @@ def test_a_death_is_logged_once_the_store_has_it(caplog: pytest.LogCaptureFixtur
         await store.close()
 
     asyncio.run(main())
+
+
+def test_loading_reports_its_progress_under_its_documented_logger(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``loaded N tasks so far``, logger ``delaywheel.loading``
+    (docs/operations.md, "Logging"), whatever module loads."""
+    monkeypatch.setattr(delaywheel.engine.cold, "LOAD_PROGRESS_EVERY", 3)
+    caplog.set_level(logging.INFO, logger="delaywheel.loading")
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        t0 = 1_800_000_000.0
+        before = Engine(store, now_s=t0)
+        for i in range(7):
+            before.add({"id": f"t{i}", "topic": "t", "delay": 10 * i}, t0)
+        await before.journal.drain()
+        after = Engine(store, now_s=t0)
+        assert await after.load(store.load(batch_size=2)) == 7
+
+    asyncio.run(main())
+    lines = [(r.name, r.getMessage()) for r in caplog.records if r.name == "delaywheel.loading"]
+    assert lines == [("delaywheel.loading", f"loaded {n} tasks so far") for n in (4, 6)]

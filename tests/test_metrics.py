@@ -10,6 +10,7 @@ by scraping too, so the requests counted are exactly the test's own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -28,11 +29,16 @@ import pytest
 from conftest import RedisServer
 from delaywheel_client import Client
 from delaywheel_client.errors import BadRequest, NoMethod, NotFound, Unavailable
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
 from test_deliveries_brokers import wait_for
 
+from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
+from delaywheel.engine.queues import Waiter
+from delaywheel.metrics import registry_for
+from delaywheel.net.server import Server
 from delaywheel.store.memory import MemoryStore
 from delaywheel.tallies import LATENESS_BOUNDS_S
 
@@ -446,7 +452,7 @@ def test_the_dashboard_and_the_alerts_use_only_metrics_the_server_has() -> None:
 
 
 def test_lateness_is_counted_per_fired_batch_as_one_observation_per_timer() -> None:
-    """The batch count (``Engine._count_fired``: bisects on the fired list)
+    """The batch count (``Firing._count_fired``: bisects on the fired list)
     against a histogram built one timer at a time, for timers spread over
     every bucket, overdue ones included."""
 
@@ -469,8 +475,73 @@ def test_lateness_is_counted_per_fired_batch_as_one_observation_per_timer() -> N
         for at_s in due:
             late_s = now_s - at_s
             expected[sum(1 for bound in LATENESS_BOUNDS_S if bound < late_s)] += 1
-        assert engine.lateness.counts == expected
-        assert engine.lateness.total == pytest.approx(sum(now_s - at_s for at_s in due), abs=0.01)
+        assert engine.firing.lateness.counts == expected
+        assert engine.firing.lateness.total == pytest.approx(
+            sum(now_s - at_s for at_s in due), abs=0.01
+        )
         assert engine.events.fired == len(due)
+
+    asyncio.run(main())
+
+
+def test_stats_and_the_metrics_read_one_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stats`` and ``/metrics`` show the engine's figures from one
+    ``Engine.snapshot()``: they agree on a server holding a task in every
+    state (a packed one and a blocked reserve too), and both show what a
+    snapshot says when it says something else."""
+
+    def both(server: Server, now_s: float) -> tuple[dict[str, Any], Scrape]:
+        registry = registry_for(server, topics=20)
+        return server.stats(now_s), Scrape(generate_latest(registry).decode())
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        t0 = 1_800_000_000.0
+        engine = Engine(store, now_s=t0, slots=10, tick_s=1.0)
+        server = Server(Settings(store_url="memory://"), engine)
+        engine.add({"id": "near", "topic": "a", "delay": 5}, t0)
+        engine.add({"id": "far", "topic": "a", "delay": 500}, t0)  # packed once durable
+        engine.add({"id": "ready", "topic": "b"}, t0)
+        engine.add({"id": "held", "topic": "b", "at": t0 - 1}, t0)
+        engine.add({"id": "dead", "topic": "c", "at": t0 - 2, "max_attempts": 1}, t0)
+        assert engine.try_reserve("c", t0)["id"] == "dead"  # type: ignore[index]
+        engine.release("dead", 0, t0)
+        assert engine.try_reserve("b", t0)["id"] == "held"  # type: ignore[index]
+        engine.wait_reserve(Waiter(["empty"], lambda task: None))
+        await engine.journal.drain()
+
+        stats, got = both(server, t0 + 3)
+        assert stats["states"] == {
+            "delayed": 2,
+            "ready": 1,
+            "reserved": 1,
+            "delivering": 0,
+            "dead": 1,
+        }
+        assert {state: got("delaywheel_tasks", state=state) for state in stats["states"]} == {
+            **stats["states"]
+        }
+        topics = got.series("delaywheel_topic_tasks")
+        assert {
+            topic: {state: topics[frozenset({("topic", topic), ("state", state)})] for state in s}
+            for topic, s in stats["topics"].items()
+        } == stats["topics"]
+        assert got("delaywheel_topics") == len(stats["topics"]) == 3
+        assert got("delaywheel_packed_tasks") == stats["wheel"]["packed"] == 1
+        assert got("delaywheel_waiting_reserves") == stats["waiting_reserves"] == 1
+        assert got("delaywheel_store_flushes_total") == stats["flushes"] >= 1
+        assert got("delaywheel_info", version=stats["version"], store=stats["store"]) == 1
+        assert got("delaywheel_start_time_seconds") == t0 + 3 - stats["uptime"] == t0
+
+        real = engine.snapshot()
+        other = dataclasses.replace(real, packed=7, waiting_reserves=3, flushes=11, store="x://")
+        monkeypatch.setattr(engine, "snapshot", lambda: other)
+        stats, got = both(server, t0 + 3)
+        assert got("delaywheel_packed_tasks") == stats["wheel"]["packed"] == 7
+        assert got("delaywheel_waiting_reserves") == stats["waiting_reserves"] == 3
+        assert got("delaywheel_store_flushes_total") == stats["flushes"] == 11
+        assert got("delaywheel_info", version=stats["version"], store="x://") == 1
+        assert stats["store"] == "x://"
 
     asyncio.run(main())

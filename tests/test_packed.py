@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import delaywheel.engine.engine
+import delaywheel.engine.firing
+from delaywheel.engine.cold import PackedTasks
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.packed import PackedTasks
 from delaywheel.errors import RequestError
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
@@ -64,7 +65,7 @@ def fire_until(engine: Engine, end_s: float) -> list[tuple[float, str]]:
         engine.advance(now_s)
         while (task := engine.try_reserve(["t"], now_s)) is not None:
             fired.append((now_s, task["id"]))
-            engine.ack(task["id"], now_s)
+            engine.ack(task["id"])
         now_s += 0.5
     return fired
 
@@ -116,14 +117,14 @@ def test_a_window_is_decoded_one_window_ahead_and_the_engine_wakes_for_it() -> N
         engine.advance(T0 + 20)
         assert packed_count(engine) == 0
         assert engine.next_fire_s() == T0 + 30
-        assert engine.get("x", T0 + 20)["cycle"] == 1  # type: ignore[index]
+        assert engine.get("x")["cycle"] == 1  # type: ignore[index]
 
     restarted(lambda e: add_delays(e, {"x": 30}), scenario)
 
 
 def test_requests_on_a_packed_task_see_and_change_it() -> None:
     async def scenario(engine: Engine) -> None:
-        got = engine.get("far", T0)
+        got = engine.get("far")
         assert got is not None
         assert (got["state"], got["at"], got["body"], got["topic"]) == (
             "delayed",
@@ -138,8 +139,8 @@ def test_requests_on_a_packed_task_see_and_change_it() -> None:
         assert packed_count(engine) == 3  # asking whether it exists decodes nothing
         updated = engine.update("farther", {"delay": 3}, T0)
         assert updated["at"] == T0 + 3
-        assert engine.delete("farthest", T0) is True
-        assert engine.get("farthest", T0) is None
+        assert engine.delete("farthest") is True
+        assert engine.get("farthest") is None
         assert packed_count(engine) == 1  # edge
         assert engine.stats(T0)["states"]["delayed"] == 5
         assert engine.advance(T0 + 3) == 1  # the update's new time
@@ -156,7 +157,7 @@ def test_list_pages_through_packed_tasks_each_once(monkeypatch: pytest.MonkeyPat
         seen: list[str] = []
         cursor = 0
         for _ in range(100):
-            page = engine.list_tasks({"limit": 3, "cursor": cursor}, T0)
+            page = engine.list_tasks({"limit": 3, "cursor": cursor})
             seen += [task["id"] for task in page["tasks"]]
             if page["next"] is None:
                 break
@@ -174,7 +175,7 @@ def test_list_pages_through_packed_tasks_each_once(monkeypatch: pytest.MonkeyPat
 
 def test_list_with_a_filter_still_reaches_every_packed_task() -> None:
     async def scenario(engine: Engine) -> None:
-        page = engine.list_tasks({"topic": "other", "limit": 10}, T0)
+        page = engine.list_tasks({"topic": "other", "limit": 10})
         assert [task["id"] for task in page["tasks"]] == ["o"]
 
     def fill(engine: Engine) -> None:
@@ -201,12 +202,12 @@ def running(scenario: Callable[[Engine], Awaitable[None]]) -> None:
 def test_tasks_added_far_ahead_are_packed_once_durable() -> None:
     async def scenario(engine: Engine) -> None:
         add_delays(engine, DELAYS)
-        before = {task_id: engine.get(task_id, T0) for task_id in DELAYS}
+        before = {task_id: engine.get(task_id) for task_id in DELAYS}
         assert packed_count(engine) == 0  # not yet in the store
         await engine.journal.drain()
         assert packed_count(engine) == 4  # edge, far, farther, farthest
         assert engine.stats(T0)["wheel"]["pending"] == 2
-        assert {task_id: engine.get(task_id, T0) for task_id in DELAYS} == before
+        assert {task_id: engine.get(task_id) for task_id in DELAYS} == before
         assert packed_count(engine) == 0  # each get decoded its task
 
     running(scenario)
@@ -218,13 +219,13 @@ def test_a_task_changed_after_packing_is_packed_again_as_changed() -> None:
         await engine.journal.drain()
         assert packed_count(engine) == 2
         engine.update("far", {"body": "new", "delay": 50}, T0)
-        assert engine.delete("gone", T0) is True
+        assert engine.delete("gone") is True
         assert packed_count(engine) == 0  # decoded, and in a batch not yet written
         await engine.journal.drain()
         assert packed_count(engine) == 1
-        got = engine.get("far", T0)
+        got = engine.get("far")
         assert got is not None and (got["body"], got["at"]) == ("new", T0 + 50)
-        assert engine.get("gone", T0) is None
+        assert engine.get("gone") is None
 
     running(scenario)
 
@@ -244,7 +245,7 @@ def test_a_task_changed_while_its_add_is_written_is_not_packed_as_added(
         assert engine.journal.pending() is not None
         engine.update("far", {"body": "new"}, T0)
         await engine.journal.drain()
-        got = engine.get("far", T0)
+        got = engine.get("far")
         assert got is not None and got["body"] == "new"
         await store.close()
 
@@ -273,7 +274,7 @@ def test_a_task_packed_at_run_time_fires_on_time_and_lists() -> None:
     async def scenario(engine: Engine) -> None:
         add_delays(engine, DELAYS)
         await engine.journal.drain()
-        page = engine.list_tasks({"limit": 100}, T0)
+        page = engine.list_tasks({"limit": 100})
         assert sorted(task["id"] for task in page["tasks"]) == sorted(DELAYS)
         add_delays(engine, {"later": 500})
         await engine.journal.drain()
@@ -344,7 +345,7 @@ def test_a_crowded_window_comes_in_batches_unless_it_has_begun() -> None:
 def test_the_engine_decodes_a_crowded_window_over_several_advances(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delaywheel.engine.engine, "THAW_BATCH", 3)
+    monkeypatch.setattr(delaywheel.engine.firing, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}  # one window, from T0 + 30
 
     async def scenario(engine: Engine) -> None:
@@ -365,7 +366,7 @@ def test_the_engine_decodes_a_crowded_window_over_several_advances(
 def test_a_window_already_begun_is_decoded_whole_and_fires_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delaywheel.engine.engine, "THAW_BATCH", 3)
+    monkeypatch.setattr(delaywheel.engine.firing, "THAW_BATCH", 3)
     crowd = {f"c{i}": 30 + i / 10 for i in range(8)}
 
     async def scenario(engine: Engine) -> None:

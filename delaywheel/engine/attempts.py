@@ -1,7 +1,7 @@
 """Delivery attempts of targeted tasks: journaled first, sent once durable, outcomes journaled.
 
 A task with an HTTP or broker target is not made ready when due. The wheel
-fires it into ``waiting`` (``due``): still ``delayed``, out of the wheel,
+fires it into the task table's ``waiting`` (``due``): still ``delayed``, out of the wheel,
 queued by the dispatcher in its destination's lane. Only when the lane has
 room does the dispatcher ask for the attempt (``begin``): that is a journaled
 change (``delivering``, ``attempts`` counted), and once the record is durable
@@ -13,73 +13,42 @@ after it); and a crash during an attempt leaves the task ``delivering`` in
 the store, where loading finds it: it is sent again with the same attempt
 number (``start``). The dispatcher reports the outcome (``outcome``): the
 task is removed, or goes back to ``delayed`` at its next try
-(``RetryPolicy``), or to ``dead`` after ``max_attempts``.
+(``RetryPolicy``, ``delaywheel.engine.retry``), or to ``dead`` after ``max_attempts``.
 
-Every change goes through the engine's ``_move`` (passed in as ``move``), so
-the transition table, the counts and the journal see it as any other.
+Every change goes through the task table's ``move`` (``delaywheel.engine.table``),
+so the transition table, the counts and the journal see it as any other.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import destination
-from delaywheel.engine.journal import Journal
+from delaywheel.engine.retry import (
+    RetryPolicy as RetryPolicy,  # re-exported: app.py imports it here
+)
 from delaywheel.engine.task import DEAD, DELAYED, DELIVERING, GONE, Task
 from delaywheel.store.base import StoreError
-from delaywheel.wheel import TimingWheel
+
+if TYPE_CHECKING:
+    from delaywheel.engine.table import TaskTable
 
 log = logging.getLogger("delaywheel.delivery")
 
-DEFAULT_RETRY_BASE_S = 1.0
-DEFAULT_RETRY_CAP_S = 3600.0
-# A retry waits base * 2^(attempt-1); past this exponent the cap has long won
-# (and 2.0**1024 would overflow).
-_MAX_RETRY_EXPONENT = 60
-
-# engine._move(task, event, to, **fields)
-Move = Callable[..., None]
-# engine._defer(task, at_s): back to delayed at at_s, not journaled
-Defer = Callable[[Task, float], None]
 # The dispatcher's queue(task_id, target): a due task for its destination's lane.
 Queue = Callable[[str, dict[str, Any]], None]
 # Called once per begun attempt: the Delivery to send, or None (not to be sent).
 Ready = Callable[["Delivery | None"], None]
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    base_s: float = DEFAULT_RETRY_BASE_S
-    cap_s: float = DEFAULT_RETRY_CAP_S
-    jitter: Callable[[], float] = field(default=random.random)  # in [0, 1)
-
-    def delay_s(self, attempts: int) -> float:
-        """How long after failed attempt number ``attempts`` the next one starts:
-        the base doubled per attempt, plus up to 10 % jitter, at most the cap."""
-        exponent = min(attempts - 1, _MAX_RETRY_EXPONENT)
-        return min(self.base_s * 2.0**exponent * (1.0 + 0.1 * self.jitter()), self.cap_s)
-
-
 class Attempts:
-    def __init__(
-        self, move: Move, defer: Defer, journal: Journal, wheel: TimingWheel, retry: RetryPolicy
-    ) -> None:
-        self._move = move
-        self._defer = defer
-        self._journal = journal
-        self._wheel = wheel
+    def __init__(self, table: TaskTable, retry: RetryPolicy) -> None:
+        self._table = table
         self.retry = retry
-        # Due targeted tasks waiting for their destination's turn: delayed,
-        # out of the wheel (the place of such a task; see Engine._unplace).
-        self.waiting: dict[str, Task] = {}
-        # The place of ``delivering`` tasks (see task.py): by id.
-        self.delivering: dict[str, Task] = {}
         self._queue: Queue | None = None  # the dispatcher's, from start()
         self._resume: set[str] = set()  # loaded delivering tasks not yet handed over
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
@@ -89,15 +58,15 @@ class Attempts:
         starting with those loaded from the store: attempts a crash or a stop
         interrupted (sent again as they are) and tasks due already."""
         self._queue = queue
-        for task in list(self.delivering.values()):
+        for task in list(self._table.delivering.values()):
             self._resume.add(task.id)
             self._enqueue(task)
-        for task in list(self.waiting.values()):
+        for task in list(self._table.waiting.values()):
             self._enqueue(task)
 
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
-        self.waiting[task.id] = task
+        self._table.wait_for_lane(task)
         self._enqueue(task)
 
     def _enqueue(self, task: Task) -> None:
@@ -113,17 +82,17 @@ class Attempts:
         changed or begun since it was queued)."""
         if task_id in self._resume:  # its attempt is in the store already
             self._resume.discard(task_id)
-            task = self.delivering.get(task_id)
+            task = self._table.delivering.get(task_id)
             if task is None:
                 return False
             ready(_delivery(task))
             return True
-        task = self.waiting.get(task_id)
+        task = self._table.waiting.get(task_id)
         if task is None:
             return False
-        self._move(task, "deliver", DELIVERING, attempts=task.attempts + 1)
-        batch = self._journal.pending()
-        assert batch is not None  # _move has just recorded the change
+        self._table.move(task, "deliver", DELIVERING, attempts=task.attempts + 1)
+        batch = self._table.journal.pending()
+        assert batch is not None  # move() has just recorded the change
         batch.add_callback(partial(self._durable, task, task.attempts, ready))
         return True
 
@@ -133,27 +102,27 @@ class Attempts:
                 ready(_delivery(task))
                 return
         elif task.state == DELAYED and task.scheduled:
-            # Undone (the engine's rollback): due again, in the past. Try again
+            # Undone (the table's rollback): due again, in the past. Try again
             # after a retry base rather than at once, or a store that fails
             # fast would spin.
-            self._wheel.remove(task)
-            self._wheel.insert(task, self._wheel.now_s + self.retry.base_s)
+            self._table.retime(task, self._table.wheel.now_s + self.retry.base_s)
         ready(None)
 
     def outcome(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
         """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
         else why it failed. A task deleted during its attempt is gone already."""
-        task = self.delivering.get(task_id)
+        table = self._table
+        task = table.delivering.get(task_id)
         if task is None or task.attempts != attempt:
             return
         if error is None:
-            self._move(task, "delivered", GONE)
+            table.move(task, "delivered", GONE)
         elif task.attempts >= task.max_attempts:
-            self._move(task, "fail", DEAD, last_error=error)
+            table.move(task, "fail", DEAD, last_error=error)
         else:
             retry_at_s = now_s + self.retry.delay_s(task.attempts)
-            self._move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error)
-        batch = self._journal.pending()
+            table.move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error)
+        batch = table.journal.pending()
         assert batch is not None
         batch.add_callback(partial(self._outcome_written, task, attempt))
 
@@ -165,13 +134,10 @@ class Attempts:
         restart the store's ``delivering`` record sends it). A death is logged
         once it is durable, so a death the store did not take is not."""
         if error is not None and task.state == DELIVERING and task.attempts == attempt:
-            self._defer(task, self._wheel.now_s + self.retry.base_s)
+            self._table.defer(task, self._table.wheel.now_s + self.retry.base_s)
         elif error is None and task.state == DEAD and task.attempts == attempt:
             self.deaths += 1
             _log_death(task)  # once it is dead in the store too
-
-    def stats(self) -> dict[str, Any]:
-        return {"delivering": len(self.delivering), "waiting": len(self.waiting)}
 
 
 def _delivery(task: Task) -> Delivery:

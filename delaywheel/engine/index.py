@@ -2,8 +2,8 @@
 
 ``TaskIndex`` finds a task by id and pages through tasks in the order they
 were created (for ``list``). A delayed task due later on may be held packed
-(see ``delaywheel.engine.packed``): its id maps to its store record until ``get``
-decodes it through the engine's ``thaw``, and it is out of the creation
+(see ``delaywheel.engine.cold``): its id maps to its store record until ``get``
+decodes it through ``thaw`` (``ColdTasks.decode``), and it is out of the creation
 order until then. ``TaskCounts`` keeps
 the per-state and per-topic counts that ``stats`` reports, updated as tasks
 move, so ``stats`` never scans.

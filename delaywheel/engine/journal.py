@@ -14,17 +14,17 @@ coroutine per flush. While that write is in flight the next batch gathers;
 it is started from the write's callback. Under load one store round trip
 therefore carries everything that arrived during the previous one.
 
-Once a batch is durable, ``durable(tasks, changes)`` (the engine's hook) sees
-what it held before the replies go out: the engine packs far-future tasks
-then, from the records just written.
+Once a batch is durable, the task table's cold tasks see what it held
+before the replies go out (``ColdTasks.pack``): far-future tasks are packed
+then, from the records just written (``delaywheel.engine.cold``).
 
 Replies wait on batches: whoever needs "durable" registers a callback on the
 batch it depends on (``pending()``), and the callback runs once the write
 that holds it has returned, or failed.
 
 A batch keeps, for each task it touched, a snapshot taken at the first touch.
-If a write fails, the engine restores the snapshots of the failed batch and of
-every batch gathered after it (newest first, since later batches built on it),
+If a write fails, the task table restores (``rollback``) the snapshots of the
+failed batch and of every batch gathered after it (newest first, since later batches built on it),
 and all of their waiters get the error: nothing unacknowledged stays applied.
 """
 
@@ -32,20 +32,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
 from delaywheel.store.base import Store, StoreError
 from delaywheel.store.watch import StoreWatch
+
+if TYPE_CHECKING:
+    from delaywheel.engine.table import TaskTable
 
 log = logging.getLogger("delaywheel.engine.journal")  # pinned: its name is documented
 
 # Called with None once the batch is durable, or with the error that failed it.
 Callback = Callable[[StoreError | None], None]
-# Sees a durable batch: its tasks by id and the records written for them.
-Durable = Callable[[dict[str, Task], Mapping[str, bytes | None]], None]
+# The tasks of failed batches, each with its snapshot before them (newest first).
+Undo = list[tuple[Task, tuple[Any, ...]]]
 
 
 class Batch:
@@ -53,7 +57,7 @@ class Batch:
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}  # id -> task; the last change of an id wins
-        self.undo: list[tuple[Task, tuple[Any, ...]]] = []  # first snapshot of each task
+        self.undo: Undo = []  # first snapshot of each task
         self.callbacks: list[Callback] = []
         self.size = 0
 
@@ -70,15 +74,11 @@ class Batch:
 
 
 class Journal:
-    def __init__(
-        self,
-        store: Store,
-        rollback: Callable[[list[tuple[Task, tuple[Any, ...]]]], None],
-        durable: Durable | None = None,
-    ) -> None:
+    def __init__(self, store: Store, table: TaskTable) -> None:
         self._store = store
-        self._rollback = rollback
-        self._durable = durable
+        # The table calls record(); the journal calls its rollback(), and its
+        # cold tasks' pack() once a batch is durable.
+        self._table = table
         self.inline = store.inline
         self._gathering = Batch()
         self._writing: Batch | None = None
@@ -136,7 +136,7 @@ class Journal:
         self._touched = set()
         self._writing = batch
         changes = {
-            task_id: (None if task.state in (GONE, NEW) else task.to_record())
+            task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
         }
         batch.size = len(changes)
@@ -163,11 +163,10 @@ class Journal:
             self._writing = None
             if not self.inline:
                 self.watch.written(batch.size)
-            if self._durable is not None:
-                try:
-                    self._durable(batch.tasks, changes)
-                except Exception:  # the write is durable: its replies must still go
-                    log.exception("durable hook failed")
+            try:
+                self._table.cold.pack(batch.tasks, changes)
+            except Exception:  # the write is durable: its replies must still go
+                log.exception("durable hook failed")
             batch.finish(None)
         if self._gathering.tasks and not self._flush_scheduled:
             self._start()
@@ -178,7 +177,7 @@ class Journal:
         self._touched = set()
         self._writing = None
         # Newest first: the gathering batch built on the failed one.
-        self._rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
+        self._table.rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
         self.watch.failed(batch.size, error)
         batch.finish(error)
         later.finish(error)

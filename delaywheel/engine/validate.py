@@ -23,6 +23,9 @@ MAX_LIST_LIMIT = 1000
 DEFAULT_LIST_LIMIT = 100
 DEFAULT_TTR_S = 60.0
 DEFAULT_MAX_ATTEMPTS = 5
+# The server's limits unless set (--max-body, --max-delay; config takes these).
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
 
 TASK_FIELDS = frozenset({"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts"})
 UPDATE_FIELDS = frozenset({"delay", "at", "body", "topic", "ttr", "target", "max_attempts"})
@@ -31,8 +34,8 @@ LIST_FIELDS = frozenset({"topic", "state", "limit", "cursor"})
 
 @dataclass(frozen=True)
 class Limits:
-    max_body_bytes: int = 1024 * 1024
-    max_delay_s: float = 10 * 365 * 24 * 3600.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_delay_s: float = DEFAULT_MAX_DELAY_S
 
 
 def params(method: str, values: list[Any], *names: str, optional: int = 0) -> list[Any]:

@@ -3,15 +3,18 @@
 The methods themselves (params, read-only or not, allowed before auth) are
 the client's table, delaywheel_client/methods.py, shared with the clients;
 this module adds what is the server's own. A route is ``run(conn, params,
-now_s)``. The engine's verbs are wrapped by ``_positional``, which checks the
-arity; ``ping``, ``auth`` and ``stats`` are the server's own. ``reserve`` has
-no route: the connection serves it, because a blocked reserve answers out of
-line.
+now_s)``, the time read once per turn of the connection. The engine's verbs
+are wrapped by ``_positional``, which checks the arity and passes ``now_s``
+on only to a verb that takes it; ``ping``, ``auth`` and ``stats`` are the
+server's own (ping and auth have no use for the time: ``_now_s``).
+``reserve`` has no route: the connection serves it, because a blocked
+reserve answers out of line.
 """
 
 from __future__ import annotations
 
 import hmac
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -74,15 +77,22 @@ def routes_for(server: Server) -> dict[str, Method]:
 def _positional(
     method: str, handler: Callable[..., Any], names: tuple[str, ...], optional: int
 ) -> Route:
-    """A route calling ``handler(*params, now_s)``, with the arity checked."""
+    """A route calling ``handler(*params)``, with the arity checked, and with
+    ``now_s`` after them when the handler takes it (a verb whose outcome
+    depends on the time)."""
     most = len(names)
 
-    def run(conn: Connection, params: list[Any], now_s: float) -> Any:
+    def timed(conn: Connection, params: list[Any], now_s: float) -> Any:
         if len(params) == most:  # the common case, without building a new list
             return handler(*params, now_s)
         return handler(*validate.params(method, params, *names, optional=optional), now_s)
 
-    return run
+    def untimed(conn: Connection, params: list[Any], _now_s: float) -> Any:
+        if len(params) == most:
+            return handler(*params)
+        return handler(*validate.params(method, params, *names, optional=optional))
+
+    return timed if "now_s" in inspect.signature(handler).parameters else untimed
 
 
 def _arity(method: str, params: list[Any]) -> list[Any]:
@@ -91,7 +101,7 @@ def _arity(method: str, params: list[Any]) -> list[Any]:
     return validate.params(method, params, *spec.params, optional=spec.optional)
 
 
-def _ping(conn: Connection, params: list[Any], now_s: float) -> str:
+def _ping(conn: Connection, params: list[Any], _now_s: float) -> str:
     _arity("ping", params)
     return "pong"
 
@@ -101,7 +111,7 @@ def _stats(conn: Connection, params: list[Any], now_s: float) -> dict[str, Any]:
     return conn.server.stats(now_s)
 
 
-def _auth(conn: Connection, params: list[Any], now_s: float) -> bool:
+def _auth(conn: Connection, params: list[Any], _now_s: float) -> bool:
     (token,) = _arity("auth", params)
     expected = conn.server.settings.token
     if expected is None:

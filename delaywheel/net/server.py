@@ -99,7 +99,7 @@ class Server:
 
     def stats(self, now_s: float) -> dict[str, Any]:
         """What ``stats`` answers: the engine's figures and the server's own."""
-        stats = self.engine.stats(now_s)
+        stats = self.engine.snapshot().stats(now_s)
         stats["connections"] = len(self.connections)
         stats["tls"] = self.settings.tls_cert is not None
         if self.deliveries is not None:

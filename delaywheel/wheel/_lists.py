@@ -118,7 +118,7 @@ def move_front(
     for _ in range(n):
         nxt = node._next
         due = node.due_s
-        tick = ceil(due / tick_s)  # _ticks.tick_ceil, re-checked the same way
+        tick = ceil(due / tick_s)  # _ticks.tick_ceil, inlined (see there)
         if tick * tick_s < due:
             tick += 1
         elif (tick - 1) * tick_s >= due:

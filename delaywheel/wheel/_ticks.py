@@ -5,7 +5,9 @@ arithmetic is float (``tick_s`` may be 0.001), so a quotient can round to
 the neighbouring tick: each helper re-checks its product and steps by one,
 so that a timer fires late by a tick rather than early. The wheel's two hot
 loops (``TimingWheel.insert_many`` and ``_lists.move_front``) inline
-``tick_ceil``; keep them alike.
+``tick_ceil``: a call there costs 4 % of an insert (about 450 of 10,700
+machine instructions, callgrind), and loading a million tasks makes a million
+of each. tests/test_wheel.py checks the three agree, float edges included.
 """
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ class TimingWheel:
                 if due_s <= now_s:
                     append(self._overdue, entry)
                     continue
-                tick = ceil(due_s / tick_s)  # tick_ceil(due_s, tick_s), inlined
+                tick = ceil(due_s / tick_s)  # tick_ceil(due_s, tick_s), inlined (see _ticks)
                 if tick * tick_s < due_s:
                     tick += 1
                 elif (tick - 1) * tick_s >= due_s:

@@ -1,0 +1,245 @@
+"""The task table: every task, the containers that hold them, and every state change.
+
+A task lives in exactly one place, and which one follows from its state
+(``task.py``): ``delayed`` and ``reserved`` tasks in the wheel (at their due
+time and their TTR deadline), ``ready`` ones in their topic's ready queue,
+``dead`` ones in their topic's dead list, ``delivering`` ones (an HTTP or
+broker target's attempt in flight) in ``delivering``. A ``delayed`` task is
+out of the wheel in two cases: the wheel fired it and it waits for its
+destination's lane (``waiting``; ``delaywheel.engine.attempts``), or it is
+due after the next window and kept packed (``packed``, ``index`` holding its
+record; ``delaywheel.engine.cold``). Every live task is in ``index`` and
+counted by state and topic in ``counts``.
+
+This class is the only writer of those containers. A new task comes in
+through ``create`` (which makes its id when the client gave none); a
+request's change goes through ``move``, which checks the transition table, takes the task out of
+the place its old state kept it in, changes it, puts it where the new state
+keeps it, and journals it. Because a task's place follows from its state,
+undoing a change after a failed store write (``rollback``) is just putting
+the task back as its snapshot was.
+
+The changes time makes, ``due`` (delayed to ready) and ``expire`` (a
+reservation's TTR ran out: ready, or dead on the last attempt), go through
+``fire``: the same table and bookkeeping, but no journal. They follow from
+the stored record and the clock alone: a restart loads the record into the
+wheel at the same time, which fires at once and makes the same move, so
+writing them would cost a store write per fired task for nothing. ``defer``
+is the other change left out of the journal: a delivery whose outcome the
+store did not take, tried again later.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from itertools import count
+from typing import Any
+
+from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
+from delaywheel.engine.index import TaskCounts, TaskIndex
+from delaywheel.engine.journal import Journal, Undo
+from delaywheel.engine.queues import Queues
+from delaywheel.engine.task import (
+    DEAD,
+    DELAYED,
+    DELIVERING,
+    GONE,
+    IN_WHEEL,
+    NEW,
+    READY,
+    RESERVED,
+    Task,
+    check_transition,
+    describe,
+)
+from delaywheel.engine.validate import NewTask
+from delaywheel.errors import RequestError
+from delaywheel.store.base import Store
+from delaywheel.tallies import EventCounts
+from delaywheel.wheel import TimingWheel
+
+
+class TaskTable:
+    def __init__(self, store: Store, *, slots: int, tick_s: float, now_s: float) -> None:
+        self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
+        self.queues = Queues()
+        # Due targeted tasks waiting for their destination's turn: delayed,
+        # out of the wheel (``delaywheel.engine.attempts``).
+        self.waiting: dict[str, Task] = {}
+        self.delivering: dict[str, Task] = {}  # by id
+        self.counts = TaskCounts()
+        # A lap of a small wheel may be shorter than the window: never longer.
+        self.packed = PackedTasks(min(WINDOW_S, slots * tick_s))
+        self.cold = ColdTasks(self)
+        self.index = TaskIndex(self.cold.decode)
+        # For metrics, read only when scraped (delaywheel.tallies): events
+        # counted where each is handled.
+        self.events = EventCounts()
+        self.journal = Journal(store, self)
+        # Server-made ids: a random per-process prefix and a counter (unique
+        # across restarts without a round trip, and cheap to make). 40 bits in
+        # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
+        # a str object of 64 bytes, not the 80 that a 17-character id takes.
+        self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
+        self._id_counter = count(1)
+
+    # -- where a task lives --------------------------------------------------
+
+    def place(self, task: Task) -> None:
+        if self.locate(task):
+            self.counts.add(task.topic, task.state)
+
+    def locate(self, task: Task) -> bool:
+        """Put a task where its state keeps it; False for states kept nowhere."""
+        state = task.state
+        if state in IN_WHEEL:
+            self.wheel.insert(task, task.timer_s)
+        elif state == READY:
+            self.queues.push_ready(task)
+        elif state == DEAD:
+            self.queues.push_dead(task)
+        elif state == DELIVERING:
+            self.delivering[task.id] = task
+        else:
+            return False
+        return True
+
+    def unplace(self, task: Task) -> None:
+        state = task.state
+        if state in IN_WHEEL:
+            if task.scheduled:  # not when the wheel has just fired it
+                self.wheel.remove(task)
+            elif state == DELAYED:  # fired, waiting for its destination's turn (or not yet placed)
+                self.waiting.pop(task.id, None)
+        elif state == READY:
+            self.queues.drop_ready(task)
+        elif state == DEAD:
+            self.queues.drop_dead(task)
+        elif state == DELIVERING:
+            del self.delivering[task.id]
+        else:
+            return
+        self.counts.remove(task.topic, state)
+
+    # -- changes -------------------------------------------------------------
+
+    def create(self, new: NewTask, now_s: float) -> Task:
+        """A new task from checked fields (``Engine._checked``; ``target`` None:
+        the ready queue), indexed and added: delayed, or ready when due now."""
+        task_id = new.id
+        if task_id is None:
+            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
+        elif task_id in self.index:
+            raise RequestError("exists", f"a task with id {task_id!r} already exists")
+        target = new.target
+        task = Task(
+            task_id,
+            new.topic,
+            new.at_s,
+            body_packed=new.body_packed,
+            ttr_s=new.ttr_s,
+            max_attempts=new.max_attempts,
+            created_s=now_s,
+            target=target,
+        )
+        self.index.add(task)
+        # A targeted task due now is delayed all the same: the next tick sends it.
+        due_later = new.at_s > now_s or target is not None
+        self.move(task, "add", DELAYED if due_later else READY)
+        self.events.added += 1
+        return task
+
+    def move(self, task: Task, event: str, to: str, **fields: Any) -> None:
+        """The one way a request changes a task: check, unplace, change, place, journal."""
+        check_transition(task.id, task.state, event, to)
+        before = task.snapshot() if task.state != NEW else None
+        self.unplace(task)
+        for name, value in fields.items():
+            setattr(task, name, value)
+        task.state = to
+        if to == GONE:
+            self.index.remove(task)
+        elif to == DELAYED and task.at_s >= self.packed.hold_from(self.wheel.now_s):
+            # Due after the next window: it will be packed once durable
+            # (``ColdTasks.pack``), so it skips the wheel, whose insert and removal
+            # would be a fifth of an add. Nothing fires it before then anyway.
+            self.counts.add(task.topic, DELAYED)
+        else:
+            self.place(task)
+        self.journal.record(task, before)
+
+    def fire(self, task: Task) -> None:
+        """A task whose timer the wheel fired (it has unscheduled it already),
+        but a targeted delayed one (``Attempts.due``): ``move`` without the
+        journal (see the module docstring)."""
+        if task.state == DELAYED:
+            event, to = "due", READY
+        else:  # a reservation's TTR ran out
+            event, to = "expire", READY
+            self.events.expired += 1
+            if task.attempts >= task.max_attempts:
+                to = DEAD
+                self.events.deaths += 1
+        check_transition(task.id, task.state, event, to)
+        self.unplace(task)
+        task.state = to
+        self.place(task)
+
+    def wait_for_lane(self, task: Task) -> None:
+        """A targeted task the wheel fired: it stays delayed, out of the wheel,
+        until its destination's lane has room."""
+        self.waiting[task.id] = task
+
+    def retime(self, task: Task, timer_s: float) -> None:
+        """Move a scheduled task's timer (not its due time)."""
+        self.wheel.remove(task)
+        self.wheel.insert(task, timer_s)
+
+    def defer(self, task: Task, at_s: float) -> None:
+        """A delivering task back to delayed without a journal write: for an
+        outcome the store failed to take (``Attempts._outcome_written``)."""
+        check_transition(task.id, task.state, "fail", DELAYED)
+        self.unplace(task)
+        task.state = DELAYED
+        task.at_s = at_s
+        self.place(task)
+
+    def rollback(self, undo: Undo) -> None:
+        """Put back the tasks of batches the store failed to write (the journal's)."""
+        for task, snap in undo:
+            self.unplace(task)
+            if snap[0] == NEW:
+                task.state = GONE
+                self.index.remove(task)
+                continue
+            if task.state == GONE:
+                self.index.restore(task)
+            task.restore_fields(snap)
+            self.place(task)
+        self.serve_waiters(self.wheel.now_s)
+
+    # -- handing tasks out -----------------------------------------------------
+
+    def reserve(self, task: Task, now_s: float) -> dict[str, Any]:
+        """Hand a ready task out: reserved until its TTR runs out, or gone."""
+        attempts = task.attempts + 1
+        if task.ttr_s == 0:  # at-most-once: gone, durably, before it is handed out
+            self.move(task, "reserve", GONE, attempts=attempts)
+        else:
+            self.move(task, "reserve", RESERVED, attempts=attempts, deadline_s=now_s + task.ttr_s)
+        self.events.reserved += 1
+        return describe(task, self.wheel)
+
+    def serve_waiters(self, now_s: float) -> None:
+        """Hand ready tasks to blocked reserves, first come first served."""
+        queues = self.queues
+        if not queues.has_waiters():
+            return
+        for topic in queues.waiting_topics():
+            while (waiter := queues.next_waiter(topic)) is not None:
+                task = queues.oldest_ready(waiter.topics)
+                if task is None:
+                    break
+                queues.cancel_waiter(waiter)
+                waiter.deliver(self.reserve(task, now_s))
