@@ -44,7 +44,7 @@ from delaywheel.store.watch import StoreWatch
 if TYPE_CHECKING:
     from delaywheel.engine.table import TaskTable
 
-log = logging.getLogger("delaywheel.engine.journal")  # pinned: its name is documented
+log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
 
 # Called with None once the batch is durable, or with the error that failed it.
 Callback = Callable[[StoreError | None], None]
