@@ -13,6 +13,8 @@ import asyncio
 import time
 from typing import Any
 
+from delaywheel_client.protocol import Encoder
+
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries
 from delaywheel.engine.engine import Engine
@@ -29,6 +31,7 @@ class Server:
         self.engine = engine
         self.deliveries = deliveries
         self.connections: set[Connection] = set()
+        self.encoder = Encoder()
         self._server: asyncio.Server | None = None
         self.ticker = Ticker(engine)
         self._sweeper: asyncio.TimerHandle | None = None
