@@ -20,6 +20,7 @@ from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
 from delaywheel.logs import shown_settings, start_line
+from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.server import Server
 from delaywheel.store import Store, StoreUnavailable, open_store
 
@@ -60,6 +61,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         extra={"version": __version__, "settings": shown_settings(settings)},
     )
     log.info("store %s connected", store.url, extra={"store": store.url})
+    raise_open_files_limit(settings)
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
