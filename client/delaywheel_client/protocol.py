@@ -194,6 +194,8 @@ class Decoder:
         size = len(data)
         unpacker = self.unpacker
         if unpacker is None:  # nothing buffered: take an idle unpacker (inline: once a read)
+            if not size:
+                return
             try:
                 unpacker = self._pool.pop()
             except IndexError:  # none idle (in threads, another may just have taken it)
@@ -276,13 +278,7 @@ class Decoder:
         except (ValueError, TypeError, RecursionError) as exc:
             raise self._fail(*_unpack_error(exc, unpacker, shift)) from exc
         waiting = self._fed - self._consumed
-        if not waiting:  # an empty feed took an unpacker that no message gave back
-            self.unpacker = None
-            if self._grown:
-                self._grown = False
-            else:
-                self._pool.append(unpacker)
-        elif waiting > limit:
+        if waiting > limit:
             raise self._fail(
                 "too_large",
                 f"an incomplete message is already {waiting} bytes, over the {limit}-byte limit",
