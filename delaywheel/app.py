@@ -24,6 +24,7 @@ from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.listen import listen_error
+from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.server import Server
 from delaywheel.store import Store, open_store
 
@@ -62,6 +63,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             " anyone who can reach the port can add, delete and read every task",
             settings.host,
         )
+    raise_open_files_limit(settings)
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)

@@ -223,6 +223,14 @@ class ServerCollector:
         for code, n in sorted(counts.items()):
             refused.add_metric([code], n)
         yield refused
+        accept_errors = CounterMetricFamily(
+            "delaywheel_accept_errors_total",
+            "Accepts that failed for want of a resource (EMFILE: the open files limit), by errno.",
+            labels=["errno"],
+        )
+        for name, n in sorted(server.accept_errors.items()):
+            accept_errors.add_metric([name], n)
+        yield accept_errors
 
     def _deliveries(self) -> Iterator[Metric]:
         deliveries = self._server.deliveries

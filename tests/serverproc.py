@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
@@ -22,7 +23,11 @@ START_TIMEOUT_S = 30.0
 
 
 class ServerProcess:
-    """A running server. ``args`` go to ``delaywheel serve`` after the defaults."""
+    """A running server. ``args`` go to ``delaywheel serve`` after the defaults.
+
+    ``prefix`` goes before the command (``prlimit --nofile=256:256``), and
+    ``python_args`` are the interpreter's arguments that make it delaywheel.
+    """
 
     def __init__(
         self,
@@ -30,8 +35,11 @@ class ServerProcess:
         store: str = "memory://",
         tick: str = "0.05",
         env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+        python_args: Sequence[str] = ("-m", "delaywheel"),
     ) -> None:
         self.args = ["--port", "0", "--store", store, "--tick", tick, *args]
+        self.command = [*prefix, sys.executable, *python_args, "serve"]
         self.env = {**os.environ, **(env or {})}
         self.log: deque[str] = deque(maxlen=2000)
         self.host = ""
@@ -41,7 +49,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "delaywheel", "serve", *self.args],
+            [*self.command, *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -14,6 +14,17 @@ parsed once. The size of each message is the distance ``Unpacker.tell()`` moved 
 it. A decoded array is then checked against the three shapes ``[0, msgid, method, params]``,
 ``[1, msgid, error, result]`` and ``[2, method, params]``.
 
+Memory. An ``Unpacker`` is about 41 KiB however it is configured (its parser embeds a stack
+of 1024 levels), so a decoder holds one only while it has bytes buffered: from the ``feed()``
+that brings bytes until an iteration has yielded every one of them as a message. Then the
+unpacker, empty and back at the start of a message, goes to a small pool shared by every
+decoder of the process with the same limits, and the next decoder that receives bytes takes
+it. Whole messages, the common case, pass through one pooled unpacker; a connection mid-message
+keeps its own, with its parser's place, until the message is complete. An idle decoder (a
+server's idle connection, a client's idle pooled connection) is a few attributes. The pool is
+plain lists, so decoders in different threads may share it; one decoder is still not
+thread-safe.
+
 Limits. Input is untrusted, so every buffer is bounded:
 
 - ``max_message_bytes`` caps one message. It is checked when a message completes (by its
@@ -48,6 +59,7 @@ Where it is weak.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
@@ -68,6 +80,14 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_CONTAINER_LEN = 100_000
 
 MAX_MSGID = 2**32 - 1  # msgid is a uint32 in MessagePack-RPC
+
+# Idle unpackers kept per set of limits for the next decoder that receives bytes (see
+# "Memory"). A server holds about one at a time; more only while several of its connections
+# are mid-message at once, and each is about 41 KiB of parser plus its buffer.
+MAX_IDLE_UNPACKERS = 4
+# An unpacker's first buffer: one read of the server (256 KiB at most) fits. One that had to
+# grow (a message of megabytes) is freed afterwards, not pooled: the buffer never shrinks.
+UNPACKER_BUFFER_BYTES = 256 * 1024
 
 
 class ProtocolError(Exception):
@@ -111,9 +131,22 @@ class Decoder:
     Iterate after every ``feed()``: iteration yields each message completed so far and stops,
     without an exception, when the rest needs more bytes. Malformed input raises
     ``ProtocolError``, after which the decoder is unusable (see the module docstring).
+
+    A decoder holds an ``Unpacker`` only while it has bytes buffered (see "Memory" in the
+    module docstring): an idle one is a few attributes.
     """
 
-    __slots__ = ("_consumed", "_error", "_fed", "_max_message_bytes", "_unpacker")
+    __slots__ = (
+        "_consumed",
+        "_error",
+        "_fed",
+        "_grown",
+        "_max_container_len",
+        "_max_message_bytes",
+        "_pool",
+        "_shift",
+        "unpacker",
+    )
 
     def __init__(
         self,
@@ -126,19 +159,19 @@ class Decoder:
         if max_container_len < 0:
             raise ValueError(f"max_container_len must be >= 0, got {max_container_len}")
         self._max_message_bytes = max_message_bytes
-        self._unpacker = msgpack.Unpacker(
-            raw=False,  # str -> str, bin -> bytes
-            strict_map_key=False,  # task bodies may have int keys
-            use_list=True,
-            max_buffer_size=0,  # 4 GiB; our own checks bound the buffer far below that
-            max_array_len=max_container_len,
-            max_map_len=max_container_len,
-            max_str_len=max_message_bytes,
-            max_bin_len=max_message_bytes,
-            max_ext_len=max_message_bytes,
-        )
+        self._max_container_len = max_container_len
+        self._pool = _pool_for(max_message_bytes, max_container_len)
+        # The Unpacker held while bytes are buffered; None when none are (or when dead), so
+        # a caller can tell an idle decoder at the cost of an attribute. Read it, never use it.
+        self.unpacker: Any = None
         self._fed = 0  # bytes fed since the start of the stream
         self._consumed = 0  # stream offset just past the last message yielded
+        # The held unpacker's ``tell()`` minus our stream offset: a pooled unpacker has
+        # counted the bytes of every decoder that held it.
+        self._shift = 0
+        # The held unpacker's buffer may have grown past its first size: once empty it is
+        # freed, not pooled (a buffer never shrinks).
+        self._grown = False
         self._error: ProtocolError | None = None
 
     @property
@@ -158,20 +191,37 @@ class Decoder:
                 f"{waiting} bytes are waiting to be decoded, over the "
                 f"{self._max_message_bytes}-byte message limit",
             )
+        size = len(data)
+        unpacker = self.unpacker
+        if unpacker is None:  # nothing buffered: take an idle unpacker (inline: once a read)
+            if not size:
+                return
+            try:
+                unpacker = self._pool.pop()
+            except IndexError:  # none idle (in threads, another may just have taken it)
+                unpacker = _new_unpacker(self._max_message_bytes, self._max_container_len)
+            self._shift = unpacker.tell() - self._consumed
+            self.unpacker = unpacker
+            if size > UNPACKER_BUFFER_BYTES:
+                self._grown = True
+        elif waiting + size > UNPACKER_BUFFER_BYTES:
+            self._grown = True
         try:
-            self._unpacker.feed(data)
+            unpacker.feed(data)
         except msgpack.BufferFull:
             raise self._fail(
-                "too_large", f"a {len(data)}-byte chunk does not fit in the decoder"
+                "too_large", f"a {size}-byte chunk does not fit in the decoder"
             ) from None
-        self._fed += len(data)
+        self._fed += size
 
     def __iter__(self) -> Iterator[Message]:
         """Yield the messages completed so far; stop when more data is needed."""
         if self._error is not None:
             raise self._error
-        unpacker = self._unpacker
-        tell, unpack = unpacker.tell, unpacker.unpack
+        unpacker = self.unpacker
+        if unpacker is None:  # nothing buffered
+            return
+        tell, unpack, shift = unpacker.tell, unpacker.unpack, self._shift
         limit = self._max_message_bytes
         try:
             # unpack() while bytes are left, not ``for obj in unpacker``: that
@@ -183,7 +233,7 @@ class Decoder:
                     obj = unpack()
                 except msgpack.OutOfData:
                     break
-                end = tell()
+                end = tell() - shift
                 size = end - self._consumed
                 if size > limit:
                     raise ProtocolError(
@@ -196,17 +246,37 @@ class Decoder:
                     kind, msgid, third, fourth = obj
                     if type(kind) is int and type(msgid) is int and 0 <= msgid <= MAX_MSGID:
                         if kind == REQUEST and type(third) is str and type(fourth) is list:
-                            yield _new(Request, (msgid, third, fourth))
-                            continue
-                        if kind == RESPONSE:
-                            yield _new(Response, (msgid, third, fourth))
-                            continue
-                yield _to_message(obj)
+                            obj = _new(Request, (msgid, third, fourth))
+                        elif kind == RESPONSE:
+                            obj = _new(Response, (msgid, third, fourth))
+                        else:
+                            obj = _to_message(obj)
+                    else:
+                        obj = _to_message(obj)
+                else:
+                    obj = _to_message(obj)
+                if end != self._fed:
+                    yield obj
+                    continue
+                # The last whole message of what was fed: the unpacker is empty and at the
+                # start of a message, so it goes back now, before the yield, since a caller
+                # may stop at this message and never resume (inline: once a read).
+                self.unpacker = None
+                if self._grown:
+                    self._grown = False
+                else:
+                    self._pool.append(unpacker)
+                yield obj
+                unpacker = self.unpacker
+                if unpacker is None:
+                    return
+                tell, unpack, shift = unpacker.tell, unpacker.unpack, self._shift  # fed meanwhile
         except ProtocolError as exc:
             self._error = exc
+            self.unpacker = None
             raise
         except (ValueError, TypeError, RecursionError) as exc:
-            raise self._fail(*_unpack_error(exc, unpacker)) from exc
+            raise self._fail(*_unpack_error(exc, unpacker, shift)) from exc
         waiting = self._fed - self._consumed
         if waiting > limit:
             raise self._fail(
@@ -222,7 +292,43 @@ class Decoder:
 
     def _fail(self, code: str, message: str) -> ProtocolError:
         self._error = ProtocolError(code, message)
+        self.unpacker = None  # mid-parse or broken: never back to the pool
         return self._error
+
+
+# The idle unpackers, by the limits they were made with: ``(max_message_bytes,
+# max_container_len) -> list``. Limits are built into an Unpacker, so decoders share only
+# with decoders of the same limits; a process has a few sets of them (the server's, the
+# client's), and a decoder with limits beyond MAX_POOLS sets keeps a pool of its own.
+_pools: dict[tuple[int, int], deque[Any]] = {}
+MAX_POOLS = 8
+
+
+def _pool_for(max_message_bytes: int, max_container_len: int) -> deque[Any]:
+    """The pool of idle unpackers for these limits: a deque whose ``maxlen`` frees the
+    oldest when one more is given back to a full pool."""
+    key = (max_message_bytes, max_container_len)
+    pool = _pools.get(key)
+    if pool is None:
+        pool = deque(maxlen=MAX_IDLE_UNPACKERS)
+        if len(_pools) < MAX_POOLS:
+            pool = _pools.setdefault(key, pool)
+    return pool
+
+
+def _new_unpacker(max_message_bytes: int, max_container_len: int) -> Any:
+    return msgpack.Unpacker(
+        raw=False,  # str -> str, bin -> bytes
+        strict_map_key=False,  # task bodies may have int keys
+        use_list=True,
+        read_size=UNPACKER_BUFFER_BYTES,
+        max_buffer_size=0,  # 4 GiB; our own checks bound the buffer far below that
+        max_array_len=max_container_len,
+        max_map_len=max_container_len,
+        max_str_len=max_message_bytes,
+        max_bin_len=max_message_bytes,
+        max_ext_len=max_message_bytes,
+    )
 
 
 class Encoder:
@@ -341,11 +447,12 @@ def _bad_params(params: Any) -> ProtocolError:
     return ProtocolError("bad_request", f"params must be an array, got {_describe(params)}")
 
 
-def _unpack_error(exc: Exception, unpacker: msgpack.Unpacker) -> tuple[str, str]:
-    """Name what msgpack refused; (code, message) for ProtocolError."""
+def _unpack_error(exc: Exception, unpacker: msgpack.Unpacker, shift: int) -> tuple[str, str]:
+    """Name what msgpack refused; (code, message) for ProtocolError. ``shift``: the
+    unpacker's stream offset minus the decoder's (see ``Decoder``)."""
     if isinstance(exc, msgpack.FormatError):
         # The C parser stops on the bad byte, so it is the next one in the buffer.
-        offset = unpacker.tell()
+        offset = unpacker.tell() - shift
         try:
             byte = unpacker.read_bytes(1)
         except ValueError:

@@ -27,7 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from delaywheel_client.methods import OPEN_METHODS  # allowed before auth
-from delaywheel_client.protocol import Decoder, Encoder, ProtocolError, Request
+from delaywheel_client.protocol import Decoder, ProtocolError, Request
 
 from delaywheel import checks
 from delaywheel.engine import validate
@@ -53,6 +53,19 @@ MAX_REQUESTS_PER_TURN = 256
 MAX_RESERVE_TIMEOUT_S = 86_400.0
 
 
+class Reply:
+    """A reply in the connection's line, written once nothing ahead of it waits and
+    ``batch``, the store write holding its change, is durable (None: it is)."""
+
+    __slots__ = ("batch", "msgid", "payload", "route")
+
+    def __init__(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
+        self.msgid = msgid
+        self.payload = payload
+        self.batch = batch
+        self.route = route  # the method answered: a failed write counts against it
+
+
 class Connection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -60,12 +73,16 @@ class Connection(asyncio.Protocol):
         self.journal = server.engine.journal
         self.authed = server.settings.token is None
         self.decoder = Decoder(max_message_bytes=server.settings.max_message_bytes)
-        self.encoder = Encoder()
+        self.encoder = server.encoder
         self.transport: asyncio.Transport | None = None
-        # Replies in request order: [msgid, bytes, batch it waits for or None,
-        # the method answered (its errors are counted)].
-        self.replies: deque[list[Any]] = deque()
-        self.waiting_on: set[int] = set()  # id() of batches we have a callback on
+        # Replies leave in request order: those free to go now (``ready``, bytes),
+        # then the line of those waiting for a store write and all behind them.
+        self.ready: list[bytes] = []
+        self.replies: deque[Reply] = deque()
+        # The newest batch we have a callback on: the journal's pending batch only
+        # moves forward (a batch replaced never comes back), so one is enough to
+        # register each batch once.
+        self.waiting_on: Batch | None = None
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
         self.stopping = False  # the server is shutting down: read nothing more
@@ -154,7 +171,7 @@ class Connection(asyncio.Protocol):
                 journal.flush()
         if self.busy:
             asyncio.get_running_loop().call_soon(self._work)
-        elif decoder.buffered_bytes == 0:
+        elif decoder.unpacker is None:  # nothing buffered (buffered_bytes, cheaper)
             self.partial_since = None
         elif handled or self.partial_since is None:
             self.partial_since = time.monotonic()
@@ -203,33 +220,39 @@ class Connection(asyncio.Protocol):
         )
 
     def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
-        self.replies.append([msgid, payload, batch, route])
-        if batch is not None and id(batch) not in self.waiting_on:
-            self.waiting_on.add(id(batch))
+        if batch is None and not self.replies:  # nothing to wait for, nothing ahead of it
+            self.ready.append(payload)
+            return
+        self.replies.append(Reply(msgid, payload, batch, route))
+        if batch is not None and batch is not self.waiting_on:
+            self.waiting_on = batch
             batch.add_callback(partial(self._batch_done, batch))
         if len(self.replies) > MAX_QUEUED_REPLIES:
             self._update_reading()
 
     def _batch_done(self, batch: Batch, error: StoreError | None) -> None:
-        self.waiting_on.discard(id(batch))
+        if batch is self.waiting_on:
+            self.waiting_on = None  # not to keep a finished batch's tasks alive
         if error is not None:  # the rollback may have put back an earlier timer
             self.server.rearm()
-        for entry in self.replies:
-            if entry[2] is batch:
-                entry[2] = None
+        for reply in self.replies:
+            if reply.batch is batch:
+                reply.batch = None
                 if error is not None:
-                    entry[1] = self.encoder.error_response(entry[0], "unavailable", str(error))
-                    entry[3].failed("unavailable")
+                    reply.payload = self.encoder.error_response(
+                        reply.msgid, "unavailable", str(error)
+                    )
+                    reply.route.failed("unavailable")
         self._flush()
 
     def _flush(self) -> None:
-        """Write every reply at the head of the line that is no longer waiting."""
-        replies = self.replies
-        if replies and replies[0][2] is None and self.transport is not None:
-            ready = [replies.popleft()[1]]
-            while replies and replies[0][2] is None:
-                ready.append(replies.popleft()[1])
+        """Write the ready replies and those at the head of the line no longer waiting."""
+        replies, ready = self.replies, self.ready
+        while replies and replies[0].batch is None:
+            ready.append(replies.popleft().payload)
+        if ready and self.transport is not None:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            ready.clear()
         if (
             self.reading_paused
             or self.writing_paused

@@ -3,7 +3,8 @@
 It speaks the protocol and nothing else: each connection (``connection``)
 decodes requests and answers them through the method table (``routes``),
 which calls the engine. The server owns what spans connections: the
-listening socket, the tick driver (``ticker``), the sweeper that closes
+listening sockets and their accept loop (``listener``: why not
+``create_server``), the tick driver (``ticker``), the sweeper that closes
 connections stuck in the middle of a message, and the graceful stop.
 """
 
@@ -13,10 +14,13 @@ import asyncio
 import time
 from typing import Any
 
+from delaywheel_client.protocol import Encoder
+
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries
 from delaywheel.engine.engine import Engine
 from delaywheel.net.connection import Connection
+from delaywheel.net.listener import Listener
 from delaywheel.net.routes import Method, routes_for
 from delaywheel.net.ticker import Ticker
 
@@ -29,7 +33,13 @@ class Server:
         self.engine = engine
         self.deliveries = deliveries
         self.connections: set[Connection] = set()
-        self._server: asyncio.Server | None = None
+        self.encoder = Encoder()  # one for every connection: replies are packed one at a time
+        # A TLS peer gets --message-timeout to finish its handshake, as it gets
+        # to finish a message.
+        tls = settings.tls_context()
+        self.listener = Listener(
+            lambda: Connection(self), tls=tls, handshake_timeout_s=settings.message_timeout_s
+        )
         self.ticker = Ticker(engine)
         self._sweeper: asyncio.TimerHandle | None = None
         self.routes: dict[str, Method] = routes_for(self)
@@ -38,27 +48,15 @@ class Server:
         self.unknown = Method("unknown", None, False)
         self.accepted = 0  # connections, since the start
         self.refused: dict[str, int] = {}  # connections closed by the server, by code
+        self.accept_errors = self.listener.errors  # failed accepts, by errno name
 
     async def start(self) -> tuple[str, int]:
-        loop = asyncio.get_running_loop()
-        tls = self.settings.tls_context()
-        # A TLS peer gets --message-timeout to finish its handshake, as it gets
-        # to finish a message. A failed handshake (a plain-text client, a
-        # certificate that does not verify) just closes that connection: the
-        # loop logs OSErrors only in debug mode, and Connection never sees it.
-        self._server = await loop.create_server(
-            lambda: Connection(self),
-            self.settings.host,
-            self.settings.port,
-            reuse_address=True,
-            ssl=tls,
-            ssl_handshake_timeout=None if tls is None else self.settings.message_timeout_s,
-        )
+        self.listener.start(self.settings.host, self.settings.port)
         if self.deliveries is not None:
             await self.deliveries.start(self.engine, self.rearm)
         self.ticker.start()
         self._sweep()
-        host, port = self._server.sockets[0].getsockname()[:2]
+        host, port = self.listener.sockets[0].getsockname()[:2]
         return host, port
 
     async def stop(self) -> None:
@@ -66,8 +64,7 @@ class Server:
         connections, give deliveries in flight their grace period, and wait
         for the journal to drain."""
         self.ticker.stop()  # the wheel stops: nothing fires, no delivery starts
-        if self._server is not None:
-            self._server.close()
+        self.listener.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
