@@ -23,8 +23,8 @@ from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
 from delaywheel.logs import shown_settings, start_line
-from delaywheel.net.listen import listen_error
 from delaywheel.net.limits import raise_open_files_limit
+from delaywheel.net.listen import listen_error
 from delaywheel.net.server import Server
 from delaywheel.store import Store, open_store
 

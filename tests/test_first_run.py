@@ -607,6 +607,7 @@ def test_backup_of_sqlite_finishes_under_steady_writes(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.partial"))
 
 
+@pytest.mark.redis
 def test_backup_of_redis_streams_an_rdb_under_steady_writes(tmp_path: Path) -> None:
     password = "backup-secret"
     source = RedisServer(tmp_path / "source", ["--requirepass", password])
