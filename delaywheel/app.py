@@ -36,11 +36,10 @@ log = logging.getLogger("delaywheel")
 # The collector's thresholds while serving: a young collection every 20,000
 # allocations instead of every 700, the middle generation every 50 of those,
 # the full one as by default. Each add leaves a task that lives until it is
-# due, which the default settings rescan again and again: py-spy put 6-13 %
-# of the server's time in the collector under a stream of adds, and building
-# a task took 1.56 us instead of 2.0. Journaled adds on Redis measured
-# 46.7k-72.6k/s against 40.0k-54.3k/s with the defaults (medians of 3
-# drives, 4 interleaved runs each, better in every pair). Cyclic garbage is
+# due, which the default settings rescan again and again: under a stream of
+# adds the collector took a large share of the server's time, and journaled
+# adds were faster in every measured pair with these thresholds
+# (docs/performance.md, "Measurements behind the code"). Cyclic garbage is
 # still collected, in larger batches.
 GC_THRESHOLDS = (20_000, 50, 10)
 

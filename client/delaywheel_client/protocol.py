@@ -225,9 +225,9 @@ class Decoder:
         limit = self._max_message_bytes
         try:
             # unpack() while bytes are left, not ``for obj in unpacker``: that
-            # ends every read with a StopIteration, whose Cython traceback cost
-            # more than decoding a small message (0.44 us against 0.17 us a
-            # read). Only a read that ends mid-message raises, OutOfData.
+            # ends every read with a StopIteration, whose Cython traceback costs
+            # more than decoding a small message (docs/performance.md). Only a
+            # read that ends mid-message raises, OutOfData.
             while self._consumed < self._fed:
                 try:
                     obj = unpack()

@@ -55,7 +55,7 @@ log = logging.getLogger("delaywheel.loading")  # pinned: docs/operations.md name
 WINDOW_S = 60.0
 # Tasks more than an hour or two away (with the default window) are kept by
 # the hour, COARSE windows to a list: a week's tasks then sit in 168 lists
-# rather than 10,080, which measured 0.1 s faster per million loaded. Such
+# rather than 10,080, which loads faster (docs/performance.md). Such
 # an hour is decoded a window before it begins, as one window would be.
 COARSE = 60
 # Log loading progress this often, so a large store's start-up visibly moves.

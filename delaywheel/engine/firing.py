@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 # How many packed tasks one advance decodes (a few ms of work): a window
 # holding half a million is decoded over many turns of the loop, not in one stall.
 THAW_BATCH = 2_000
-# How many due tasks one advance makes ready: 5-8 ms of work on our 2-core
-# machines (3-5 us a task), so 200,000 due in the same second are made ready
-# over 200 turns of the loop, with requests served between them, at about the
-# same rate as in one stall of a second. Larger batches gain nothing.
+# How many due tasks one advance makes ready: a few milliseconds of work, so
+# 200,000 due in the same second are made ready over 200 turns of the loop,
+# with requests served between them, at about the rate of one long stall.
+# Larger batches gain nothing (docs/performance.md, "Measurements behind the code").
 FIRE_BATCH = 1_000
 
 _due_of = attrgetter("due_s")  # a timer's due time in the wheel

@@ -6,8 +6,8 @@ in that order already (the wheel fires in due order; adds due now come in
 turn), so those go to a run, a deque in order, and only a task older than the
 run's newest (a reservation that ran out, a release, an update to an earlier
 time) goes to a heap; the head is the older of the two fronts. Taking the
-head of a run is O(1), where a heap of 100,000 cost a reserve 1.6-1.9 us per
-pop (bench/profile.py). Removing a task from the middle (delete, update) is
+head of a run is O(1), where a large heap's pop was a visible share of a
+reserve (docs/performance.md). Removing a task from the middle (delete, update) is
 lazy: the task's ``queue_seq`` no longer matches its entry, which is dropped
 when it surfaces; a queue with more stale entries than live ones is rebuilt.
 

@@ -165,8 +165,9 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 RECORD_VERSION = 4
 _READ_VERSIONS = frozenset({2, 3, 4})  # v2 and v3 read as v4 without its last two fields
 _INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
-# One Packer for every record (see validate._pack: a packb per record cost
-# 0.82 us against 0.24 us). Records are packed on the event loop's thread.
+# One Packer for every record: a packb per record builds a Packer each time,
+# which costs more than the packing (docs/performance.md, "Measurements
+# behind the code"). Records are packed on the event loop's thread.
 _pack_record = msgpack.Packer(use_bin_type=True).pack
 STATE_CODE = {state: code for code, state in enumerate(STATES)}
 # Where read_record's fields hold the topic, the state code and the due time.

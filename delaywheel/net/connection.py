@@ -1,7 +1,7 @@
 """One client connection: decode, answer in order, hold replies until durable.
 
-Each connection is an ``asyncio.Protocol`` (streams cost 3x the round trips,
-see docs/performance.md). It handles what one read delivered, at most
+Each connection is an ``asyncio.Protocol`` (streams cost several times the round
+trips, docs/performance.md). It handles what one read delivered, at most
 ``MAX_REQUESTS_PER_TURN`` requests a loop turn, and writes all the replies that
 are ready in one ``write``.
 

@@ -1,11 +1,11 @@
 """The Redis store's write path: a connection of its own, one MULTI/EXEC per flush.
 
-Why not redis-py here. Its asyncio ``pipeline(transaction=True)`` costs about
-226 us of CPU per execute, however small (3.7k executes/s, measured
-2026-12-02); the same MULTI/HSET/EXEC bytes packed with
-``hiredis.pack_command``, written on a plain ``asyncio.Protocol`` and parsed
-with ``hiredis.Reader`` cost about 30 us (18.6k/s). A flush sits on the path
-of every mutating reply, so that difference is most of a journaled add.
+Why not redis-py here. Its asyncio ``pipeline(transaction=True)`` costs
+several times the CPU per execute, however small, of the same MULTI/HSET/EXEC
+bytes packed with ``hiredis.pack_command``, written on a plain
+``asyncio.Protocol`` and parsed with ``hiredis.Reader`` (docs/performance.md,
+"Measurements behind the code"). A flush sits on the path of every mutating
+reply, so that difference is most of a journaled add.
 redis-py still does everything that is not per request: the start-up checks,
 loading, and finding the Cluster node that owns the store's slot.
 
