@@ -143,6 +143,8 @@ def settled_rss(server: ServerProcess) -> int:
     return rss_bytes(server_pid(server))
 
 
+@pytest.mark.process
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_5000_connections_are_served_from_a_soft_limit_of_1024() -> None:
     needs_descriptors(CONNECTIONS + SERVER_OVERHEAD)
@@ -165,6 +167,8 @@ def test_5000_connections_are_served_from_a_soft_limit_of_1024() -> None:
     assert "cannot accept" not in server.log_text()
 
 
+@pytest.mark.process
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_5000_blocked_reserves_each_get_a_task_after_one_add_many() -> None:
     needs_descriptors(CONNECTIONS + SERVER_OVERHEAD)
@@ -190,6 +194,7 @@ def test_5000_blocked_reserves_each_get_a_task_after_one_add_many() -> None:
         server.stop()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
 def test_a_connection_cut_mid_message_leaves_nothing_behind(reset: bool) -> None:
     server = ServerProcess("--max-body", str(4 * 1024 * 1024 - 1024))
