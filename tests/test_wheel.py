@@ -701,7 +701,7 @@ def test_a_limit_below_one_is_refused() -> None:
         wheel_at().advance(0.0, 0)
 
 
-# -- the inlined tick_ceil ------------------------------------------------------
+# -- one tick_ceil --------------------------------------------------------------
 
 # Ticks whose products round: a due time a few ulps either side of a tick's
 # start is where a quotient rounds to the neighbouring tick.
@@ -715,13 +715,12 @@ def _nudged(t_s: float, ulps: int) -> float:
 
 
 @given(tick_s=awkward_ticks, tick=st.integers(100, 2 * 10**12), ulps=st.integers(-3, 3))
-def test_the_inlined_tick_ceil_of_insert_and_of_a_bucket_move_agree_with_tick_ceil(
+def test_insert_and_a_bucket_move_put_a_timer_on_tick_ceils_tick(
     tick_s: float, tick: int, ulps: int
 ) -> None:
-    """``TimingWheel.insert_many`` and ``_lists.move_front`` inline
-    ``_ticks.tick_ceil`` (a call there costs about 450 machine instructions
-    of an insert's 10,700, measured with callgrind): each must put a timer
-    in the slot of the same tick, float edges included."""
+    """``TimingWheel.insert_many`` and ``_lists.move_front`` both place a timer
+    by ``_ticks.tick_ceil``: each puts it in the slot of that tick, float
+    edges included."""
     due_s = _nudged(tick * tick_s, ulps)
     slots = 64
     # Inserted within the ring's reach: insert_many's copy.

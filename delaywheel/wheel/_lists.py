@@ -15,9 +15,10 @@ front of a list as its earliest entries (see ``_fire``).
 
 from __future__ import annotations
 
-import math
 from heapq import heappush
 from typing import Any
+
+from delaywheel.wheel._ticks import tick_ceil
 
 
 class _Node:
@@ -105,28 +106,23 @@ def move_front(
 ) -> None:
     """Move the first ``n`` entries of ``bucket`` to the end of their ring slots.
 
-    Each goes to the slot of its fire tick (``tick_ceil(due_s)``, inlined here,
-    and never at or before ``cursor``); a slot that was empty gets its tick
+    Each goes to the slot of its fire tick (``tick_ceil(due_s)``, never at or
+    before ``cursor``); a slot that was empty gets its tick
     pushed on the ``ring_ticks`` heap. The caller guarantees that every fire
     tick is within ``(cursor, cursor + len(ring)]`` and keeps the counts.
     Each slot's ``in_order`` is kept as ``append`` keeps it.
     """
     slots = len(ring)
-    ceil = math.ceil
     first = cursor + 1
     node: Any = bucket._next  # Entry nodes, typed loosely to keep the loop lean
     for _ in range(n):
         nxt = node._next
         due = node.due_s
-        tick = ceil(due / tick_s)  # _ticks.tick_ceil, inlined (see there)
-        if tick * tick_s < due:
-            tick += 1
-        elif (tick - 1) * tick_s >= due:
-            tick -= 1
+        tick = tick_ceil(due, tick_s)
         if tick < first:  # float edge, as on insert
             tick = first
         home = ring[tick % slots]
-        last = home._prev
+        last: Any = home._prev  # an Entry, or the head itself (loosely typed, as node)
         if last is home:
             heappush(ring_ticks, tick)
             home.in_order = True

@@ -3,11 +3,11 @@
 Tick ``n`` starts at ``n * tick_s`` seconds after the Unix epoch. The
 arithmetic is float (``tick_s`` may be 0.001), so a quotient can round to
 the neighbouring tick: each helper re-checks its product and steps by one,
-so that a timer fires late by a tick rather than early. The wheel's two hot
-loops (``TimingWheel.insert_many`` and ``_lists.move_front``) inline
-``tick_ceil``: a call there costs 4 % of an insert (about 450 of 10,700
-machine instructions, callgrind), and loading a million tasks makes a million
-of each. tests/test_wheel.py checks the three agree, float edges included.
+so that a timer fires late by a tick rather than early. ``tick_ceil`` is the
+one rounding of a due time to its tick: the wheel's insert and its cascade
+(``_lists.move_front``) both call it. Inlined, it saved about 4 % of an
+insert's instructions (callgrind), 0.5 % of an add through a connection; one
+copy that cannot drift was judged worth that (docs/performance.md).
 """
 
 from __future__ import annotations

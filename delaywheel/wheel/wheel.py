@@ -77,7 +77,6 @@ import heapq
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from math import ceil
 from operator import attrgetter
 
 from delaywheel.wheel._fire import fire_some
@@ -186,11 +185,7 @@ class TimingWheel:
                 if due_s <= now_s:
                     append(self._overdue, entry)
                     continue
-                tick = ceil(due_s / tick_s)  # tick_ceil(due_s, tick_s), inlined (see _ticks)
-                if tick * tick_s < due_s:
-                    tick += 1
-                elif (tick - 1) * tick_s >= due_s:
-                    tick -= 1
+                tick = tick_ceil(due_s, tick_s)
                 if tick <= cursor:  # float edge: never behind the cursor
                     tick = cursor + 1
                 key = tick // span
