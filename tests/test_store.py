@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import pytest
 import redis
+import redis.asyncio
 from conftest import RedisCluster, RedisServer, free_port
 
 from delaywheel.store import (
@@ -525,11 +526,25 @@ def test_redis_silent_server_times_out() -> None:
         run(scenario)
 
 
+async def _config_set(redis_url: str, name: str, value: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await client.config_set(name, value)
+    finally:
+        await client.aclose()
+
+
+
 @pytest.mark.parametrize("how", ["stop", "kill"])
 def test_redis_down_then_back_without_reopening(
     redis_server: RedisServer, redis_url: str, how: str
 ) -> None:
     async def scenario() -> None:
+        if how == "kill":
+            # With appendfsync everysec Redis may hold a write back from the AOF
+            # for up to 2 s while an fsync is slow (a loaded machine), and answer
+            # it anyway: SIGKILL then loses it. "always" writes before answering.
+            await _config_set(redis_url, "appendfsync", "always")
         async with open_store(redis_url) as store:
             await store.write({"before": b"1"})
             if how == "stop":
@@ -558,6 +573,8 @@ def test_redis_down_then_back_without_reopening(
                         raise
             # "before" reached the AOF before Redis answered, so even SIGKILL keeps it.
             assert await load_all(store) == {"before": b"1", "after": b"3"}
+        if how == "kill":
+            await _config_set(redis_url, "appendfsync", "everysec")
 
     try:
         run(scenario)
@@ -612,6 +629,11 @@ def test_redis_restart_between_writes_goes_unnoticed(
     """The pooled connection died with the old process; the next write reconnects."""
 
     async def scenario() -> None:
+        if how == "kill":
+            # With appendfsync everysec Redis may hold a write back from the AOF
+            # for up to 2 s while an fsync is slow (a loaded machine), and answer
+            # it anyway: SIGKILL then loses it. "always" writes before answering.
+            await _config_set(redis_url, "appendfsync", "always")
         async with open_store(redis_url) as store:
             await store.write({"before": b"1"})
             if how == "stop":
