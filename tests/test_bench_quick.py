@@ -8,7 +8,8 @@ when those are installed and the skip message in their place when not; the
 fire, lateness, journal and recovery figures there, finite and positive (the
 lateness section's early count an int, 0 allowed); the deliveries figures
 likewise, those of RabbitMQ and NATS whenever their port answers (here and
-in CI they must: .ci/run starts them), the skip message when it does not.
+in CI they must: .ci/run starts them), the skip message when it does not;
+the connections figures of delaywheel, Redis and beanstalkd side by side.
 Nothing about the figures' size is asserted: this is the harness's test,
 not the server's.
 """
@@ -29,7 +30,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # the sections with a quick mode that is quick
-SECTIONS = ("compare", "fire", "lateness", "wheel", "journal", "recovery", "deliveries")
+SECTIONS = (
+    "compare",
+    "fire",
+    "lateness",
+    "wheel",
+    "journal",
+    "recovery",
+    "deliveries",
+    "connections",
+)
 RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
 ALWAYS = {
@@ -98,6 +108,14 @@ DELIVERIES_WITH_REDIS = {
 }
 DELIVERIES_WITH_RABBITMQ = {"amqp_rate", "amqp_cpu_us"}
 DELIVERIES_WITH_NATS = {"nats_rate", "nats_cpu_us"}
+# The connections section: each server's figures, under its prefix.
+CONNECTIONS_FIGURES = (
+    "idle_bytes",
+    "blocked_bytes",
+    "answer_1000_ms",
+    "answer_5000_ms",
+    "accept_rate",
+)
 RABBITMQ_PORT, NATS_PORT = 5672, 4222
 
 
@@ -306,6 +324,39 @@ def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
     targets = {
         "burst_lateness_p99_ms": {"op": "<=", "value": 15},
         "burst_lateness_max_ms": {"op": "<=", "value": 50},
+    }
+    for key, figure in figures.items():
+        assert figure["target"] == targets.get(key), key
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_connections_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    connections = quick_run[0]["sections"]["connections"]
+    params = connections["params"]
+    assert params["quick"] is True
+    skipped: list[str] = params["skipped"]
+    servers = ["dw"]
+    if shutil.which("redis-server") is not None:
+        servers.append("redis")
+    else:
+        assert any("redis-server" in message for message in skipped), skipped
+    if beanstalkd_usable():
+        servers.append("bs")
+    else:
+        assert any("beanstalkd figures skipped" in message for message in skipped), skipped
+    figures: dict[str, Any] = connections["figures"]
+    expected = {f"{server}_{name}" for server in servers for name in CONNECTIONS_FIGURES}
+    assert set(figures) == expected
+    assert_finite_positive(figures)
+    for key, figure in figures.items():
+        if key.endswith(("_ms", "_rate")):  # a median of rounds lists every round
+            assert len(figure["runs"]) == params["rounds"], key
+    # delaywheel's carry the issue's bounds; the others are for comparison
+    targets = {
+        "dw_idle_bytes": {"op": "<=", "value": 8192},
+        "dw_blocked_bytes": {"op": "<=", "value": 8192},
+        "dw_answer_1000_ms": {"op": "<=", "value": 1000},
+        "dw_answer_5000_ms": {"op": "<=", "value": 1000},
     }
     for key, figure in figures.items():
         assert figure["target"] == targets.get(key), key
