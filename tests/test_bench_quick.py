@@ -8,8 +8,7 @@ when those are installed and the skip message in their place when not; the
 fire, lateness, journal and recovery figures there, finite and positive (the
 lateness section's early count an int, 0 allowed); the deliveries figures
 likewise, those of RabbitMQ and NATS whenever their port answers (here and
-in CI they must: .ci/run starts them), the skip message when it does not;
-the connections figures of delaywheel, Redis and beanstalkd side by side.
+in CI they must: .ci/run starts them), the skip message when it does not.
 Nothing about the figures' size is asserted: this is the harness's test,
 not the server's.
 """
@@ -108,14 +107,6 @@ DELIVERIES_WITH_REDIS = {
 }
 DELIVERIES_WITH_RABBITMQ = {"amqp_rate", "amqp_cpu_us"}
 DELIVERIES_WITH_NATS = {"nats_rate", "nats_cpu_us"}
-# The connections section: each server's figures, under its prefix.
-CONNECTIONS_FIGURES = (
-    "idle_bytes",
-    "blocked_bytes",
-    "answer_1000_ms",
-    "answer_5000_ms",
-    "accept_rate",
-)
 RABBITMQ_PORT, NATS_PORT = 5672, 4222
 
 
@@ -329,8 +320,19 @@ def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
         assert figure["target"] == targets.get(key), key
 
 
+# The connections section: each server's figures, under its prefix (dw, redis, bs).
+CONNECTIONS_FIGURES = (
+    "idle_bytes",
+    "blocked_bytes",
+    "answer_1000_ms",
+    "answer_5000_ms",
+    "accept_rate",
+)
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_connections_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    """delaywheel's figures, Redis's and beanstalkd's when installed, side by side."""
     connections = quick_run[0]["sections"]["connections"]
     params = connections["params"]
     assert params["quick"] is True
