@@ -186,6 +186,7 @@ SECTIONS: dict[str, str] = {
     "journal": "bench.journal",
     "recovery": "bench.recovery",
     "deliveries": "bench.deliveries",
+    "connections": "bench.connections",
 }
 
 

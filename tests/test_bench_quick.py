@@ -34,7 +34,16 @@ pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 # the sections with a quick mode that is quick
-SECTIONS = ("compare", "fire", "lateness", "wheel", "journal", "recovery", "deliveries")
+SECTIONS = (
+    "compare",
+    "fire",
+    "lateness",
+    "wheel",
+    "journal",
+    "recovery",
+    "deliveries",
+    "connections",
+)
 RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
 ALWAYS = {
@@ -293,6 +302,50 @@ def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
     targets = {
         "burst_lateness_p99_ms": {"op": "<=", "value": 15},
         "burst_lateness_max_ms": {"op": "<=", "value": 50},
+    }
+    for key, figure in figures.items():
+        assert figure["target"] == targets.get(key), key
+
+
+# The connections section: each server's figures, under its prefix (dw, redis, bs).
+CONNECTIONS_FIGURES = (
+    "idle_bytes",
+    "blocked_bytes",
+    "answer_1000_ms",
+    "answer_5000_ms",
+    "accept_rate",
+)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_connections_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    """delaywheel's figures, Redis's and beanstalkd's when installed, side by side."""
+    connections = quick_run[0]["sections"]["connections"]
+    params = connections["params"]
+    assert params["quick"] is True
+    skipped: list[str] = params["skipped"]
+    servers = ["dw"]
+    if shutil.which("redis-server") is not None:
+        servers.append("redis")
+    else:
+        assert any("redis-server" in message for message in skipped), skipped
+    if beanstalkd_usable():
+        servers.append("bs")
+    else:
+        assert any("beanstalkd figures skipped" in message for message in skipped), skipped
+    figures: dict[str, Any] = connections["figures"]
+    expected = {f"{server}_{name}" for server in servers for name in CONNECTIONS_FIGURES}
+    assert set(figures) == expected
+    assert_finite_positive(figures)
+    for key, figure in figures.items():
+        if key.endswith(("_ms", "_rate")):  # a median of rounds lists every round
+            assert len(figure["runs"]) == params["rounds"], key
+    # delaywheel's carry the issue's bounds; the others are for comparison
+    targets = {
+        "dw_idle_bytes": {"op": "<=", "value": 8192},
+        "dw_blocked_bytes": {"op": "<=", "value": 8192},
+        "dw_answer_1000_ms": {"op": "<=", "value": 1000},
+        "dw_answer_5000_ms": {"op": "<=", "value": 1000},
     }
     for key, figure in figures.items():
         assert figure["target"] == targets.get(key), key

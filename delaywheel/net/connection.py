@@ -14,6 +14,10 @@ Backpressure: when the transport's write buffer is full (a client that sends
 but never reads), or too many replies are waiting on the store, the connection
 stops reading until it drains. Memory per connection is therefore bounded by
 one read, one decoder buffer and that many replies.
+
+An idle connection is small (about 3 kB, docs/operations.md "Connections"):
+its decoder holds a MessagePack parser only while a message is partly
+received (protocol.py, "Memory"), and the encoder is the server's.
 """
 
 from __future__ import annotations
