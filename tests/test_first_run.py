@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import msgpack
 import nats
 import pytest
 from conftest import RedisServer, free_port
@@ -33,6 +34,7 @@ from delaywheel_client import AsyncClient, Client, Worker, targets
 from delaywheel_client.errors import ConnectionFailed
 from nats.js.api import StreamConfig
 from serverproc import ServerProcess
+from waiting import wait_until
 
 # Every test here runs the CLI or the server in a process of its own.
 pytestmark = pytest.mark.process
@@ -720,6 +722,32 @@ def test_the_clients_without_tls_on_a_tls_port_are_told_to_try_tls(
     with pytest.raises(ConnectionFailed) as caught_async:
         asyncio.run(ping_async())
     assert str(caught_async.value).endswith(PLAIN_HINT)
+
+
+def test_the_server_logs_a_plain_text_client_on_its_tls_port(tmp_path: Path) -> None:
+    # A server of its own, with a short handshake timeout: a plain ping is
+    # shorter than the TLS record OpenSSL reads it as, so only that timeout
+    # ends it. The line is rate-limited: one server per kind of client.
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    line = "sent plain text to this TLS port (or never finished its handshake)"
+    for plain in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", msgpack.packb([0, 1, "ping", []])):
+        server = ServerProcess(
+            "--tls-cert", str(cert), "--tls-key", str(key), "--message-timeout", "1"
+        )
+        try:
+            with socket.create_connection(server.address, timeout=10) as peer:
+                peer.sendall(plain)
+                wait_until(lambda s=server: line in s.log_text(), 15, "the plain-text line")
+            logged = next(ln for ln in server.log_text().splitlines() if line in ln)
+            assert "127.0.0.1:" in logged and "--tls" in logged, logged
+            assert "Traceback" not in server.log_text()
+        finally:
+            server.stop()
 
 
 # -- 11. counters with known labels are there from the start ---------------------------

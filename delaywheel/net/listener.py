@@ -130,6 +130,8 @@ class Listener:
         self._starting: set[asyncio.Task[None]] = set()  # connections being set up
         self._unlogged = 0  # failures since the last line about them
         self._logged_at_s = -LOG_EVERY_S
+        self._plain_unlogged = 0  # plain-text clients on a TLS port since the last line
+        self._plain_logged_at_s = -LOG_EVERY_S
 
     def start(self, host: str | None, port: int) -> None:
         self._loop = asyncio.get_running_loop()
@@ -172,6 +174,8 @@ class Listener:
 
     async def _connect(self, conn: socket.socket) -> None:
         assert self._loop is not None
+        # Read now: once a handshake fails the transport has closed the socket.
+        peer = _peer(conn) if self.tls is not None else ""
         try:
             await self._loop.connect_accepted_socket(
                 self.factory,
@@ -184,7 +188,26 @@ class Listener:
             # does not verify) or a peer gone already: that connection only.
             # create_server says nothing of these either, outside debug mode.
             log.debug("connection not set up: %r", exc)
+            if self.tls is not None and _looks_plain(exc):
+                self._plain_text(peer)
             conn.close()
+
+    def _plain_text(self, peer: str) -> None:
+        """Log (rate-limited) a client that spoke plain text to this TLS port."""
+        self._plain_unlogged += 1
+        now_s = time.monotonic()
+        if now_s - self._plain_logged_at_s < LOG_EVERY_S:
+            return
+        more = self._plain_unlogged - 1
+        log.warning(
+            "%s sent plain text to this TLS port (or never finished its handshake)%s:"
+            " it should connect with TLS (the CLI's --tls or --tls-ca FILE; in Python"
+            " tls=True or tls_ca=)",
+            peer,
+            f" ({more} more since the last line)" if more else "",
+            extra={"peer": peer, "failures": self._plain_unlogged},
+        )
+        self._plain_logged_at_s, self._plain_unlogged = now_s, 0
 
     def _failed(self, sock: socket.socket, exc: OSError) -> None:
         """Count, log (rate-limited) and pause accepting on ``sock`` for a while."""
@@ -223,3 +246,32 @@ class Listener:
             *(exc.strerror or exc, name, more, advice, ACCEPT_RETRY_S),
             extra={"errno": name, "failures": self._unlogged},
         )
+
+
+# What OpenSSL says when the first bytes are not a TLS record: an HTTP
+# request, or a record header it cannot read (a MessagePack request's first
+# byte, 0x94 for a 4-array, is no record type).
+_PLAIN_TEXT_REASONS = frozenset(
+    {"HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL",
+     "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"}
+)  # fmt: skip
+
+
+def _peer(conn: socket.socket) -> str:
+    try:
+        host, port = conn.getpeername()[:2]
+    except OSError:  # gone already
+        return "a client"
+    return f"{host}:{port}"
+
+
+def _looks_plain(exc: Exception) -> bool:
+    """Whether a failed TLS set-up looks like a client that is not speaking TLS.
+
+    A short plain request (a ``ping``, 9 bytes) reads as the start of a record
+    longer than what came, so OpenSSL waits for the rest until the handshake
+    times out: a timeout counts too.
+    """
+    if isinstance(exc, ssl.SSLError):
+        return exc.reason in _PLAIN_TEXT_REASONS
+    return isinstance(exc, ConnectionAbortedError | TimeoutError) and "handshake" in str(exc)
