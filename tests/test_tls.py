@@ -27,6 +27,7 @@ import pytest
 from click.testing import CliRunner, Result
 from delaywheel_client import AsyncClient, Client, ConnectionFailed
 from serverproc import ServerProcess
+from waiting import wait_until
 
 from delaywheel.cli import main
 
@@ -122,11 +123,17 @@ def mtls_server(certs: Certs) -> Iterator[ServerProcess]:
     server.stop()
 
 
+# The listener's warning about a client that does not speak TLS (net/listener.py).
+PLAIN_LINE = "sent plain text to this TLS port"
+
+
 def assert_quiet(server: ServerProcess) -> None:
-    """Failed handshakes left nothing in the server's log: no traceback, error or warning."""
+    """Failed handshakes left nothing in the server's log: no traceback, error or
+    warning, but the one line about plain-text clients (PLAIN_LINE)."""
     text = server.log_text()
     served = text[text.index("delaywheel listening on") :].splitlines()[1:]
-    assert not [line for line in served if "ERROR" in line or "WARNING" in line], text
+    loud = [line for line in served if "ERROR" in line or "WARNING" in line]
+    assert not [line for line in loud if PLAIN_LINE not in line], text
     assert "Traceback" not in text, text
 
 
@@ -286,6 +293,9 @@ def test_a_plain_text_client_gets_no_answer(tls_server: ServerProcess, certs: Ce
         with plain, pytest.raises(ConnectionFailed, match="closed the connection"):
             plain.ping()
         assert dw.ping() == "pong"
+    # The first is logged: one line (then at most one every 10 s), naming the peer.
+    wait_until(lambda: PLAIN_LINE in tls_server.log_text(), 10, "the plain-text line")
+    assert "127.0.0.1:" in next(x for x in tls_server.log_text().splitlines() if PLAIN_LINE in x)
     assert_quiet(tls_server)
 
 
