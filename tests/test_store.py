@@ -534,7 +534,6 @@ async def _config_set(redis_url: str, name: str, value: str) -> None:
         await client.aclose()
 
 
-
 @pytest.mark.parametrize("how", ["stop", "kill"])
 def test_redis_down_then_back_without_reopening(
     redis_server: RedisServer, redis_url: str, how: str

@@ -90,7 +90,7 @@ class RedisSentinelStore(RedisStore):
         super().__init__(f"redis://{auth}sentinel-primary:6379/{target.db}", **options)
         self.url = redact_url(url)
         self.target = target
-        self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        self._sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
             target.sentinels,
             socket_timeout=self._timeout_s,
             socket_connect_timeout=self._connect_timeout_s,
