@@ -1,27 +1,40 @@
-"""A client process of the connections section: holds many connections to one server.
+"""A client process that holds many connections to one server: the connections
+section of the bench, and tests/test_connections.py.
 
 ``python -m bench._holder KIND HOST PORT COUNT MODE [TOPIC]``, KIND ``dw``
 (delaywheel), ``redis`` or ``bs`` (beanstalkd):
 
 - MODE ``idle``: one round trip on each connection (delaywheel ``ping``, Redis
-  ``PING``, beanstalkd ``list-tube-used``), then ``ready N`` (those answered);
+  ``PING``, beanstalkd ``list-tube-used``), then ``ready N``: those answered
+  (for delaywheel, those answered ``pong``);
 - MODE ``block``: a consumer's blocking wait on each (``reserve`` on TOPIC,
   ``BLPOP TOPIC``, ``reserve-with-timeout`` watching tube TOPIC), then
-  ``waiting``; once the replies come, ``answered N LAST``: how many, and the
-  monotonic clock (shared by every process of the machine) at the last.
+  ``waiting``; once the replies come, ``answered N LAST IDS``: how many, the
+  monotonic clock (shared by every process of the machine) at the last, and
+  for delaywheel the reserved tasks' ids as JSON (``[]`` for the others).
 
-Either way it then holds its connections until its stdin closes. A few hundred
-connections each keep a holder under a soft limit of 1,024 open files.
+Delaywheel's replies are read as MessagePack, whole, and checked; the others'
+first bytes count as the answer. Either way it then holds its connections
+until its stdin closes. A few hundred connections each keep a holder under a
+soft limit of 1,024 open files.
 """
 
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 import sys
 import time
+from typing import Any, NamedTuple
 
 import msgpack
+
+
+class Reply(NamedTuple):
+    message: Any  # delaywheel's: the decoded message; the others': the bytes
+    at_s: float  # monotonic
+
 
 WAIT_S = 120  # a blocked consumer's timeout, far beyond any round
 REPLY_TIMEOUT_S = 60.0
@@ -41,17 +54,19 @@ def block(kind: str, topic: str) -> bytes:
     return f"watch {topic}\r\nreserve-with-timeout {WAIT_S}\r\n".encode()
 
 
-def first_replies(socks: list[socket.socket]) -> dict[socket.socket, float]:
-    """When each socket's first bytes came (monotonic); a socket closed or silent until
-    ``REPLY_TIMEOUT_S`` is left out."""
+def first_replies(kind: str, socks: list[socket.socket]) -> dict[socket.socket, Reply]:
+    """Each socket's first reply and when it came (monotonic); a socket closed or
+    silent until ``REPLY_TIMEOUT_S`` is left out. Delaywheel's is its first whole
+    MessagePack message; the others' their first bytes."""
     selector = selectors.DefaultSelector()
-    waiting = set(socks)
+    unpackers: dict[socket.socket, msgpack.Unpacker | None] = {}
     for sock in socks:
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ)
-    got: dict[socket.socket, float] = {}
+        unpackers[sock] = msgpack.Unpacker(raw=False) if kind == "dw" else None
+    got: dict[socket.socket, Reply] = {}
     deadline = time.monotonic() + REPLY_TIMEOUT_S
-    while waiting and time.monotonic() < deadline:
+    while unpackers and time.monotonic() < deadline:
         for key, _ in selector.select(timeout=1.0):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
@@ -59,10 +74,17 @@ def first_replies(socks: list[socket.socket]) -> dict[socket.socket, float]:
                 data = sock.recv(65536)
             except OSError:
                 data = b""
-            if data:
-                got[sock] = time.monotonic()
+            unpacker = unpackers[sock]
+            if data and unpacker is not None:
+                unpacker.feed(data)
+                message = next(unpacker, None)
+                if message is None:
+                    continue  # a reply in pieces: wait for the rest
+                got[sock] = Reply(message, time.monotonic())
+            elif data:
+                got[sock] = Reply(data, time.monotonic())
             selector.unregister(sock)
-            waiting.discard(sock)
+            del unpackers[sock]
     return got
 
 
@@ -76,15 +98,20 @@ def main() -> None:
     if mode == "idle":
         for sock in socks:
             sock.sendall(ROUND_TRIP[kind])
-        print(f"ready {len(first_replies(socks))}", flush=True)
+        got = first_replies(kind, socks).values()
+        ready = sum(1 for reply in got if kind != "dw" or reply.message == [1, 1, None, "pong"])
+        print(f"ready {ready}", flush=True)
     else:
         for sock in socks:
             sock.sendall(block(kind, sys.argv[6]))
         if kind == "bs":
-            first_replies(socks)  # WATCHING 2: the reserve's reply comes later
+            first_replies(kind, socks)  # WATCHING 2: the reserve's reply comes later
         print("waiting", flush=True)
-        got = first_replies(socks)
-        print(f"answered {len(got)} {max(got.values(), default=0.0)!r}", flush=True)
+        got = first_replies(kind, socks).values()
+        ids = [reply.message[3]["id"] for reply in got if kind == "dw" and reply.message[3]]
+        last = max((reply.at_s for reply in got), default=0.0)
+        answered = len(ids) if kind == "dw" else len(got)
+        print(f"answered {answered} {last!r} {json.dumps(ids, separators=(',', ':'))}", flush=True)
     sys.stdin.read()  # hold them until told
 
 

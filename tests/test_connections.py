@@ -1,6 +1,6 @@
 """Connections at scale (issue 19), against the real server process.
 
-5,000 connections held by client processes (tests/holder.py, 500 each, so
+5,000 connections held by client processes (the bench's, bench/_holder.py, 500 each, so
 that each stays under a soft limit of 1,024 open files) to a server started
 with a soft limit of 1,024: the server raises its own and serves them all,
 in under 12 kB of RSS each (read from /proc; the bench has the precise
@@ -35,7 +35,8 @@ from delaywheel_client import Client
 from rawpeer import Raw
 from serverproc import ServerProcess
 
-HERE = Path(__file__).resolve().parent
+# The bench section's holder processes (python -m bench._holder), run from the repository.
+REPOSITORY = Path(__file__).resolve().parent.parent
 CONNECTIONS = 5_000
 PER_HOLDER = 500
 # The server's RSS per connection may not pass this. Measured 2.9 kB idle and
@@ -111,10 +112,11 @@ def holders(server: ServerProcess, count: int, *mode: str) -> Iterator[list[subp
     try:
         for first in range(0, count, PER_HOLDER):
             size = str(min(PER_HOLDER, count - first))
-            holder = [sys.executable, str(HERE / "holder.py"), server.host, str(server.port)]
+            holder = [sys.executable, "-m", "bench._holder", "dw", server.host, str(server.port)]
             procs.append(
                 subprocess.Popen(
                     [*holder, size, *mode],
+                    cwd=REPOSITORY,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
@@ -154,9 +156,9 @@ def test_5000_connections_are_served_from_a_soft_limit_of_1024() -> None:
         assert open_files_limit(pid) >= CONNECTIONS  # raised at start
         assert "open files limit raised from 1024" in server.log_text()
         before = settled_rss(server)
-        with holders(server, CONNECTIONS, "ping") as procs:
-            served = [first_line(proc) for proc in procs]
-            assert served == [f"served {PER_HOLDER}"] * len(procs)
+        with holders(server, CONNECTIONS, "idle") as procs:
+            served = [first_line(proc) for proc in procs]  # those answered pong
+            assert served == [f"ready {PER_HOLDER}"] * len(procs)
             with Client(*server.address) as client:
                 assert client.stats()["connections"] == CONNECTIONS + 1
             per_connection = (settled_rss(server) - before) / CONNECTIONS
@@ -175,7 +177,7 @@ def test_5000_blocked_reserves_each_get_a_task_after_one_add_many() -> None:
     server = ServerProcess()
     try:
         before = settled_rss(server)
-        with holders(server, CONNECTIONS, "reserve", "jobs") as procs:
+        with holders(server, CONNECTIONS, "block", "jobs") as procs:
             assert [first_line(proc) for proc in procs] == ["waiting"] * len(procs)
             with Client(*server.address) as client:
                 wait_for(lambda: client.stats()["waiting_reserves"] == CONNECTIONS, what="reserves")
@@ -184,11 +186,12 @@ def test_5000_blocked_reserves_each_get_a_task_after_one_add_many() -> None:
                 sent_at = time.monotonic()
                 added = client.add_many([{"topic": "jobs", "body": i} for i in range(CONNECTIONS)])
             lines = [first_line(proc).split(" ", 3) for proc in procs]
-        reserved = [json.loads(ids) for _, _, ids, _ in lines]
+        # answered N LAST IDS: the reserves that got a task, the last one's clock, their ids
+        reserved = [json.loads(ids) for *_, ids in lines]
         assert [int(count) for _, count, _, _ in lines] == [PER_HOLDER] * len(procs)
         every_id = [task_id for ids in reserved for task_id in ids]
         assert sorted(every_id) == sorted(task["id"] for task in added)  # each its own task
-        answered_s = max(float(last) for *_, last in lines) - sent_at
+        answered_s = max(float(last) for _, _, last, _ in lines) - sent_at
         assert answered_s < MAX_RESERVES_ANSWERED_S, answered_s
     finally:
         server.stop()
