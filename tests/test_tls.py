@@ -327,6 +327,39 @@ def test_mutual_tls_needs_a_client_certificate(mtls_server: ServerProcess, certs
     assert_quiet(mtls_server)
 
 
+def test_a_reset_before_any_reply_gets_the_same_hint_as_a_close() -> None:
+    # What a TLS server does to a plain client, or an mTLS one to a client
+    # without a certificate, may reach the client as RST instead of FIN (the
+    # server closed with the request unread). A peer that resets at once:
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = listener.getsockname()[:2]
+
+    def reset_each() -> None:
+        with suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.recv(100)  # the request has arrived
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                conn.close()
+
+    threading.Thread(target=reset_each, daemon=True).start()
+    try:
+        hint = "before any reply (is the server using TLS? try --tls"
+        with Client(*address, retries=0) as plain, pytest.raises(ConnectionFailed) as caught:
+            plain.ping()
+        assert "the server reset the connection during ping " + hint in str(caught.value)
+
+        async def ping_async() -> None:
+            async with AsyncClient(*address, retries=0) as aio:
+                await aio.ping()
+
+        with pytest.raises(ConnectionFailed) as caught_async:
+            asyncio.run(ping_async())
+        assert "the server reset the connection " + hint in str(caught_async.value)
+    finally:
+        listener.close()
+
+
 def test_mutual_tls_async(mtls_server: ServerProcess, certs: Certs) -> None:
     async def scenario() -> None:
         async with AsyncClient(*mtls_server.address, tls_ca=certs.ca, retries=0) as refused:

@@ -94,9 +94,13 @@ class ClientProtocol(asyncio.Protocol):
             why = self.why
         elif alert is not None:
             why = f"the server ended TLS: {tls_reason(alert)}"
-        elif exc is None and not self.heard:
+        elif not self.heard and (exc is None or isinstance(exc, ConnectionResetError)):
+            # A reset is a close too: the server closing with our request unread
+            # makes its kernel answer RST (TLS 1.3 finishes the client's handshake
+            # before the server has checked our certificate).
             hint = CLOSED_UNANSWERED_HINT if self.tls else PLAIN_CLOSED_HINT
-            why = "the server closed the connection" + hint
+            how = "closed" if exc is None else "reset"
+            why = f"the server {how} the connection" + hint
         else:
             why = "connection lost" + (f": {type(exc).__name__}: {exc}" if exc else "")
         pending, self.pending = self.pending, {}

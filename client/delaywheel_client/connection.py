@@ -336,6 +336,12 @@ class Connection:
         except ssl.SSLError as exc:  # an alert: e.g. the server wanted our certificate
             why = f"the server ended TLS during {what}: {tls_reason(exc)}"
             raise self._dropped(why, permanent=True) from exc
+        except ConnectionResetError as exc:
+            if self.heard:
+                raise self._dropped(f"reading the reply to {what} failed: {describe(exc)}") from exc
+            # A close with our request unread makes the server's kernel answer RST.
+            reason = self._closed_reason(what).replace("closed", "reset", 1)
+            raise self._dropped(reason) from exc
         except OSError as exc:
             raise self._dropped(f"reading the reply to {what} failed: {describe(exc)}") from exc
         except ProtocolError as exc:
