@@ -20,6 +20,8 @@ from delaywheel.engine.retry import DEFAULT_RETRY_CAP_S as DEFAULT_RETRY_CAP_S
 from delaywheel.engine.validate import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 from delaywheel.engine.validate import DEFAULT_MAX_DELAY_S as DEFAULT_MAX_DELAY_S
 from delaywheel.engine.validate import Limits
+from delaywheel.cluster.partitions import check_partitions
+from delaywheel.store.base import redact_url
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
 
@@ -37,6 +39,10 @@ DEFAULT_SHUTDOWN_GRACE_S = 10.0
 # Topics named in the per-topic task metrics; the rest are summed apart
 # (docs/metrics.md): each topic is a series per state in Prometheus.
 DEFAULT_METRICS_TOPICS = 20
+DEFAULT_LEASE_S = 10.0
+MIN_LEASE_S = 0.5
+MAX_LEASE_S = 600.0
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+sentinel://")
 
 
 class ConfigError(ValueError):
@@ -89,6 +95,15 @@ class Settings:
     # and no client certificates is refused unless this says it is meant
     # (docs/operations.md, "Security"); then every start logs a warning.
     insecure_no_auth: bool = False
+    # High availability (docs/ha.md): several nodes on one Redis keyspace.
+    # None means "not given": every Redis node shares the keyspace anyway, with
+    # these defaults (the node's name: host name and port; its address: the
+    # listen address; 16 partitions; a 10 s lease; no replicas awaited).
+    node: str | None = None
+    advertise: str | None = None
+    partitions: int | None = None
+    lease_s: float | None = None
+    replicas: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -126,6 +141,7 @@ class Settings:
                 " that is meant (--tls-client-ca, requiring client certificates, also does)"
             )
         self._check_delivery()
+        self._check_cluster()
         self.tls_context()  # loaded now, so that a bad file stops the start with its name
 
     def _check_delivery(self) -> None:
@@ -152,6 +168,41 @@ class Settings:
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_cluster(self) -> None:
+        given = [
+            flag
+            for flag, value in (
+                ("--node", self.node),
+                ("--advertise", self.advertise),
+                ("--partitions", self.partitions),
+                ("--lease", self.lease_s),
+                ("--replicas", self.replicas),
+            )
+            if value is not None
+        ]
+        if given and not self.store_url.startswith(REDIS_SCHEMES):
+            raise ConfigError(
+                f"{', '.join(given)}: several nodes share a Redis keyspace only;"
+                f" the store {redact_url(self.store_url)} serves one node"
+            )
+        if self.node is not None and (not self.node or any(c.isspace() for c in self.node)):
+            raise ConfigError(f"node {self.node!r}: must be non-empty, without spaces")
+        if self.advertise is not None:
+            _, colon, port = self.advertise.rpartition(":")
+            if not colon or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ConfigError(f"advertise {self.advertise!r}: must be HOST:PORT")
+        if self.partitions is not None:
+            try:
+                check_partitions(self.partitions)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.lease_s is not None and not (
+            math.isfinite(self.lease_s) and MIN_LEASE_S <= self.lease_s <= MAX_LEASE_S
+        ):
+            raise ConfigError(f"lease must be {MIN_LEASE_S} to {MAX_LEASE_S} s, got {self.lease_s}")
+        if self.replicas is not None and self.replicas < 0:
+            raise ConfigError(f"replicas must be at least 0, got {self.replicas}")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""

@@ -107,3 +107,16 @@ class Histogram:
             running += n
             buckets.append((bound, running))
         return buckets
+
+
+class ClusterCounts:
+    """A node's events in a shared keyspace (engine/coordinator.py), for metrics."""
+
+    __slots__ = ("fenced_flushes", "handoffs", "lost", "takeover_seconds", "takeovers")
+
+    def __init__(self) -> None:
+        self.takeovers = 0  # partitions acquired and loaded
+        self.takeover_seconds = 0.0  # their acquire-to-serving time, summed
+        self.handoffs = 0  # partitions handed back
+        self.lost = 0  # leases lost or self-fenced
+        self.fenced_flushes = 0  # flushes refused for a partition

@@ -336,6 +336,12 @@ class AsyncClient(ClientBase):
         result: dict[str, Any] = await self._call("stats", (), self.timeout_s)
         return result
 
+    async def cluster(self) -> dict[str, Any]:
+        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
+        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
+        result: dict[str, Any] = await self._call("cluster", (), self.timeout_s)
+        return result
+
     async def iter_tasks(
         self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
     ) -> AsyncIterator[Task]:

@@ -257,6 +257,12 @@ class Client(ClientBase):
         result: dict[str, Any] = self._call("stats", (), self.timeout_s)
         return result
 
+    def cluster(self) -> dict[str, Any]:
+        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
+        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
+        result: dict[str, Any] = self._call("cluster", (), self.timeout_s)
+        return result
+
     def pipeline(self) -> Pipeline:
         """A batch: queue calls, then send them in one write and read every reply.
 

@@ -18,9 +18,14 @@ class DelaywheelError(Exception):
     code: str = "error"
     message: str
 
-    def __init__(self, message: str = "", code: str | None = None) -> None:
+    def __init__(
+        self, message: str = "", code: str | None = None, data: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
+        # The error's third element, when the server sent one: what to act on
+        # (``moved``: the partition's owner; ``tryagain``: ``retry_after_ms``).
+        self.data = data
         if code is not None:
             self.code = code
 
@@ -29,7 +34,7 @@ class DelaywheelError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keep the code across pickling (multiprocessing, concurrent.futures).
-        return (type(self), (self.message, self.code))
+        return (type(self), (self.message, self.code, self.data))
 
 
 class BadRequest(DelaywheelError):
@@ -74,6 +79,20 @@ class Unavailable(DelaywheelError):
     code = "unavailable"
 
 
+class Moved(DelaywheelError):
+    """The task's partition is owned by another node. ``data`` holds ``partition``,
+    ``owner`` (``"host:port"``) and ``epoch``: send the request there."""
+
+    code = "moved"
+
+
+class TryAgain(DelaywheelError):
+    """No node owns the task's partition just now (a takeover is under way).
+    ``data`` holds ``partition`` and ``retry_after_ms``."""
+
+    code = "tryagain"
+
+
 class NoMethod(DelaywheelError):
     """The server has no method of that name."""
 
@@ -110,26 +129,29 @@ _BY_CODE: dict[str, type[DelaywheelError]] = {
         TooLarge,
         Unauthorized,
         Unavailable,
+        Moved,
+        TryAgain,
         NoMethod,
         Internal,
     )
 }
 
 
-def error_from(code: str, message: str) -> DelaywheelError:
-    """The exception for a server error ``[code, message]``; unknown codes give the base."""
+def error_from(code: str, message: str, data: dict[str, Any] | None = None) -> DelaywheelError:
+    """The exception for a server error ``[code, message(, data)]``; unknown codes give the base."""
     cls = _BY_CODE.get(code)
     if cls is None:
-        return DelaywheelError(message, code)
-    return cls(message)
+        return DelaywheelError(message, code, data)
+    return cls(message, data=data)
 
 
 def error_from_reply(error: Any) -> DelaywheelError:
     """``error_from`` for an ``error`` as decoded off the wire, whatever its shape."""
-    if type(error) is list and len(error) == 2:
-        code, message = error
+    if type(error) is list and len(error) in (2, 3):
+        code, message = error[0], error[1]
+        data = error[2] if len(error) == 3 and type(error[2]) is dict else None
         if type(code) is str:
-            return error_from(code, message if type(message) is str else repr(message))
+            return error_from(code, message if type(message) is str else repr(message), data)
     return DelaywheelError(f"malformed error from the server: {error!r}", "internal")
 
 
@@ -140,10 +162,12 @@ __all__ = [
     "DelaywheelError",
     "Exists",
     "Internal",
+    "Moved",
     "NoMethod",
     "NotFound",
     "ServerClosed",
     "TooLarge",
+    "TryAgain",
     "Unauthorized",
     "Unavailable",
     "error_from",

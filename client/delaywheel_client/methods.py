@@ -45,6 +45,7 @@ _SPECS = (
     MethodSpec("touch", ("id",)),
     MethodSpec("kick", ("topic", "count")),
     MethodSpec("stats", (), read_only=True),
+    MethodSpec("cluster", (), read_only=True),
 )
 
 # Every method by name, in docs/protocol.md's order.

@@ -124,6 +124,11 @@ class QueuedCalls:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         self._queue("stats", ())
 
+    def cluster(self) -> None:
+        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
+        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
+        self._queue("cluster", ())
+
     def list(
         self,
         *,

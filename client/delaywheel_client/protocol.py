@@ -363,10 +363,14 @@ class Encoder:
         except (OverflowError, ValueError) as exc:
             raise TypeError(f"cannot pack response to {msgid}: {exc}") from exc
 
-    def error_response(self, msgid: int, code: str, message: str) -> bytes:
+    def error_response(
+        self, msgid: int, code: str, message: str, data: dict[str, Any] | None = None
+    ) -> bytes:
+        """``[code, message]``, or ``[code, message, data]`` when there is data."""
         if not 0 <= msgid <= MAX_MSGID:
             raise _bad_msgid(msgid)
-        return self._pack([RESPONSE, msgid, [code, message], None])  # type: ignore[no-any-return]
+        error = [code, message] if data is None else [code, message, data]
+        return self._pack([RESPONSE, msgid, error, None])  # type: ignore[no-any-return]
 
     def notification(self, method: str, params: Sequence[Any]) -> bytes:
         if type(params) is not list and type(params) is not tuple:

@@ -69,6 +69,19 @@ return 0
 )
 
 
+_ADOPT = Script(
+    """
+local held = redis.call('GET', KEYS[2])
+if held ~= ARGV[1] then
+  return {0, held or '', redis.call('PTTL', KEYS[2])}
+end
+local epoch = redis.call('INCR', KEYS[1])
+redis.call('SET', KEYS[2], tostring(epoch) .. ' ' .. ARGV[2], 'PX', ARGV[3])
+return {epoch}
+"""
+)
+
+
 class LeaseError(ValueError):
     """A lease period out of range."""
 
@@ -86,7 +99,7 @@ class Holder:
 class Leases(NodeScripts):
     """The lease scripts for one node, on one redis-py client."""
 
-    SCRIPTS = (_ACQUIRE, _RENEW, _RELEASE)
+    SCRIPTS = (_ACQUIRE, _RENEW, _RELEASE, _ADOPT)
 
     def token(self, epoch: int) -> str:
         return f"{epoch} {self.node} {self.address}"
@@ -96,6 +109,19 @@ class Leases(NodeScripts):
         keys = self.layout.partition(partition)
         reply: list[Any] = await _ACQUIRE.run(
             self.client, [keys.epoch, keys.lease], [f"{self.node} {self.address}", lease_ms]
+        )
+        if reply[0] != 0:
+            return int(reply[0])
+        return _holder(text(reply[1]), int(reply[2]))
+
+    async def adopt(self, partition: int, epoch: int, lease_ms: int) -> int | Holder:
+        """Take over a lease this node's name holds at ``epoch`` (its previous
+        process, gone): a new epoch, so that process's writes are fenced."""
+        keys = self.layout.partition(partition)
+        reply: list[Any] = await _ADOPT.run(
+            self.client,
+            [keys.epoch, keys.lease],
+            [self.token(epoch), f"{self.node} {self.address}", lease_ms],
         )
         if reply[0] != 0:
             return int(reply[0])
@@ -153,6 +179,7 @@ class LeaseKeeper:
         self._on_lost = on_lost
         self._held: dict[int, _Held] = {}
         self._renewing: asyncio.Task[None] | None = None
+        self.renewals_failed = 0  # for metrics
 
     @property
     def held(self) -> dict[int, int]:
@@ -172,6 +199,23 @@ class LeaseKeeper:
             self._hold(partition, got, sent_s)
             log.info("acquired partition %d, epoch %d", partition, got)
         return got
+
+    async def adopt(self, partition: int, epoch: int) -> int | Holder:
+        """``Leases.adopt``, then held and renewed as an acquired lease."""
+        if partition in self._held:
+            return self._held[partition].epoch
+        sent_s = asyncio.get_running_loop().time()
+        got = await self.leases.adopt(partition, epoch, self.lease_ms)
+        if isinstance(got, int):
+            self._hold(partition, got, sent_s)
+            log.info("acquired partition %d, epoch %d (from this node's previous run)", partition, got)
+        return got
+
+    def forget(self, partition: int) -> None:
+        """Stop holding a partition whose write was fenced (no release: not ours)."""
+        held = self._held.pop(partition, None)
+        if held is not None:
+            held.fence.cancel()
 
     async def release(self, partition: int) -> None:
         """Give the lease back (graceful stop or handoff): stop first, then delete."""
@@ -230,6 +274,7 @@ class LeaseKeeper:
                 self.leases.renew(partition, epoch, self.lease_ms), timeout_s
             )
         except Exception as exc:  # Redis slow or gone: the fence timer decides
+            self.renewals_failed += 1
             log.debug("renewal of partition %d failed: %r", partition, exc)
             return
         held = self._held.get(partition)

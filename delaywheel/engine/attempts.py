@@ -64,6 +64,13 @@ class Attempts:
         for task in list(self._table.waiting.values()):
             self._enqueue(task)
 
+    def adopt(self, tasks: list[Task]) -> None:
+        """Delivering tasks loaded while serving (a partition taken over): their
+        attempts are in the store already and are sent again, as at a start."""
+        for task in tasks:
+            self._resume.add(task.id)
+            self._enqueue(task)
+
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
         self._table.wait_for_lane(task)

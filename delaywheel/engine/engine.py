@@ -28,6 +28,7 @@ from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
+from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of
@@ -51,8 +52,11 @@ class Engine:
         limits: Limits | None = None,
         targets: TargetRules | None = None,
         retry: RetryPolicy | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self.store = store
+        # A shared keyspace: the partitions this node serves (engine/sharing.py).
+        self.sharing = sharing
         self.limits = limits or Limits()
         self.targets = targets or TargetRules()
         self.table = table = TaskTable(store, slots=slots, tick_s=tick_s, now_s=now_s)
@@ -62,6 +66,7 @@ class Engine:
         self.attempts = Attempts(table, retry or RetryPolicy())
         self.firing = Firing(table, self.attempts)
         self.started_s = now_s
+        table.sharing = sharing
 
     # -- requests ------------------------------------------------------------
 
@@ -93,6 +98,8 @@ class Engine:
         """A new task's fields, checked, its target too (``add_many`` checks
         every task before it creates any: all or nothing)."""
         new = validate.new_task(fields, now_s, self.limits)
+        if new.id is not None and self.sharing is not None:
+            self.sharing.check(new.id)
         if new.target is not None:
             new.target = self.targets.check(
                 new.target, new.body_packed, task_id=new.id, topic=new.topic
@@ -132,7 +139,7 @@ class Engine:
         return self.describe(task)
 
     def delete(self, task_id: Any) -> bool:
-        task = self._tasks.get(validate.task_id(task_id))
+        task = self._tasks.get(self._served(task_id))
         if task is None:
             return False
         self.table.move(task, "delete", GONE)
@@ -140,7 +147,7 @@ class Engine:
         return True
 
     def get(self, task_id: Any) -> dict[str, Any] | None:
-        task = self._tasks.get(validate.task_id(task_id))
+        task = self._tasks.get(self._served(task_id))
         return None if task is None else self.describe(task)
 
     def list_tasks(self, query: Any) -> dict[str, Any]:
@@ -252,8 +259,15 @@ class Engine:
 
     # -- reading -----------------------------------------------------------------
 
+    def _served(self, task_id: Any) -> str:
+        """``task_id`` checked, and served here (``moved`` or ``tryagain`` if not)."""
+        checked = validate.task_id(task_id)
+        if self.sharing is not None:
+            self.sharing.check(checked)
+        return checked
+
     def _find(self, task_id: Any) -> Task:
-        task = self._tasks.get(validate.task_id(task_id))
+        task = self._tasks.get(self._served(task_id))
         if task is None:
             raise RequestError("not_found", f"no task with id {task_id!r}")
         return task
@@ -267,3 +281,24 @@ class Engine:
         """Rebuild every task from store records; corrupt ones are logged and
         skipped. Returns how many loaded (see ``delaywheel.engine.cold``)."""
         return await self.table.cold.load(batches)
+
+    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+        """Add a partition's tasks, while serving (a takeover): as ``load``, and
+        its attempts in flight at the previous owner's end are sent again."""
+        before = set(self.table.delivering)
+        loaded = await self.table.cold.load(batches)
+        self.attempts.adopt([t for i, t in self.table.delivering.items() if i not in before])
+        self.table.serve_waiters(self.wheel.now_s)
+        return loaded
+
+    def drop_partition(self, partition: int, *, keep_delivering: bool = False) -> list[Task]:
+        """Forget a partition's tasks (handed back or lost): no journal write.
+        With ``keep_delivering``, its attempts in flight stay, to journal
+        their outcomes (a handoff); they are returned."""
+        assert self.sharing is not None
+        of = self.sharing.partition_of
+        return self.table.drop(lambda task_id: of(task_id) == partition, keep_delivering)
+
+    def is_delivering(self, task: Task) -> bool:
+        """Whether ``task``'s attempt is still in flight (its outcome not in yet)."""
+        return self.table.delivering.get(task.id) is task

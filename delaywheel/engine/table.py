@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from itertools import count
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
@@ -53,11 +54,15 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
+from delaywheel.engine.record import TOPIC_FIELD, read_record
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.store.base import Store
 from delaywheel.tallies import EventCounts
 from delaywheel.wheel import TimingWheel
+
+if TYPE_CHECKING:
+    from delaywheel.engine.sharing import Sharing
 
 
 class TaskTable:
@@ -83,6 +88,9 @@ class TaskTable:
         # a str object of 64 bytes, not the 80 that a 17-character id takes.
         self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
+        # Set when the keyspace is shared (engine/sharing.py): which partitions
+        # this node serves, so that server-made ids fall in one of them.
+        self.sharing: Sharing | None = None
 
     # -- where a task lives --------------------------------------------------
 
@@ -130,6 +138,8 @@ class TaskTable:
         task_id = new.id
         if task_id is None:
             task_id = f"{self._id_prefix}{next(self._id_counter):x}"
+            if self.sharing is not None and not self.sharing.owns(task_id):
+                task_id = self._owned_id(self.sharing)
         elif task_id in self.index:
             raise RequestError("exists", f"a task with id {task_id!r} already exists")
         target = new.target
@@ -149,6 +159,15 @@ class TaskTable:
         self.move(task, "add", DELAYED if due_later else READY)
         self.events.added += 1
         return task
+
+    def _owned_id(self, sharing: Sharing) -> str:
+        """A server-made id in a partition this node serves (P / served tries on average)."""
+        if not sharing.serving:
+            raise sharing.none_served()
+        while True:
+            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
+            if sharing.owns(task_id):
+                return task_id
 
     def move(self, task: Task, event: str, to: str, **fields: Any) -> None:
         """The one way a request changes a task: check, unplace, change, place, journal."""
@@ -207,7 +226,10 @@ class TaskTable:
 
     def rollback(self, undo: Undo) -> None:
         """Put back the tasks of batches the store failed to write (the journal's)."""
+        sharing = self.sharing
         for task, snap in undo:
+            if sharing is not None and not sharing.owns(task.id):
+                continue  # its partition was dropped: the store has its truth
             self.unplace(task)
             if snap[0] == NEW:
                 task.state = GONE
@@ -218,6 +240,27 @@ class TaskTable:
             task.restore_fields(snap)
             self.place(task)
         self.serve_waiters(self.wheel.now_s)
+
+    def drop(self, leaving: Callable[[str], bool], keep_delivering: bool = False) -> list[Task]:
+        """Take every task whose id is ``leaving`` out of the table, without a
+        journal write (its partition is another node's now; the store keeps
+        it). With ``keep_delivering`` the delivering ones stay (their
+        attempts are in flight) and are returned."""
+        by_id = self.index.by_id
+        delivering = []
+        for task_id in [task_id for task_id in by_id if leaving(task_id)]:
+            found = by_id[task_id]
+            if isinstance(found, bytes):  # packed: counted as delayed, in no container
+                del by_id[task_id]
+                self.counts.remove(read_record(task_id, found)[TOPIC_FIELD], DELAYED)
+                self.packed.thawed()
+                continue
+            if found.state == DELIVERING and keep_delivering:
+                delivering.append(found)
+                continue
+            self.unplace(found)
+            self.index.remove(found)
+        return delivering
 
     # -- handing tasks out -----------------------------------------------------
 

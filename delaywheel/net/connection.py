@@ -38,7 +38,7 @@ from delaywheel.engine import validate
 from delaywheel.engine.journal import Batch
 from delaywheel.engine.queues import Waiter
 from delaywheel.errors import RequestError
-from delaywheel.store.base import StoreError
+from delaywheel.store.base import StoreError, reply_for
 
 if TYPE_CHECKING:
     from delaywheel.net.routes import Method
@@ -210,7 +210,7 @@ class Connection(asyncio.Protocol):
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
             route.failed(exc.code)
-            payload = self.encoder.error_response(msgid, exc.code, exc.message)
+            payload = self.encoder.error_response(msgid, exc.code, exc.message, exc.data)
         except Exception as exc:
             route.failed("internal")
             payload = self._internal(msgid, method, exc)
@@ -243,10 +243,11 @@ class Connection(asyncio.Protocol):
             if reply.batch is batch:
                 reply.batch = None
                 if error is not None:
+                    code, data = reply_for(error)
                     reply.payload = self.encoder.error_response(
-                        reply.msgid, "unavailable", str(error)
+                        reply.msgid, code, str(error), data
                     )
-                    reply.route.failed("unavailable")
+                    reply.route.failed(code)
         self._flush()
 
     def _flush(self) -> None:
@@ -295,7 +296,7 @@ class Connection(asyncio.Protocol):
             result = self.engine.try_reserve(topics, now_s)
         except RequestError as exc:
             route.failed(exc.code)
-            reply = self.encoder.error_response(msgid, exc.code, exc.message)
+            reply = self.encoder.error_response(msgid, exc.code, exc.message, exc.data)
             self._queue(msgid, reply, None, route)
             return
         except Exception as exc:
@@ -327,8 +328,9 @@ class Connection(asyncio.Protocol):
             if error is None:
                 self._send(payload)
             else:
-                self.server.routes["reserve"].failed("unavailable")
-                self._send(self.encoder.error_response(msgid, "unavailable", str(error)))
+                code, data = reply_for(error)
+                self.server.routes["reserve"].failed(code)
+                self._send(self.encoder.error_response(msgid, code, str(error), data))
 
         batch.add_callback(durable)
 

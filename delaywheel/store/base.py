@@ -37,7 +37,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 Changes = Mapping[str, bytes | None]
@@ -59,6 +59,12 @@ class StoreUnavailable(StoreError):
     The message names the store's display URL and the cause. The engine turns
     it into the ``unavailable`` reply; retrying later may succeed.
     """
+
+
+def reply_for(error: StoreError) -> tuple[str, dict[str, Any] | None]:
+    """The protocol error a failed write answers its requests with: ``unavailable``
+    (the outcome is unknown), or what the error says (``Fenced``: ``moved``)."""
+    return getattr(error, "reply_code", "unavailable"), getattr(error, "reply_data", None)
 
 
 class StoreConfigError(StoreError):

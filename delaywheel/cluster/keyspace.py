@@ -1,0 +1,193 @@
+"""A Redis keyspace shared by several nodes: the store the engine journals to.
+
+``SharedKeyspace`` keeps the ``Store`` contract (store/base.py) over a
+``RedisStore`` that is already configured, and changes two things:
+
+- Records live in their partition's hash (``{<prefix>:pNNN}:tasks``,
+  cluster/partitions.py), and ``load_partition`` reads one partition: a node
+  loads the partitions it owns, when it acquires them.
+- Every ``submit`` is a fenced flush (store/fenced.py): one epoch-checked
+  script per partition it touches, pipelined, one round trip. ``epochs`` is
+  the map of the partitions this node may write and the epoch it holds for
+  each (the coordinator keeps it, engine/coordinator.py). A change in a
+  partition not in ``epochs`` is refused here, without a round trip, as the
+  script would refuse it.
+
+A write refused for a partition fails with ``FencedWrite``, which names the
+fenced partitions and the ones written all the same (the flush's other
+scripts ran): the journal rolls the batch back and answers ``moved``, and
+``on_fenced`` tells the coordinator, which drops the fenced partitions and
+reloads the written ones (its memory was rolled back over a durable write).
+
+At ``open``: P is recorded in the meta key at first use, and a keyspace made
+with another P is refused naming both values; a keyspace written by the
+single-node release (one hash ``{<prefix>}:tasks``) is migrated
+(cluster/migrate.py) before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
+
+from delaywheel.cluster.migrate import migrate
+from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
+from delaywheel.store.base import (
+    DEFAULT_BATCH_SIZE,
+    Changes,
+    Done,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    check_batch_size,
+)
+from delaywheel.store.fenced import FencedWriter, FlushOutcome, PartitionWrite
+from delaywheel.store.redis import RedisStore
+
+# (fenced partitions, partitions written in the same flush)
+OnFenced = Callable[[set[int], set[int]], None]
+
+
+class FencedWrite(StoreError):
+    """A flush refused for some partitions: their owner moved on. Its requests
+    are answered ``moved`` (``reply_code``), with the first fenced partition."""
+
+    reply_code = "moved"
+
+    def __init__(self, message: str, fenced: set[int], written: set[int]) -> None:
+        super().__init__(message)
+        self.fenced = fenced
+        self.written = written
+        self.reply_data: dict[str, Any] = {"partition": min(fenced), "owner": None, "epoch": None}
+
+
+class SharedKeyspace(Store):
+    inline = False
+
+    def __init__(self, store: RedisStore, *, partitions: int, replicas: int = 0) -> None:
+        super().__init__(store.url)
+        self.redis = store
+        self.layout = Layout(store.prefix, partitions)
+        self.partitions = partitions
+        self.replicas = replicas
+        self.epochs: dict[int, int] = {}  # partition -> epoch this node may write with
+        self.on_fenced: OnFenced | None = None
+        self._writer: FencedWriter | None = None
+        self.migrated = 0  # records moved from the single-node layout at open
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (leases, membership, loading)."""
+        client = self.redis._client
+        assert client is not None, "open() first"
+        return client
+
+    async def open(self) -> None:
+        self._start_open()
+        await self.redis.open()
+        try:
+            await record_partitions(self.client, self.layout)
+            self.migrated = await migrate(self.client, self.layout)
+            self._writer = self.redis.fenced_writer(replicas=self.replicas)
+        except PartitionsError as exc:
+            await self.redis.close()
+            raise StoreError(f"store {self.url}: {exc}") from None
+        except Exception:
+            await self.redis.close()
+            raise
+        self._state = "open"
+
+    def load(self, batch_size: int = DEFAULT_BATCH_SIZE) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """Every partition's records (for tools; a node loads what it owns)."""
+        return self._load_all(batch_size)
+
+    async def _load_all(self, batch_size: int) -> AsyncIterator[list[tuple[str, bytes]]]:
+        for partition in range(self.partitions):
+            async for batch in self.load_partition(partition, batch_size):
+                yield batch
+
+    async def load_partition(
+        self, partition: int, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """One partition's ``(id, record)`` pairs, in batches, each id once."""
+        check_batch_size(batch_size)
+        self._check_open("load")
+        key = self.layout.partition(partition).tasks
+        seen: set[str] = set()
+        cursor = 0
+        while True:
+            try:
+                cursor, fields = await self.client.hscan(key, cursor, count=batch_size)
+            except Exception as exc:
+                raise StoreUnavailable(f"store {self.url}: load of {key} failed: {exc}") from exc
+            batch = []
+            for field, record in cast("dict[bytes, bytes]", fields).items():
+                task_id = field.decode("utf-8")
+                if task_id not in seen:
+                    seen.add(task_id)
+                    batch.append((task_id, record))
+            if batch:
+                yield batch
+            if cursor == 0:
+                return
+
+    def submit(self, changes: Changes, done: Done) -> None:
+        error = self._not_open("write")
+        writer = self._writer
+        if error is not None or writer is None:
+            done(error or StoreUnavailable(f"store {self.url}: write failed: not open"))
+            return
+        if not changes:
+            done(None)
+            return
+        partitions, epochs = self.partitions, self.epochs
+        by_partition: dict[int, dict[str, bytes | None]] = {}
+        for task_id, record in changes.items():
+            p = partition_of(task_id, partitions)
+            part = by_partition.get(p)
+            if part is None:
+                part = by_partition[p] = {}
+            part[task_id] = record
+        unowned = {p for p in by_partition if p not in epochs}
+        writes = [
+            PartitionWrite(p, epochs[p], keys.epoch, keys.tasks, part)
+            for p, part in by_partition.items()
+            if p not in unowned
+            for keys in (self.layout.partition(p),)
+        ]
+
+        def finished(outcome: FlushOutcome) -> None:
+            if outcome.error is not None:
+                done(outcome.error)
+                return
+            fenced = unowned | set(outcome.fenced)
+            if fenced:
+                written = set(outcome.written)
+                if self.on_fenced is not None:
+                    self.on_fenced(fenced, written)
+                done(
+                    FencedWrite(
+                        f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
+                        " this node's: the write was refused there",
+                        fenced,
+                        written,
+                    )
+                )
+                return
+            done(None)
+
+        writer.submit(writes, finished)
+
+    async def close(self) -> None:
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await writer.close()
+        await self.redis.close()
+
+    def warnings(self) -> list[str]:
+        return self.redis.warnings()

@@ -1,0 +1,269 @@
+"""The node's part in a shared keyspace: membership, leases, takeover and handoff.
+
+Every ``period_s`` (a third of the lease, at most half a second, so that a
+released partition is taken over in well under a second) the coordinator:
+
+1. registers this node (cluster/membership.py; the expiry from Redis TIME),
+2. reads the live members and every partition's lease (the owner map that
+   ``cluster`` answers and ``moved`` names),
+3. claims the free partitions it ranks first by rendezvous hashing among
+   the live nodes, and those whose lease names this node but another epoch
+   (this node's previous process, killed: its name is its own), and
+4. hands back a partition whose first-ranked node is another live,
+   registered node.
+
+A claim acquires the lease (which bumps the epoch), adds the partition to
+the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
+only then serves it: what was overdue fires at the next tick, reserved
+tasks keep their TTR deadlines, attempts in flight at the old owner's end
+are sent again (at-least-once, as after a restart).
+
+A handoff first stops serving the partition (its requests are answered
+``moved``) and takes its tasks out of the wheel and the queues, so nothing
+more fires; then it waits until the journal is drained and the attempts in
+flight have their outcomes journaled; then it releases the lease. The next
+owner, polling every ``period_s``, takes it at once.
+
+A partition lost (the keeper's renewal was refused, or 0.8 L passed without
+one: self-fenced) or fenced (a flush was refused) is dropped at once: no
+request, tick or delivery of this node touches it after that, and the
+store refuses any flush of it still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from delaywheel.cluster.keyspace import SharedKeyspace
+from delaywheel.cluster.lease import Holder, Leases, LeaseKeeper
+from delaywheel.cluster.membership import Membership, plan
+from delaywheel.engine.engine import Engine
+from delaywheel.engine.sharing import Owner, Sharing
+from delaywheel.tallies import ClusterCounts
+
+log = logging.getLogger("delaywheel.cluster")
+
+# Longest wait for a handed-back partition's attempts in flight to end.
+HANDOFF_WAIT_S = 10.0
+
+
+class Coordinator:
+    def __init__(
+        self,
+        engine: Engine,
+        keyspace: SharedKeyspace,
+        sharing: Sharing,
+        *,
+        rearm: Callable[[], None] = lambda: None,
+        handoff_wait_s: float = HANDOFF_WAIT_S,
+    ) -> None:
+        self.engine = engine
+        self.keyspace = keyspace
+        self.sharing = sharing
+        self.rearm = rearm
+        self.handoff_wait_s = handoff_wait_s
+        client = keyspace.client
+        layout = keyspace.layout
+        self.leases = Leases(client, layout, sharing.node, sharing.address)
+        self.membership = Membership(client, layout, sharing.node, sharing.address)
+        self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
+        self.period_s = min(sharing.lease_s / 3, 0.5)
+        self.counts = ClusterCounts()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._busy: set[int] = set()  # partitions being loaded or handed back
+        self._stopping = False
+        keyspace.on_fenced = self._fenced
+
+    # -- life cycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register and take this node's first partitions (loaded before it serves)."""
+        await self.leases.load()
+        await self.membership.load()
+        await self._round()
+        self.keeper.start()
+        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Hand every partition back (a graceful stop: the next owner takes over at once)."""
+        self._stopping = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for partition in sorted(self.keeper.held):
+            with contextlib.suppress(Exception):
+                await self._hand_back(partition)
+        with contextlib.suppress(Exception):
+            await self.membership.leave()
+        await self.keeper.close(release=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: the keeper's fence timers decide
+                log.debug("cluster round failed: %r", exc)
+
+    # -- one round -------------------------------------------------------------
+
+    async def _round(self) -> None:
+        sharing = self.sharing
+        await self.membership.register(round(sharing.lease_s * 1000))
+        live = await self.membership.live()
+        holders = await self._holders()
+        owners: dict[int, str | None] = {}
+        for partition in range(sharing.partitions):
+            holder = holders.get(partition)
+            owners[partition] = None if holder is None else holder.node
+            sharing.owners[partition] = (
+                Owner(None, None, None)
+                if holder is None
+                else Owner(holder.node, holder.address, holder.epoch)
+            )
+        if self._stopping:
+            return
+        todo = plan(sharing.node, live, sharing.partitions, owners)
+        held = self.keeper.held
+        stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
+        for partition in sorted(todo.claim | stale):
+            if partition not in self._busy:
+                await self._claim(partition, holders.get(partition))
+        for partition in sorted(todo.hand_back):
+            if partition in held and partition not in self._busy:
+                await self._hand_back(partition)
+
+    async def _holders(self) -> dict[int, Holder]:
+        pipe = self.keyspace.client.pipeline(transaction=False)
+        for keys in self.keyspace.layout:
+            pipe.get(keys.lease)
+        values = await pipe.execute()
+        found = {}
+        for partition, value in enumerate(values):
+            if value is not None:
+                epoch, _, rest = value.decode().partition(" ")
+                node, _, address = rest.partition(" ")
+                found[partition] = Holder(node, address, int(epoch) if epoch.isdigit() else 0, 0)
+        return found
+
+    async def _claim(self, partition: int, holder: Holder | None) -> None:
+        self._busy.add(partition)
+        started_s = time.monotonic()
+        try:
+            if holder is not None:  # ours, from this node's previous process
+                got: int | Holder = await self.keeper.adopt(partition, holder.epoch)
+            else:
+                got = await self.keeper.acquire(partition)
+            if not isinstance(got, int):
+                return  # another node was quicker: the lease decides
+            self.keyspace.epochs[partition] = got
+            loaded = await self.engine.load_partition(self.keyspace.load_partition(partition))
+            if partition not in self.keeper.held:  # lost while loading
+                self.keyspace.epochs.pop(partition, None)
+                self.engine.drop_partition(partition)
+                return
+            self.sharing.serving[partition] = got
+            self.sharing.owners[partition] = Owner(self.sharing.node, self.sharing.address, got)
+            took_s = time.monotonic() - started_s
+            self.counts.takeovers += 1
+            self.counts.takeover_seconds += took_s
+            log.info(
+                "serving partition %d, epoch %d: %d tasks loaded in %.2f s",
+                *(partition, got, loaded, took_s),
+                extra={"partition": partition, "epoch": got, "tasks": loaded},
+            )
+            self.rearm()
+        except Exception:
+            self.keyspace.epochs.pop(partition, None)
+            self.sharing.serving.pop(partition, None)
+            self.engine.drop_partition(partition)
+            with contextlib.suppress(Exception):
+                await self.keeper.release(partition)
+            raise
+        finally:
+            self._busy.discard(partition)
+
+    async def _hand_back(self, partition: int) -> None:
+        """Stop serving, let what is in flight be journaled, then release."""
+        self._busy.add(partition)
+        try:
+            self.sharing.serving.pop(partition, None)
+            # Nothing fires from here on; attempts in flight stay in the table,
+            # so that their outcomes are journaled as they come.
+            delivering = self.engine.drop_partition(partition, keep_delivering=True)
+            deadline_s = time.monotonic() + self.handoff_wait_s
+            while delivering and time.monotonic() < deadline_s:
+                await asyncio.sleep(0.02)
+                delivering = [t for t in delivering if self.engine.is_delivering(t)]
+            await self.engine.journal.drain()
+            self.engine.drop_partition(partition)
+            self.keyspace.epochs.pop(partition, None)
+            await self.keeper.release(partition)
+            self.sharing.owners[partition] = Owner(None, None, None)
+            self.counts.handoffs += 1
+            log.info("handed back partition %d", partition, extra={"partition": partition})
+        finally:
+            self._busy.discard(partition)
+
+    # -- losses ----------------------------------------------------------------
+
+    def _lost(self, partition: int, epoch: int, why: str) -> None:
+        """The keeper's: the lease is gone or may be (self-fenced)."""
+        self.counts.lost += 1
+        self._forget(partition)
+
+    def _fenced(self, fenced: set[int], written: set[int]) -> None:
+        """The keyspace's: a flush was refused for ``fenced``. Called before the
+        journal rolls the batch back, so the drops wait a loop turn."""
+        self.counts.fenced_flushes += 1
+        for partition in fenced:
+            log.warning(
+                "partition %d fenced: a write was refused (another node owns it now)",
+                partition,
+                extra={"partition": partition},
+            )
+            self.keeper.forget(partition)
+            self.sharing.serving.pop(partition, None)
+            self.keyspace.epochs.pop(partition, None)
+        loop = asyncio.get_running_loop()
+        for partition in fenced:
+            loop.call_soon(self.engine.drop_partition, partition)
+        for partition in written - fenced:
+            # Written in the store, rolled back in memory: load it again.
+            loop.call_soon(self._reload, partition)
+
+    def _forget(self, partition: int) -> None:
+        self.sharing.serving.pop(partition, None)
+        self.keyspace.epochs.pop(partition, None)
+        self.engine.drop_partition(partition)
+
+    def _reload(self, partition: int) -> None:
+        if partition not in self.sharing.serving or partition in self._busy:
+            return
+        epoch = self.sharing.serving.pop(partition)
+        self.engine.drop_partition(partition)
+
+        async def reload() -> None:
+            self._busy.add(partition)
+            try:
+                await self.engine.load_partition(self.keyspace.load_partition(partition))
+                if self.keyspace.epochs.get(partition) == epoch:
+                    self.sharing.serving[partition] = epoch
+                    self.rearm()
+                else:
+                    self.engine.drop_partition(partition)
+            finally:
+                self._busy.discard(partition)
+
+        asyncio.get_running_loop().create_task(reload())
+
+    def stats(self) -> dict[str, Any]:
+        return {"node": self.sharing.node, "partitions": self.sharing.stats()}

@@ -1,0 +1,101 @@
+"""Which partitions this node serves, and the answer for a task in another.
+
+With a shared Redis keyspace (cluster/keyspace.py) a task belongs to
+partition ``crc32(id) % P`` (cluster/partitions.py), and the engine holds
+and serves only the tasks of the partitions this node owns now. A request
+naming a task of any other partition is answered ``moved`` with the owner
+the store last showed, or ``tryagain`` while it has none. ``serving`` is
+what requests see; the coordinator (engine/coordinator.py) fills it as it
+acquires partitions and empties it first when it hands one back or loses
+it. A single-node store (memory, SQLite) has no ``Sharing``: the engine
+serves every id, at no cost per request.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from delaywheel.errors import RequestError
+
+# How long a client should wait before asking again for a partition that has
+# no owner: a takeover is a lease period at most, usually much less.
+RETRY_AFTER_MS = 250
+
+
+@dataclass
+class Owner:
+    node: str | None
+    address: str | None
+    epoch: int | None
+
+
+class Sharing:
+    def __init__(self, *, node: str, address: str, partitions: int, lease_s: float) -> None:
+        self.node = node
+        self.address = address
+        self.partitions = partitions
+        self.lease_s = lease_s
+        self.serving: dict[int, int] = {}  # partition -> epoch, for requests
+        # Who owns each partition, as the store showed at the coordinator's
+        # last look (read by ``cluster`` and the ``moved`` answers).
+        self.owners: dict[int, Owner] = {}
+
+    def partition_of(self, task_id: str) -> int:
+        return zlib.crc32(task_id.encode("utf-8")) % self.partitions
+
+    def owns(self, task_id: str) -> bool:
+        return zlib.crc32(task_id.encode("utf-8")) % self.partitions in self.serving
+
+    def check(self, task_id: str) -> None:
+        """Raise ``moved`` or ``tryagain`` unless this node serves ``task_id`` now."""
+        partition = zlib.crc32(task_id.encode("utf-8")) % self.partitions
+        if partition not in self.serving:
+            raise self.elsewhere(partition, task_id)
+
+    def elsewhere(self, partition: int, task_id: str | None = None) -> RequestError:
+        owner = self.owners.get(partition)
+        what = f"task {task_id!r} is in partition {partition}" if task_id else f"partition {partition}"
+        if owner is not None and owner.node is not None and owner.node != self.node:
+            return RequestError(
+                "moved",
+                f"{what}, owned by {owner.node} at {owner.address}",
+                {"partition": partition, "owner": owner.address, "epoch": owner.epoch},
+            )
+        return RequestError(
+            "tryagain",
+            f"{what}, which no node serves just now (a takeover is under way)",
+            {"partition": partition, "retry_after_ms": RETRY_AFTER_MS},
+        )
+
+    def none_served(self) -> RequestError:
+        """``add`` without an id on a node that serves no partition."""
+        return RequestError(
+            "tryagain",
+            f"node {self.node} serves no partition just now",
+            {"partition": None, "retry_after_ms": RETRY_AFTER_MS},
+        )
+
+    def cluster_map(self) -> dict[str, Any]:
+        """The ``cluster`` reply: every partition's owner as last seen."""
+        owners = []
+        for partition in range(self.partitions):
+            owner = self.owners.get(partition)
+            owners.append(
+                {
+                    "partition": partition,
+                    "node": None if owner is None else owner.node,
+                    "address": None if owner is None else owner.address,
+                    "epoch": None if owner is None else owner.epoch,
+                }
+            )
+        return {
+            "node": self.node,
+            "partitions": self.partitions,
+            "lease_s": self.lease_s,
+            "owners": owners,
+        }
+
+    def stats(self) -> list[dict[str, int]]:
+        return [{"partition": p, "epoch": e} for p, e in sorted(self.serving.items())]
