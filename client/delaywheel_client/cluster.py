@@ -346,6 +346,10 @@ class ClusterClient:
             kicked += int(self.node(address).kick(topic, count - kicked))
         return kicked
 
+    def kick_task(self, task_id: str) -> bool:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        return bool(self._routed("kick_task", (task_id,), task_id))
+
     def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         nodes: dict[str, Any] = {}

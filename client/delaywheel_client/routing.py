@@ -36,7 +36,7 @@ RETRY_MIN_S = 0.05
 RETRY_MAX_S = 1.0
 
 # The methods whose first param is a task id: they go to that task's owner.
-ID_METHODS = frozenset({"update", "delete", "get", "ack", "release", "touch"})
+ID_METHODS = frozenset({"update", "delete", "get", "ack", "release", "touch", "kick_task"})
 
 
 def partition_of(task_id: str, partitions: int) -> int:
