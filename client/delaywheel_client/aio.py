@@ -331,6 +331,11 @@ class AsyncClient(ClientBase):
         result: int = await self._call("kick", (topic, count), self.timeout_s)
         return result
 
+    async def kick_task(self, task_id: str) -> bool:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        result: bool = await self._call("kick_task", (task_id,), self.timeout_s)
+        return result
+
     async def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         result: dict[str, Any] = await self._call("stats", (), self.timeout_s)

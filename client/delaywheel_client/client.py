@@ -252,6 +252,11 @@ class Client(ClientBase):
         result: int = self._call("kick", (topic, count), self.timeout_s)
         return result
 
+    def kick_task(self, task_id: str) -> bool:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        result: bool = self._call("kick_task", (task_id,), self.timeout_s)
+        return result
+
     def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         result: dict[str, Any] = self._call("stats", (), self.timeout_s)

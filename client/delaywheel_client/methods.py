@@ -44,6 +44,7 @@ _SPECS = (
     MethodSpec("release", ("id", "delay"), optional=1),
     MethodSpec("touch", ("id",)),
     MethodSpec("kick", ("topic", "count")),
+    MethodSpec("kick_task", ("id",)),
     MethodSpec("stats", (), read_only=True),
 )
 

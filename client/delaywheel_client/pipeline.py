@@ -120,6 +120,10 @@ class QueuedCalls:
         """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
         self._queue("kick", (topic, count))
 
+    def kick_task(self, task_id: str) -> None:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        self._queue("kick_task", (task_id,))
+
     def stats(self) -> None:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         self._queue("stats", ())

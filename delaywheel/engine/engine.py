@@ -208,13 +208,30 @@ class Engine:
             raise bad(f"count must be an int >= 1, got {checks.show(count_)}")
         kicked = self.queues.oldest_dead(name, count_)
         for task in kicked:
-            if task.target is None:
-                self.table.move(task, "kick", READY, attempts=0)
-            else:  # due now: the next tick sends it
-                self.table.move(task, "kick", DELAYED, attempts=0, at_s=now_s)
+            self._revive(task, now_s)
         self.events.kicked += len(kicked)
         self.table.serve_waiters(now_s)
         return len(kicked)
+
+    def kick_task(self, task_id: Any, now_s: float) -> bool:
+        """Kick one dead task by id (beanstalkd's ``kick-job``): ``not_found``
+        when there is none, ``conflict`` when it is not dead."""
+        task = self._find(task_id)
+        if task.state != DEAD:
+            raise RequestError(
+                "conflict", f"cannot kick task {task.id!r}: it is {task.state}, not dead"
+            )
+        self._revive(task, now_s)
+        self.events.kicked += 1
+        self.table.serve_waiters(now_s)
+        return True
+
+    def _revive(self, task: Task, now_s: float) -> None:
+        """A dead task back to life with its attempts counted afresh."""
+        if task.target is None:
+            self.table.move(task, "kick", READY, attempts=0)
+        else:  # due now: the next tick sends it
+            self.table.move(task, "kick", DELAYED, attempts=0, at_s=now_s)
 
     def snapshot(self) -> Snapshot:
         """The figures ``stats`` and ``/metrics`` show (``delaywheel.engine.snapshot``)."""
