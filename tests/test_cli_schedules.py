@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +13,13 @@ from delaywheel.cli import main
 
 def run(*args: str):  # type: ignore[no-untyped-def]
     return CliRunner().invoke(main, list(args))
+
+
+def next_json(*args: str) -> dict[str, Any]:
+    result = run("--json", "schedule", "next", *args)
+    assert result.exit_code == 0, result.output
+    reply: dict[str, Any] = json.loads(result.output)
+    return reply
 
 
 def test_next_shows_the_london_autumn_night_once() -> None:
@@ -29,12 +37,10 @@ def test_next_shows_the_london_autumn_night_once() -> None:
 
 
 def test_next_as_json_is_the_schedule_next_reply() -> None:
-    result = run(
-        "--json", "schedule", "next", "--cron", "30 2 * * *", "--tz", "America/New_York",
-        "-n", "2", "--from", "2025-03-08T12:00:00Z",
+    reply = next_json(
+        "--cron", "30 2 * * *", "--tz", "America/New_York", "-n", "2",
+        "--from", "2025-03-08T12:00:00Z",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    reply = json.loads(result.output)
     assert [t["local"] for t in reply["times"]] == [
         "2025-03-09T03:00:00-04:00",  # 02:30 is in the gap: the first instant after it
         "2025-03-10T02:30:00-04:00",
@@ -44,12 +50,11 @@ def test_next_as_json_is_the_schedule_next_reply() -> None:
 
 
 def test_next_every_counts_from_the_anchor() -> None:
-    result = run(
-        "--json", "schedule", "next", "--every", "15m", "--anchor", "2026-01-01T00:05:00Z",
-        "-n", "2", "--from", "2026-01-01T00:07:00Z",
+    reply = next_json(
+        "--every", "15m", "--anchor", "2026-01-01T00:05:00Z", "-n", "2",
+        "--from", "2026-01-01T00:07:00Z",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert [t["local"] for t in json.loads(result.output)["times"]] == [
+    assert [t["local"] for t in reply["times"]] == [
         "2026-01-01T00:20:00+00:00",
         "2026-01-01T00:35:00+00:00",
     ]

@@ -54,15 +54,8 @@ def next_(
     from delaywheel.schedules.spec import check_preview
     from delaywheel.wheel import MIN_TICK_S
 
-    spec: dict[str, Any] = {}
-    if cron is not None:
-        spec["cron"] = cron
-    if tz is not None:
-        spec["tz"] = tz
-    if every is not None:
-        spec["every"] = every
-    if anchor is not None:
-        spec["anchor"] = anchor
+    given = {"cron": cron, "tz": tz, "every": every, "anchor": anchor}
+    spec: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     now_ms = round((time.time() if from_s is None else from_s) * 1000)
     try:
         # The server checks `every` against its own tick; offline, the smallest tick.
