@@ -178,8 +178,9 @@ def _choice(value: dict[str, Any], name: str, choices: tuple[str, ...], default:
     return str(chosen)
 
 
-def check_schedule(value: Any, tick_s: float, now_ms: int) -> Schedule:
-    """A whole schedule map, checked; refused if it never fires in 50 years from ``now_ms``."""
+def check_schedule(value: Any, tick_s: float, now_ms: int | None) -> Schedule:
+    """A whole schedule map, checked; refused if it never fires in 50 years from
+    ``now_ms`` (None: not asked, as for a stored schedule read back)."""
     fields = known_fields("schedule", value, SCHEDULE_FIELDS)
     schedule_id = fields.get("id")
     if type(schedule_id) is not str or not 0 < len(schedule_id.encode()) <= MAX_ID_BYTES:
@@ -206,6 +207,8 @@ def check_schedule(value: Any, tick_s: float, now_ms: int) -> Schedule:
         overlap=_choice(fields, "overlap", OVERLAP_POLICIES, DEFAULT_OVERLAP),
         template={key: fields[key] for key in TEMPLATE_FIELDS if key in fields},
     )
+    if now_ms is None:
+        return schedule
     first = schedule.first_after(now_ms)
     if first is None or first - now_ms > HORIZON_S * 1000:
         if end_at_ms is not None and _unbounded(schedule).first_after(now_ms) is not None:
