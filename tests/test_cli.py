@@ -492,19 +492,38 @@ def test_reserve_nothing_ready_exits_1_after_its_timeout(address: str) -> None:
     assert one_line(result.stderr) == f"nothing ready in {topic}"
 
 
-def test_kick_makes_dead_tasks_ready(address: str) -> None:
-    topic = unique()
+def _dead_task(address: str, topic: str) -> dict[str, Any]:
+    """A task of ``topic`` reserved on its one attempt and left to its TTR: dead."""
     added = cli_json(address, "add", "--topic", topic, "--max-attempts", "1", "--ttr", "0.1")
     assert cli_json(address, "reserve", topic)["id"] == added["id"]
     deadline = time.monotonic() + 10
     while cli_json(address, "get", added["id"])["state"] != "dead":
         assert time.monotonic() < deadline, "task never went dead"
         time.sleep(0.05)
+    return added
+
+
+def test_kick_makes_dead_tasks_ready(address: str) -> None:
+    topic = unique()
+    added = _dead_task(address, topic)
 
     result = cli(address, "kick", topic, "--count", "5")
     assert (result.exit_code, result.stdout.strip()) == (0, f"kicked 1 task of {topic}")
     assert cli_json(address, "reserve", topic, "--timeout", "5")["id"] == added["id"]
     assert cli_json(address, "kick", topic) == 0
+
+
+def test_kick_by_id_makes_one_dead_task_ready(address: str) -> None:
+    topic = unique()
+    added = _dead_task(address, topic)
+
+    result = cli(address, "kick", "--id", added["id"])
+    assert (result.exit_code, result.stdout.strip()) == (0, f"kicked {added['id']}")
+    assert cli_json(address, "get", added["id"])["state"] == "ready"
+    missing = cli(address, "kick", "--id", "no-such-task")
+    assert missing.exit_code != 0 and "no-such-task" in missing.stderr
+    neither = cli(address, "kick")
+    assert neither.exit_code == 2 and "TOPIC or --id" in neither.stderr
 
 
 def test_ping(address: str) -> None:

@@ -73,6 +73,27 @@ def test_add_then_due_then_reserve_then_ack() -> None:
     run(scenario)
 
 
+def test_kick_task_kicks_one_dead_task_by_id() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        for name in ("a", "b"):
+            engine.add({"id": name, "topic": "t", "ttr": 5, "max_attempts": 1}, T0)
+            assert engine.try_reserve(["t"], T0) is not None
+        engine.advance(T0 + 5)
+        assert [engine.get(n)["state"] for n in "ab"] == ["dead", "dead"]  # type: ignore[index]
+        assert engine.kick_task("b", T0 + 6) is True
+        kicked = engine.get("b")
+        assert kicked is not None and (kicked["state"], kicked["attempts"]) == ("ready", 0)
+        assert engine.get("a")["state"] == "dead"  # type: ignore[index]
+        assert engine.events.kicked == 1
+        assert code_of(lambda: engine.kick_task("b", T0 + 6)) == "conflict"
+        assert code_of(lambda: engine.kick_task("nope", T0 + 6)) == "not_found"
+        assert code_of(lambda: engine.kick_task(5, T0 + 6)) == "bad_request"
+        await durable(engine)
+        assert "b" in await stored_ids(store)
+
+    run(scenario)
+
+
 def test_ready_queue_gives_oldest_due_first_across_topics() -> None:
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         engine.add({"id": "late", "topic": "a", "at": T0 - 10}, T0)

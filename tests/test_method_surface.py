@@ -116,7 +116,7 @@ def test_client_and_async_client_have_the_same_other_methods() -> None:
 
 def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     """One call of every client method, in an order where each one succeeds."""
-    first, second = f"{topic}-a", f"{topic}-b"
+    first, second, third = f"{topic}-a", f"{topic}-b", f"{topic}-c"
     return [
         ("ping", (), {}),
         ("add", (topic, {"n": 1}), {"delay": 100, "id": first, "ttr": 30, "max_attempts": 3}),
@@ -129,9 +129,15 @@ def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         ("release", (second,), {"delay": 0}),
         ("reserve", ([topic], 0), {}),
         ("ack", (second,), {}),
+        # A task released on its last attempt is dead: kick_task makes it ready.
+        ("add", (topic, None), {"id": third, "max_attempts": 1}),
+        ("reserve", (topic,), {"timeout": 0}),
+        ("release", (third,), {}),
+        ("kick_task", (third,), {}),
         ("kick", (topic, 1), {}),
         ("delete", (first,), {}),
         ("stats", (), {}),
+        ("schedule_next", ({"every": 60}, 3), {}),
         ("call", ("get", first), {}),
     ]
 
@@ -200,11 +206,13 @@ def test_each_client_method_sends_its_method_with_params_the_server_takes(
 
     asyncio.run(run_async())
     # What the calls did: the reserves got the task add_many added, the writes answered
-    # true, the kick found nothing dead, and call("get") came after the delete.
+    # true, kick_task revived the task its release killed, the kick found nothing
+    # dead, and call("get") came after the delete.
     assert results[0] == "pong" and results[4]["body"] == "changed"
     assert results[6]["id"] == results[9]["id"] == "sync-b"
-    assert results[8] is results[10] is results[12] is True
-    assert results[11] == 0 and results[-1] is None
+    assert results[12]["id"] == "sync-c"
+    assert results[8] is results[10] is results[13] is results[14] is results[16] is True
+    assert results[15] == 0 and results[-1] is None
     for flavour in ("Pipeline", "AsyncClient", "AsyncPipeline"):
         assert shapes[flavour] == shapes["Client"], flavour
 

@@ -252,6 +252,11 @@ class Client(ClientBase):
         result: int = self._call("kick", (topic, count), self.timeout_s)
         return result
 
+    def kick_task(self, task_id: str) -> bool:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        result: bool = self._call("kick_task", (task_id,), self.timeout_s)
+        return result
+
     def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         result: dict[str, Any] = self._call("stats", (), self.timeout_s)
@@ -261,6 +266,15 @@ class Client(ClientBase):
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
         result: dict[str, Any] = self._call("cluster", (), self.timeout_s)
+        return result
+
+    def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        params = (schedule,) if n is None else (schedule, n)
+        result: dict[str, Any] = self._call("schedule_next", params, self.timeout_s)
         return result
 
     def pipeline(self) -> Pipeline:

@@ -44,8 +44,10 @@ _SPECS = (
     MethodSpec("release", ("id", "delay"), optional=1),
     MethodSpec("touch", ("id",)),
     MethodSpec("kick", ("topic", "count")),
+    MethodSpec("kick_task", ("id",)),
     MethodSpec("stats", (), read_only=True),
     MethodSpec("cluster", (), read_only=True),
+    MethodSpec("schedule_next", ("schedule", "n"), optional=1, read_only=True),
 )
 
 # Every method by name, in docs/protocol.md's order.

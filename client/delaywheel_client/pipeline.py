@@ -120,6 +120,10 @@ class QueuedCalls:
         """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
         self._queue("kick", (topic, count))
 
+    def kick_task(self, task_id: str) -> None:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        self._queue("kick_task", (task_id,))
+
     def stats(self) -> None:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         self._queue("stats", ())
@@ -128,6 +132,11 @@ class QueuedCalls:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
         self._queue("cluster", ())
+
+    def schedule_next(self, schedule: str | Mapping[str, Any], n: int | None = None) -> None:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        self._queue("schedule_next", (schedule,) if n is None else (schedule, n))
 
     def list(
         self,

@@ -69,11 +69,20 @@ def touch(env: Env, task_id: str) -> None:
 
 
 @click.command()
-@click.argument("topic")
+@click.argument("topic", required=False)
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--id", "task_id", default=None, help="Kick this one dead task instead of a topic's.")
 @client_command
-def kick(env: Env, topic: str, count: int) -> None:
-    """Make up to --count dead tasks of TOPIC due again."""
+def kick(env: Env, topic: str | None, count: int, task_id: str | None) -> None:
+    """Make up to --count dead tasks of TOPIC due again, or the one named by --id."""
+    if (topic is None) == (task_id is None):
+        raise click.UsageError("give a TOPIC or --id ID (one of them)")
+    if task_id is not None:
+        with missing_is(task_id):
+            result = env.client().kick_task(task_id)
+        env.emit(result, f"kicked {task_id}")
+        return
+    assert topic is not None
     kicked = env.client().kick(topic, count)
     env.emit(kicked, f"kicked {plural(kicked, 'task')} of {topic}")
 

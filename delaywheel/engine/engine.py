@@ -29,6 +29,7 @@ from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.sharing import Sharing
+from delaywheel.engine.schedules import schedule_next
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of
@@ -215,13 +216,35 @@ class Engine:
             raise bad(f"count must be an int >= 1, got {checks.show(count_)}")
         kicked = self.queues.oldest_dead(name, count_)
         for task in kicked:
-            if task.target is None:
-                self.table.move(task, "kick", READY, attempts=0)
-            else:  # due now: the next tick sends it
-                self.table.move(task, "kick", DELAYED, attempts=0, at_s=now_s)
+            self._revive(task, now_s)
         self.events.kicked += len(kicked)
         self.table.serve_waiters(now_s)
         return len(kicked)
+
+    def kick_task(self, task_id: Any, now_s: float) -> bool:
+        """Kick one dead task by id (beanstalkd's ``kick-job``): ``not_found``
+        when there is none, ``conflict`` when it is not dead."""
+        task = self._find(task_id)
+        if task.state != DEAD:
+            raise RequestError(
+                "conflict", f"cannot kick task {task.id!r}: it is {task.state}, not dead"
+            )
+        self._revive(task, now_s)
+        self.events.kicked += 1
+        self.table.serve_waiters(now_s)
+        return True
+
+    def schedule_next(self, schedule: Any, n: Any, now_s: float) -> dict[str, Any]:
+        """A schedule's next ``n`` times from now, with its description
+        (``delaywheel.engine.schedules``)."""
+        return schedule_next(schedule, n, now_s, self.table.wheel.tick_s)
+
+    def _revive(self, task: Task, now_s: float) -> None:
+        """A dead task back to life with its attempts counted afresh."""
+        if task.target is None:
+            self.table.move(task, "kick", READY, attempts=0)
+        else:  # due now: the next tick sends it
+            self.table.move(task, "kick", DELAYED, attempts=0, at_s=now_s)
 
     def snapshot(self) -> Snapshot:
         """The figures ``stats`` and ``/metrics`` show (``delaywheel.engine.snapshot``)."""
