@@ -13,20 +13,27 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+import socket
 import time
 from typing import TYPE_CHECKING
 
 from delaywheel import __version__
-from delaywheel.config import Settings
+from delaywheel.cluster.keyspace import SharedKeyspace
+from delaywheel.cluster.partitions import DEFAULT_PARTITIONS
+from delaywheel.config import DEFAULT_LEASE_S, Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
+from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
+from delaywheel.engine.sharing import Sharing
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.listen import listen_error
 from delaywheel.net.server import Server
 from delaywheel.store import Store, open_store
+from delaywheel.store.redis import RedisStore
 
 if TYPE_CHECKING:
     from delaywheel.metrics import MetricsEndpoint
@@ -46,7 +53,7 @@ GC_THRESHOLDS = (20_000, 50, 10)
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
-    store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
+    store = shared_store(settings)
     await store.open()  # the Redis store's errors say what to do (store/redis.py)
     # Not before the store is open: a server that cannot open it exits with
     # one line (the error, which names the store) and nothing else.
@@ -72,6 +79,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             store_url=settings.store_url,  # store.url hides the password
             store_prefix=settings.redis_prefix,
         )
+        sharing = _sharing(settings, store)
         engine = Engine(
             store,
             now_s=time.time(),
@@ -80,15 +88,27 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             limits=settings.limits,
             targets=rules,
             retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
+            sharing=sharing,
         )
         engine.journal.watch.slow_s = settings.slow_flush_s
-        await recover(engine, store)
         deliveries = Deliveries(
             rules,
             http_concurrency=settings.http_concurrency,
             signing_secret=settings.signing_secret,
         )
         server = Server(settings, engine, deliveries)
+        coordinator = None
+        if isinstance(store, SharedKeyspace) and sharing is not None:
+            coordinator = Coordinator(
+                engine,
+                store,
+                sharing,
+                rearm=server.rearm,
+                handoff_wait_s=settings.shutdown_grace_s,
+            )
+            await _take_partitions(coordinator, store)
+        else:
+            await recover(engine, store)
         metrics = await _start_metrics(server, settings)
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
@@ -111,10 +131,69 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             _remove_signal_handlers()
             log.info("shutting down")
             await server.stop()
+            if coordinator is not None:  # after the deliveries' grace: then hand back
+                await coordinator.stop()
             if metrics is not None:
                 await metrics.stop()
     finally:
         await store.close()
+
+
+def shared_store(settings: Settings) -> Store:
+    """The store of ``settings``: a Redis one is a keyspace nodes share (cluster/keyspace.py)."""
+    store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
+    if isinstance(store, RedisStore):
+        keyspace = SharedKeyspace(
+            store,
+            partitions=settings.partitions or DEFAULT_PARTITIONS,
+            replicas=settings.replicas or 0,
+        )
+        keyspace.node_name = _node_name(settings)
+        return keyspace
+    return store
+
+
+def _node_name(settings: Settings) -> str:
+    # The default name must be this process's alone: with --port 0 the port
+    # is not known yet, so the pid stands in for it.
+    host = socket.gethostname()
+    if settings.node:
+        return settings.node
+    return f"{host}:{settings.port}" if settings.port else f"{host}:pid{os.getpid()}"
+
+
+def _sharing(settings: Settings, store: Store) -> Sharing | None:
+    if not isinstance(store, SharedKeyspace):
+        return None
+    host = socket.gethostname()
+    node = _node_name(settings)
+    listen = settings.host if settings.host not in ("", "0.0.0.0", "::") else host
+    address = settings.advertise or f"{listen}:{settings.port}"
+    return Sharing(
+        node=node,
+        address=address,
+        partitions=store.partitions,
+        lease_s=settings.lease_s or DEFAULT_LEASE_S,
+    )
+
+
+async def _take_partitions(coordinator: Coordinator, store: SharedKeyspace) -> None:
+    """Join the keyspace: take this node's partitions and load them, before serving."""
+    started = time.perf_counter()
+    gc.disable()
+    try:
+        await coordinator.start()
+    finally:
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+        gc.enable()
+    took_s = time.perf_counter() - started
+    loaded = len(coordinator.engine.table.index)
+    log.info(
+        "loaded %d tasks from %s in %.2f s",
+        *(loaded, store.url, took_s),
+        extra={"tasks": loaded, "store": store.url, "duration_s": round(took_s, 3)},
+    )
 
 
 async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint | None:

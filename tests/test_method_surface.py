@@ -138,6 +138,7 @@ def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         ("delete", (first,), {}),
         ("stats", (), {}),
         ("schedule_next", ({"every": 60}, 3), {}),
+        ("cluster", (), {}),
         ("call", ("get", first), {}),
     ]
 

@@ -201,6 +201,36 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Topics named in the per-topic task metrics, the largest first; the rest are summed.",
 )
 @_serve_option(
+    "--node",
+    default=None,
+    help="This node's name in a shared Redis keyspace (default: host name and port).",
+)
+@_serve_option(
+    "--advertise",
+    default=None,
+    metavar="HOST:PORT",
+    help="The address other nodes send clients to (default: the listen address).",
+)
+@_serve_option(
+    "--partitions",
+    default=None,
+    type=int,
+    help="Partitions of a new Redis keyspace (default 16; fixed at its first use).",
+)
+@_serve_option(
+    "--lease",
+    "lease_s",
+    default=None,
+    type=float,
+    help="Seconds a node's partition lease lasts without renewal (default 10).",
+)
+@_serve_option(
+    "--replicas",
+    default=None,
+    type=int,
+    help="Acknowledge a change only once this many Redis replicas have it (default 0).",
+)
+@_serve_option(
     "--log-level",
     default="info",
     show_default=True,

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from delaywheel.cluster.migrate import migrate
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
+from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
@@ -75,6 +75,7 @@ class SharedKeyspace(Store):
         self.on_fenced: OnFenced | None = None
         self._writer: FencedWriter | None = None
         self.migrated = 0  # records moved from the single-node layout at open
+        self.node_name = "delaywheel"  # who migrates, for the lock (app.py sets it)
 
     @property
     def client(self) -> Any:
@@ -87,8 +88,8 @@ class SharedKeyspace(Store):
         self._start_open()
         await self.redis.open()
         try:
-            await record_partitions(self.client, self.layout)
-            self.migrated = await migrate(self.client, self.layout)
+            migrated = await migrate(self.client, self.layout, node=self.node_name)
+            self.migrated = 0 if migrated is None else migrated.moved
             self._writer = self.redis.fenced_writer(replicas=self.replicas)
         except PartitionsError as exc:
             await self.redis.close()

@@ -208,7 +208,9 @@ class LeaseKeeper:
         got = await self.leases.adopt(partition, epoch, self.lease_ms)
         if isinstance(got, int):
             self._hold(partition, got, sent_s)
-            log.info("acquired partition %d, epoch %d (from this node's previous run)", partition, got)
+            log.info(
+                "acquired partition %d, epoch %d (from this node's previous run)", partition, got
+            )
         return got
 
     def forget(self, partition: int) -> None:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.cluster.lease import Holder, Leases, LeaseKeeper
+from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases
 from delaywheel.cluster.membership import Membership, plan
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.sharing import Owner, Sharing

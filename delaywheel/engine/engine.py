@@ -28,8 +28,8 @@ from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
-from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.schedules import schedule_next
+from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of

@@ -56,7 +56,9 @@ class Sharing:
 
     def elsewhere(self, partition: int, task_id: str | None = None) -> RequestError:
         owner = self.owners.get(partition)
-        what = f"task {task_id!r} is in partition {partition}" if task_id else f"partition {partition}"
+        what = (
+            f"task {task_id!r} is in partition {partition}" if task_id else f"partition {partition}"
+        )
         if owner is not None and owner.node is not None and owner.node != self.node:
             return RequestError(
                 "moved",

@@ -41,6 +41,7 @@ from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Journal, Undo
 from delaywheel.engine.queues import Queues
+from delaywheel.engine.record import TOPIC_FIELD, read_record
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
@@ -54,7 +55,6 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
-from delaywheel.engine.record import TOPIC_FIELD, read_record
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.store.base import Store

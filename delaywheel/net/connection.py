@@ -244,9 +244,7 @@ class Connection(asyncio.Protocol):
                 reply.batch = None
                 if error is not None:
                     code, data = reply_for(error)
-                    reply.payload = self.encoder.error_response(
-                        reply.msgid, code, str(error), data
-                    )
+                    reply.payload = self.encoder.error_response(reply.msgid, code, str(error), data)
                     reply.route.failed(code)
         self._flush()
 

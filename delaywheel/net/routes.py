@@ -65,7 +65,13 @@ def routes_for(server: Server) -> dict[str, Method]:
         "kick_task": engine.kick_task,
         "schedule_next": engine.schedule_next,
     }
-    own: dict[str, Route | None] = {"ping": _ping, "auth": _auth, "stats": _stats, "reserve": None}
+    own: dict[str, Route | None] = {
+        "ping": _ping,
+        "auth": _auth,
+        "stats": _stats,
+        "cluster": _cluster,
+        "reserve": None,
+    }
     routes = {}
     for method, spec in METHODS.items():
         if method in own:
@@ -112,6 +118,11 @@ def _ping(conn: Connection, params: list[Any], _now_s: float) -> str:
 def _stats(conn: Connection, params: list[Any], now_s: float) -> dict[str, Any]:
     _arity("stats", params)
     return conn.server.stats(now_s)
+
+
+def _cluster(conn: Connection, params: list[Any], _now_s: float) -> dict[str, Any]:
+    _arity("cluster", params)
+    return conn.server.cluster_map()
 
 
 def _auth(conn: Connection, params: list[Any], _now_s: float) -> bool:

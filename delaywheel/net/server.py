@@ -97,8 +97,27 @@ class Server:
     def stats(self, now_s: float) -> dict[str, Any]:
         """What ``stats`` answers: the engine's figures and the server's own."""
         stats = self.engine.snapshot().stats(now_s)
+        sharing = self.engine.sharing
+        stats["node"] = None if sharing is None else sharing.node
+        stats["partitions"] = None if sharing is None else sharing.stats()
         stats["connections"] = len(self.connections)
         stats["tls"] = self.settings.tls_cert is not None
         if self.deliveries is not None:
             stats["deliveries"] = self.deliveries.stats()
         return stats
+
+    def cluster_map(self) -> dict[str, Any]:
+        """The ``cluster`` reply. A single-node store is one partition this node owns."""
+        sharing = self.engine.sharing
+        if sharing is not None:
+            return sharing.cluster_map()
+        host, port = (
+            self.listener.sockets[0].getsockname()[:2] if self.listener.sockets else ("", 0)
+        )
+        address = f"{host}:{port}"
+        return {
+            "node": address,
+            "partitions": 1,
+            "lease_s": None,
+            "owners": [{"partition": 0, "node": address, "address": address, "epoch": 0}],
+        }
