@@ -106,6 +106,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
                 rearm=server.rearm,
                 handoff_wait_s=settings.shutdown_grace_s,
             )
+            server.coordinator = coordinator
             await _take_partitions(coordinator, store)
         else:
             await recover(engine, store)

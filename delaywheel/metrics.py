@@ -87,6 +87,40 @@ class ServerCollector:
         yield from self._store(snapshot)
         yield from self._requests()
         yield from self._deliveries()
+        yield from self._cluster()
+
+    def _cluster(self) -> Iterator[Metric]:
+        """A node in a shared keyspace (docs/ha.md); nothing on a single-node store."""
+        coordinator = self._server.coordinator
+        if coordinator is None:
+            return
+        counts = coordinator.counts
+        yield GaugeMetricFamily(
+            "delaywheel_partitions_owned",
+            "Partitions this node serves now.",
+            value=len(coordinator.sharing.serving),
+        )
+        for name, help_text, value in (
+            (
+                "lease_renewals_failed",
+                "Lease renewals that failed.",
+                coordinator.keeper.renewals_failed,
+            ),
+            (
+                "fenced_flushes",
+                "Journal flushes refused for a partition (fenced).",
+                counts.fenced_flushes,
+            ),
+            ("takeovers", "Partitions acquired and loaded.", counts.takeovers),
+            ("handoffs", "Partitions handed back.", counts.handoffs),
+            ("partitions_lost", "Leases lost or self-fenced.", counts.lost),
+        ):
+            yield CounterMetricFamily(f"delaywheel_{name}", help_text, value=value)
+        yield CounterMetricFamily(
+            "delaywheel_takeover_seconds",
+            "Time from acquiring a partition to serving it, summed over takeovers.",
+            value=counts.takeover_seconds,
+        )
 
     def _info(self, snapshot: Snapshot) -> Iterator[Metric]:
         info = GaugeMetricFamily(

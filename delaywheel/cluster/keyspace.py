@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from delaywheel.cluster.migrate import migrate
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
+from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
@@ -88,6 +88,7 @@ class SharedKeyspace(Store):
         self._start_open()
         await self.redis.open()
         try:
+            await record_partitions(self.client, self.layout)
             migrated = await migrate(self.client, self.layout, node=self.node_name)
             self.migrated = 0 if migrated is None else migrated.moved
             self._writer = self.redis.fenced_writer(replicas=self.replicas)

@@ -18,6 +18,7 @@ from delaywheel_client.protocol import Encoder
 
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries
+from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
 from delaywheel.net.connection import Connection
 from delaywheel.net.listener import Listener
@@ -49,6 +50,8 @@ class Server:
         self.accepted = 0  # connections, since the start
         self.refused: dict[str, int] = {}  # connections closed by the server, by code
         self.accept_errors = self.listener.errors  # failed accepts, by errno name
+        # Set by app.py on a shared keyspace (engine/coordinator.py), for metrics.
+        self.coordinator: Coordinator | None = None
 
     async def start(self) -> tuple[str, int]:
         self.listener.start(self.settings.host, self.settings.port)
