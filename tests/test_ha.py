@@ -7,15 +7,18 @@ tests consume with plain clients on every node and count each id.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from delaywheel_client import Client, ClusterClient, Moved, TryAgain
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until
@@ -146,7 +149,10 @@ def test_kill_9_of_an_owner_is_taken_over_within_two_leases(
 
 def test_sigterm_hands_the_partitions_back_at_once(redis_url: str) -> None:
     lease_s = 6.0  # long: a takeover well before it shows a handoff, not an expiry
-    nodes = [_node(redis_url, "a", lease_s=lease_s), _node(redis_url, "b", lease_s=lease_s)]
+    nodes = [
+        _node(redis_url, "a", "--metrics-port", "0", lease_s=lease_s),
+        _node(redis_url, "b", "--metrics-port", "0", lease_s=lease_s),
+    ]
     try:
         wait_until(lambda: _settled(*nodes), 15, "the two nodes to share the partitions")
         with ClusterClient(_seeds(nodes)) as dw:
@@ -161,9 +167,25 @@ def test_sigterm_hands_the_partitions_back_at_once(redis_url: str) -> None:
         got = _drain([staying], 100, 10)
         assert sorted(got) == sorted(f"h-{n}" for n in range(100))
         assert _drain([staying], 1, 1.0) == []
+        metrics = _metrics(staying)
+        assert metrics["delaywheel_partitions_owned"] == PARTITIONS
+        assert metrics["delaywheel_takeovers_total"] >= PARTITIONS  # its own and a's
+        assert metrics["delaywheel_fenced_flushes_total"] == 0
     finally:
         for node in nodes:
             node.kill()
+
+
+def _metrics(proc: ServerProcess) -> dict[str, float]:
+    url = next(m.group(1) for line in proc.log if (m := re.search(r"metrics on (\S+)", line)))
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
 
 
 def test_a_paused_owner_is_fenced_and_answers_moved(two_nodes: list[ServerProcess]) -> None:
