@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     "delaywheel.checks": 1,
     "delaywheel.wheel": 2,
     "delaywheel.store": 2,
+    # Recurring schedules, the pure part: cron, the schedule map, the planner.
+    "delaywheel.schedules": 2,
     "delaywheel.delivery": 3,
     "delaywheel.cluster": 3,
     "delaywheel.engine": 4,

@@ -16,9 +16,11 @@ Quick start::
     worker.run()                          # until Ctrl-C / SIGTERM
 
 ``AsyncClient`` (``await AsyncClient.connect(...)``) has the same methods as coroutines;
-``Client.pipeline()`` batches many calls into one write. Errors are in ``errors``: one
-class per protocol error code under ``DelaywheelError``. ``targets`` builds the maps
-``target=`` takes, to deliver a due task somewhere other than its topic's ready queue::
+``ClusterClient(["host1:3450", "host2:3450"])`` is ``Client`` for several nodes
+(docs/protocol.md, "Several nodes"); ``Client.pipeline()`` batches many calls into one
+write. Errors are in ``errors``: one class per protocol error code under
+``DelaywheelError``. ``targets`` builds the maps ``target=`` takes, to deliver a due task
+somewhere other than its topic's ready queue::
 
     from delaywheel_client import targets
 
@@ -32,6 +34,7 @@ class per protocol error code under ``DelaywheelError``. ``targets`` builds the 
 from delaywheel_client import targets
 from delaywheel_client.aio import AsyncClient, AsyncPipeline
 from delaywheel_client.client import Client, Pipeline
+from delaywheel_client.cluster import ClusterClient, ClusterPipeline
 from delaywheel_client.errors import (
     BadRequest,
     Conflict,
@@ -56,6 +59,8 @@ __all__ = [
     "AsyncPipeline",
     "BadRequest",
     "Client",
+    "ClusterClient",
+    "ClusterPipeline",
     "Conflict",
     "ConnectionFailed",
     "DelaywheelError",

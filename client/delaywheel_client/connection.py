@@ -189,8 +189,11 @@ class ClientBase:
         """What a call raises for a drop: ``ServerClosed`` when the server said why."""
         if exc.closed_by is not None:
             return ServerClosed(f"{self._label}: {exc.reason}", exc.closed_by[0])
-        maybe = " (it was sent and may have been applied)" if exc.sent and not read_only else ""
-        return ConnectionFailed(f"{self._label}: {exc.reason}{maybe}")
+        maybe_applied = exc.sent and not read_only
+        maybe = " (it was sent and may have been applied)" if maybe_applied else ""
+        failure = ConnectionFailed(f"{self._label}: {exc.reason}{maybe}")
+        failure.maybe_applied = maybe_applied
+        return failure
 
 
 # -- one blocking connection -------------------------------------------------------------------

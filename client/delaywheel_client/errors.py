@@ -90,6 +90,8 @@ class ConnectionFailed(DelaywheelError):
     """Cannot connect, or the connection was lost; the message names host:port and the cause."""
 
     code = "connection"
+    # True when the request was sent and its reply lost: a write may have been applied.
+    maybe_applied: bool = False
 
 
 class ServerClosed(ConnectionFailed):

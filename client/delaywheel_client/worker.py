@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from delaywheel_client.client import Client
+from delaywheel_client.cluster import ClusterClient
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Internal, Unavailable
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Worker:
 
     Example::
 
-        worker = Worker(Client("127.0.0.1", 3450))
+        worker = Worker(Client("127.0.0.1", 3450))  # or Worker(ClusterClient([...]))
 
         @worker.handler("emails")
         def send_email(task: dict) -> None:
@@ -56,7 +57,7 @@ class Worker:
 
     def __init__(
         self,
-        client: Client,
+        client: Client | ClusterClient,
         *,
         reserve_timeout_s: float = 1.0,
         retry_base_s: float = 1.0,

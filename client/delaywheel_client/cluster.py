@@ -1,0 +1,507 @@
+"""The blocking client for several nodes: ``ClusterClient``, with ``Client``'s methods.
+
+How it works. It asks a seed for the partition map (``cluster``), keeps one ``Client`` per
+node, and sends each call about a task to the node that owns the task's partition
+(``zlib.crc32(id) % partitions``). The rules (see routing.py and docs/protocol.md,
+"Several nodes"):
+
+- ``moved``: the hint is taken, the map fetched again, and the call resent, at most 3 times.
+- ``tryagain`` (no owner yet): sleep ``retry_after_ms``, then resend, for up to
+  ``failover_timeout_s``; so is an owner that cannot be reached (it is being replaced).
+- ``add`` always sends an id (``uuid4().hex`` unless given), so a resend is safe: when a
+  resent add answers ``exists`` and the stored task has the same topic and body, the first
+  send landed and the add succeeds; otherwise ``Exists`` is raised.
+- ``reserve`` polls every node in turn, starting one node further on each call, so none is
+  starved; a blocking one waits on one node at a time for at most ``reserve_slice_s``,
+  polling the others in between.
+- ``stats`` answers ``{"nodes": {address: that node's stats, or {"error": message}},
+  "tasks": the sum}``; ``kick`` and ``list`` visit every node (``list``'s cursor names the
+  node it is on); ``ping`` pings every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from delaywheel_client._tls import PathLike
+from delaywheel_client.calls import Task, TaskList, Topics, list_query, task_fields, topic_list
+from delaywheel_client.client import Client
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
+from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.routing import (
+    FAILOVER_TIMEOUT_S,
+    MAX_MOVED_FOLLOWS,
+    RESERVE_SLICE_S,
+    PartitionMap,
+    added_result,
+    error_data,
+    may_resend,
+    parse_seeds,
+    retry_after_s,
+    route,
+    same_task,
+    split_address,
+    with_id,
+)
+
+_T = TypeVar("_T")
+
+
+class ClusterClient:
+    """A blocking client for several delaywheel nodes on one keyspace, safe to share
+    between threads.
+
+    Example::
+
+        dw = ClusterClient(["10.0.0.1:3450", "10.0.0.2:3450"], token="secret")
+        dw.add("emails", {"to": "a@example.com"}, delay=30)  # to the id's owner
+        task = dw.reserve("emails", timeout=5)                # from whichever node has one
+
+    ``seeds`` are ``"host:port"`` strings (a list, or one comma-separated string); any one
+    that answers gives the map. The other keywords are ``Client``'s, used for every node.
+    """
+
+    def __init__(
+        self,
+        seeds: str | Sequence[str],
+        token: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+        retries: int = 3,
+        tls: Any = False,
+        tls_ca: PathLike | None = None,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        server_hostname: str | None = None,
+        failover_timeout_s: float = FAILOVER_TIMEOUT_S,
+        reserve_slice_s: float = RESERVE_SLICE_S,
+    ) -> None:
+        self.seeds = parse_seeds(seeds)
+        self.token = token
+        self.timeout_s = timeout_s
+        self.failover_timeout_s = failover_timeout_s
+        self.reserve_slice_s = reserve_slice_s
+        self._node_kw: dict[str, Any] = {
+            "token": token,
+            "timeout_s": timeout_s,
+            "connect_timeout_s": connect_timeout_s,
+            "retries": retries,
+            "tls": tls,
+            "tls_ca": tls_ca,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+            "server_hostname": server_hostname,
+        }
+        self._nodes: dict[str, Client] = {}
+        self._lock = threading.Lock()
+        self._map: PartitionMap | None = None
+        self._turn = 0  # where the next reserve starts in the node rotation
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<ClusterClient {','.join(self.seeds)}>"
+
+    # -- nodes and the map -----------------------------------------------------
+
+    def node(self, address: str) -> Client:
+        """The ``Client`` of one node (made on first use)."""
+        with self._lock:
+            client = self._nodes.get(address)
+            if client is None:
+                if self._closed:
+                    raise ConnectionFailed(f"{address}: the client is closed")
+                host, port = split_address(address)
+                client = self._nodes[address] = Client(host, port, **self._node_kw)
+            return client
+
+    def refresh(self) -> PartitionMap:
+        """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
+        known = self._map.nodes() if self._map is not None else []
+        failures: list[str] = []
+        for address in dict.fromkeys([*known, *self.seeds]):
+            try:
+                result = self.node(address).call("cluster")
+            except ConnectionFailed as exc:
+                failures.append(str(exc))
+                continue
+            except DelaywheelError as exc:
+                if exc.code != "no_method":
+                    raise
+                self._map = PartitionMap.single(address)  # a server without partitions
+            else:
+                self._map = PartitionMap.from_cluster(result, address)
+            return self._map
+        raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
+
+    def partition_map(self) -> PartitionMap:
+        return self._map if self._map is not None else self.refresh()
+
+    def _nodes_in_turn(self) -> list[str]:
+        """Every node, starting one further on at each call: no node is always last."""
+        nodes = self.partition_map().nodes() or self.seeds[:1]
+        with self._lock:
+            start = self._turn % len(nodes)
+            self._turn += 1
+        return nodes[start:] + nodes[:start]
+
+    def _any_node(self) -> str:
+        return self._nodes_in_turn()[0]
+
+    # -- routed calls ----------------------------------------------------------
+
+    def _routed(self, method: str, params: Sequence[Any], task_id: str | None) -> Any:
+        """``method`` on the owner of ``task_id`` (any node when None), following ``moved``
+        and waiting out ``tryagain`` and an unreachable owner (see the module docstring)."""
+        deadline = time.monotonic() + self.failover_timeout_s
+        moved = waits = 0
+        resent = False
+        while True:
+            pmap = self.partition_map()
+            address = (pmap.owner_of(task_id) if task_id is not None else None) or (
+                self._any_node()
+            )
+            try:
+                return self.node(address).call(method, *params)
+            except ConnectionFailed as exc:
+                if not may_resend(method, exc) or time.monotonic() >= deadline:
+                    raise
+                error: DelaywheelError = exc
+                resent = resent or exc.maybe_applied
+            except Exists:
+                if not (method == "add" and resent and task_id is not None):
+                    raise
+                stored = self.node(address).call("get", task_id)
+                if not same_task(params[0], stored):
+                    raise
+                return added_result(task_id, stored)
+            except DelaywheelError as exc:
+                if exc.code == "moved" and moved < MAX_MOVED_FOLLOWS:
+                    moved += 1
+                    pmap.follow(error_data(exc))
+                    self._refresh_quietly()
+                    continue
+                if exc.code != "tryagain" or time.monotonic() >= deadline:
+                    raise
+                error = exc
+            time.sleep(min(retry_after_s(error, waits), max(deadline - time.monotonic(), 0)))
+            waits += 1
+            self._refresh_quietly()
+
+    def _refresh_quietly(self) -> None:
+        # Every node unreachable: the call's own retry says so.
+        with contextlib.suppress(ConnectionFailed):
+            self.refresh()
+
+    def _each_node(self, fn: Callable[[Client], _T]) -> dict[str, _T | DelaywheelError]:
+        results: dict[str, _T | DelaywheelError] = {}
+        for address in self.partition_map().nodes() or self.seeds[:1]:
+            try:
+                results[address] = fn(self.node(address))
+            except DelaywheelError as exc:
+                results[address] = exc
+        return results
+
+    def close(self) -> None:
+        """Close every node's connections."""
+        with self._lock:
+            self._closed = True
+            nodes = list(self._nodes.values())
+        for client in nodes:
+            client.close()
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- methods ---------------------------------------------------------------
+
+    def call(self, method: str, *params: Any) -> Any:
+        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
+        params = with_id(method, params)
+        if method == "reserve":
+            return self.reserve(*params)
+        return self._routed(method, params, route(method, params))
+
+    def ping(self) -> str:
+        """``"pong"``."""
+        for result in self._each_node(lambda client: client.ping()).values():
+            if isinstance(result, DelaywheelError):
+                raise result
+        return "pong"
+
+    def add(
+        self,
+        topic: str,
+        body: Any = None,
+        *,
+        delay: float | None = None,
+        at: float | None = None,
+        id: str | None = None,
+        ttr: float | None = None,
+        max_attempts: int | None = None,
+        target: Mapping[str, Any] | None = None,
+    ) -> Task:
+        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
+        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
+        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
+        result: Task = self.call("add", fields)
+        return result
+
+    def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
+        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
+        (given,) = with_id("add_many", ([dict(t) for t in tasks],))
+        by_owner: dict[str, list[int]] = {}
+        pmap = self.partition_map()
+        for index, task in enumerate(given):
+            owner = pmap.owner_of(task["id"]) or self._any_node()
+            by_owner.setdefault(owner, []).append(index)
+        results: list[Any] = [None] * len(given)
+        for indexes in by_owner.values():
+            batch = [given[i] for i in indexes]
+            # One add_many per owner: all or nothing on each node, not across nodes.
+            answered = self._routed("add_many", (batch,), batch[0]["id"])
+            for i, result in zip(indexes, answered, strict=True):
+                results[i] = result
+        return results
+
+    def update(self, id: str, **changes: Any) -> Task:
+        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
+        ``max_attempts``; returns the updated task."""
+        result: Task = self._routed("update", (id, changes), id)
+        return result
+
+    def delete(self, id: str) -> bool:
+        """True if the task existed."""
+        return bool(self._routed("delete", (id,), id))
+
+    def get(self, id: str) -> Task | None:
+        """The task, or None."""
+        result: Task | None = self._routed("get", (id,), id)
+        return result
+
+    def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
+        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
+        wanted = topic_list(topics)
+        deadline = time.monotonic() + max(float(timeout), 0.0)
+        while True:
+            nodes = self._nodes_in_turn()
+            failures: list[ConnectionFailed] = []
+            for address in nodes:  # every node once, without waiting
+                try:
+                    task: Task | None = self.node(address).reserve(wanted, 0)
+                except ConnectionFailed as exc:
+                    failures.append(exc)
+                    continue
+                if task is not None:
+                    return task
+            if len(failures) == len(nodes):
+                self._refresh_quietly()
+                raise failures[0]
+            if failures:
+                self._refresh_quietly()  # a node is down: its partitions move
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return None
+            # Then wait on one node (the first of this turn) for a slice.
+            try:
+                wait_s = min(remaining_s, self.reserve_slice_s)
+                task = self.node(nodes[0]).reserve(wanted, wait_s)
+            except ConnectionFailed:
+                continue
+            if task is not None:
+                return task
+
+    def ack(self, id: str) -> bool:
+        """The reserved task is done and removed."""
+        return bool(self._routed("ack", (id,), id))
+
+    def release(self, id: str, delay: float = 0) -> bool:
+        """Put a reserved task back, due after ``delay`` seconds."""
+        return bool(self._routed("release", (id, delay), id))
+
+    def touch(self, id: str) -> float:
+        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
+        result: float = self._routed("touch", (id,), id)
+        return result
+
+    def kick(self, topic: str, count: int) -> int:
+        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
+        kicked = 0
+        for address in self.partition_map().nodes() or self.seeds[:1]:
+            if kicked >= count:
+                break
+            kicked += int(self.node(address).kick(topic, count - kicked))
+        return kicked
+
+    def kick_task(self, task_id: str) -> bool:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        return bool(self._routed("kick_task", (task_id,), task_id))
+
+    def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        params = (schedule,) if n is None else (schedule, n)
+        # A saved schedule lives in the partition of its id; a spec needs no node's state.
+        owner = schedule if isinstance(schedule, str) else None
+        result: dict[str, Any] = self._routed("schedule_next", params, owner)
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
+        nodes: dict[str, Any] = {}
+        tasks = 0
+        for address, result in self._each_node(lambda client: client.stats()).items():
+            if isinstance(result, DelaywheelError):
+                nodes[address] = {"error": str(result)}
+            else:
+                nodes[address] = result
+                tasks += int(result.get("tasks") or 0)
+        return {"nodes": nodes, "tasks": tasks}
+
+    def cluster(self) -> dict[str, Any]:
+        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
+        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
+        return self.refresh().raw
+
+    def pipeline(self) -> ClusterPipeline:
+        """A batch: queue calls, then send them in one write and read every reply.
+
+        Example::
+
+            with dw.pipeline() as pipe:  # executes on a clean exit
+                for n in range(1000):
+                    pipe.add("thumbnails", {"image": n})
+            first_id = pipe.results[0]["id"]
+        """
+        return ClusterPipeline(self)
+
+    def iter_tasks(
+        self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
+    ) -> Iterator[Task]:
+        """Every matching task, following ``list``'s ``next`` cursor page by page."""
+        cursor = None
+        while True:
+            page = self.list(topic=topic, state=state, limit=page_size, cursor=cursor)
+            yield from page["tasks"]
+            cursor = page["next"]
+            if cursor is None:
+                return
+
+    # Defined last: inside the class body, the name ``list`` is this method from here on.
+    def list(
+        self,
+        *,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
+        nodes = self.partition_map().nodes() or self.seeds[:1]
+        # The cluster cursor is [node address, that node's cursor]; nodes in sorted order.
+        if cursor is None:
+            address, inner = nodes[0], None
+        elif isinstance(cursor, Sequence) and len(cursor) == 2 and cursor[0] in nodes:
+            address, inner = cursor[0], cursor[1]
+        else:
+            raise ValueError(f"not a cursor of this cluster's list: {cursor!r}")
+        query = list_query(topic, state, limit, inner)
+        page: dict[str, Any] = self.node(address).call("list", query)
+        if page["next"] is not None:
+            return {"tasks": page["tasks"], "next": [address, page["next"]]}
+        after = nodes.index(address) + 1
+        following = [nodes[after], None] if after < len(nodes) else None
+        return {"tasks": page["tasks"], "next": following}
+
+
+class ClusterPipeline(QueuedCalls):
+    """Queued calls, sent as one batch per owner by ``execute()``; see ``Client.pipeline()``.
+
+    Each call goes to its task's owner (calls about no task to one node); a call answered
+    ``moved`` or ``tryagain``, or whose node could not be reached before anything was sent,
+    is sent again on its own as ``ClusterClient`` sends it. Results come in call order, as
+    in ``Pipeline``.
+    """
+
+    def __init__(self, client: ClusterClient) -> None:
+        super().__init__(client.timeout_s)
+        self._client = client
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        calls, timeout_s = self._take()
+        calls = [(method, with_id(method, params)) for method, params in calls]
+        client = self._client
+        pmap = client.partition_map()
+        groups: dict[str, list[int]] = {}
+        for index, (method, params) in enumerate(calls):
+            task_id = route(method, params)
+            owner = pmap.owner_of(task_id) if task_id is not None else None
+            groups.setdefault(owner or client._any_node(), []).append(index)
+        outcomes: list[Any] = [None] * len(calls)
+        for address, indexes in groups.items():
+            batch = [calls[i] for i in indexes]
+            try:
+                replies = client.node(address)._call_many(batch, timeout_s)
+            except ConnectionFailed as exc:
+                if exc.maybe_applied:
+                    raise
+                replies = [None] * len(batch)  # nothing sent: each goes again on its own
+            for i, reply in zip(indexes, replies, strict=True):
+                outcomes[i] = reply
+        return self._finish(calls, outcomes, raise_on_error)
+
+    def _finish(
+        self, calls: list[tuple[str, Sequence[Any]]], outcomes: list[Any], raise_on_error: bool
+    ) -> list[Any]:
+        results: list[Any] = []
+        first_error: DelaywheelError | None = None
+        for (method, params), reply in zip(calls, outcomes, strict=True):
+            redo = reply is None
+            if reply is not None and reply.error is not None:
+                code = reply.error[0] if isinstance(reply.error, list) and reply.error else None
+                redo = code in ("moved", "tryagain")
+            try:
+                if redo:
+                    result = self._client.call(method, *params)
+                else:
+                    result = self._collect([reply], True)[0]
+            except DelaywheelError as exc:
+                first_error = first_error or exc
+                result = exc
+            results.append(result)
+        self.results = results
+        if raise_on_error and first_error is not None:
+            raise first_error
+        return results
+
+    def __enter__(self) -> ClusterPipeline:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.execute()
+        else:
+            self._take()
+
+
+__all__ = ["ClusterClient", "ClusterPipeline"]
