@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     "delaywheel.checks": 1,
     "delaywheel.wheel": 2,
     "delaywheel.store": 2,
+    # Recurring schedules, the pure part: cron, the schedule map, the planner.
+    "delaywheel.schedules": 2,
     "delaywheel.delivery": 3,
     "delaywheel.cluster": 3,
     "delaywheel.engine": 4,
@@ -41,9 +43,11 @@ LAYERS: dict[str, int] = {
     "delaywheel.net": 7,
     "delaywheel.logs": 8,
     "delaywheel.metrics": 8,
-    "delaywheel.app": 9,
-    "delaywheel.cli": 10,
-    "delaywheel.__main__": 11,
+    # The dashboard: reads the running server, its settings shown as the logs show them.
+    "delaywheel.web": 9,
+    "delaywheel.app": 10,
+    "delaywheel.cli": 11,
+    "delaywheel.__main__": 12,
 }
 
 

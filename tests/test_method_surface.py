@@ -137,6 +137,7 @@ def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         ("kick", (topic, 1), {}),
         ("delete", (first,), {}),
         ("stats", (), {}),
+        ("schedule_next", ({"every": 60}, 3), {}),
         ("call", ("get", first), {}),
     ]
 

@@ -341,6 +341,15 @@ class AsyncClient(ClientBase):
         result: dict[str, Any] = await self._call("stats", (), self.timeout_s)
         return result
 
+    async def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        params = (schedule,) if n is None else (schedule, n)
+        result: dict[str, Any] = await self._call("schedule_next", params, self.timeout_s)
+        return result
+
     async def iter_tasks(
         self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
     ) -> AsyncIterator[Task]:

@@ -262,6 +262,15 @@ class Client(ClientBase):
         result: dict[str, Any] = self._call("stats", (), self.timeout_s)
         return result
 
+    def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        params = (schedule,) if n is None else (schedule, n)
+        result: dict[str, Any] = self._call("schedule_next", params, self.timeout_s)
+        return result
+
     def pipeline(self) -> Pipeline:
         """A batch: queue calls, then send them in one write and read every reply.
 

@@ -350,6 +350,17 @@ class ClusterClient:
         """Make one dead task ready again (due now, if it has a target); True."""
         return bool(self._routed("kick_task", (task_id,), task_id))
 
+    def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        params = (schedule,) if n is None else (schedule, n)
+        # A saved schedule lives in the partition of its id; a spec needs no node's state.
+        owner = schedule if isinstance(schedule, str) else None
+        result: dict[str, Any] = self._routed("schedule_next", params, owner)
+        return result
+
     def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         nodes: dict[str, Any] = {}

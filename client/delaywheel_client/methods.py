@@ -46,6 +46,7 @@ _SPECS = (
     MethodSpec("kick", ("topic", "count")),
     MethodSpec("kick_task", ("id",)),
     MethodSpec("stats", (), read_only=True),
+    MethodSpec("schedule_next", ("schedule", "n"), optional=1, read_only=True),
 )
 
 # Every method by name, in docs/protocol.md's order.

@@ -128,6 +128,11 @@ class QueuedCalls:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         self._queue("stats", ())
 
+    def schedule_next(self, schedule: str | Mapping[str, Any], n: int | None = None) -> None:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        self._queue("schedule_next", (schedule,) if n is None else (schedule, n))
+
     def list(
         self,
         *,

@@ -31,7 +31,7 @@ from typing import Any
 import click
 
 from delaywheel import __version__
-from delaywheel.cli import backup, consume, importer, serve, tasks
+from delaywheel.cli import backup, consume, importer, schedules, serve, tasks
 from delaywheel.cli.env import DEFAULT_TIMEOUT_S, Env
 from delaywheel.cli.errors import EXIT_FAILED
 from delaywheel.cli.params import DURATION, ServerAddress
@@ -206,5 +206,6 @@ for _command in (
     consume.stats,
     importer.import_,
     backup.backup,
+    schedules.schedule,
 ):
     main.add_command(_command)

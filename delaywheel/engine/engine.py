@@ -28,6 +28,7 @@ from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
+from delaywheel.engine.schedules import schedule_next
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of
@@ -225,6 +226,11 @@ class Engine:
         self.events.kicked += 1
         self.table.serve_waiters(now_s)
         return True
+
+    def schedule_next(self, schedule: Any, n: Any, now_s: float) -> dict[str, Any]:
+        """A schedule's next ``n`` times from now, with its description
+        (``delaywheel.engine.schedules``)."""
+        return schedule_next(schedule, n, now_s, self.table.wheel.tick_s)
 
     def _revive(self, task: Task, now_s: float) -> None:
         """A dead task back to life with its attempts counted afresh."""

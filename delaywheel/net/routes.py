@@ -63,6 +63,7 @@ def routes_for(server: Server) -> dict[str, Method]:
         "touch": engine.touch,
         "kick": engine.kick,
         "kick_task": engine.kick_task,
+        "schedule_next": engine.schedule_next,
     }
     own: dict[str, Route | None] = {"ping": _ping, "auth": _auth, "stats": _stats, "reserve": None}
     routes = {}
