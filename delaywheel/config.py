@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,10 @@ DEFAULT_SHUTDOWN_GRACE_S = 10.0
 # Topics named in the per-topic task metrics; the rest are summed apart
 # (docs/metrics.md): each topic is a series per state in Prometheus.
 DEFAULT_METRICS_TOPICS = 20
+
+
+# --web-base-path: where a reverse proxy mounts the dashboard.
+_BASE_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
 class ConfigError(ValueError):
@@ -89,6 +94,15 @@ class Settings:
     # and no client certificates is refused unless this says it is meant
     # (docs/operations.md, "Security"); then every start logs a warning.
     insecure_no_auth: bool = False
+    # The web dashboard (docs/dashboard.md): off while the port is None. It
+    # signs in with --token (the admin) or this viewer token (read-only);
+    # with no token it serves loopback peers only, unless web_insecure.
+    web_port: int | None = None
+    web_host: str = DEFAULT_HOST
+    web_base_path: str = ""
+    web_viewer_token: str | None = None
+    web_hide_bodies: bool = False  # viewers see no task bodies
+    web_insecure: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -126,6 +140,7 @@ class Settings:
                 " that is meant (--tls-client-ca, requiring client certificates, also does)"
             )
         self._check_delivery()
+        self._check_web()
         self.tls_context()  # loaded now, so that a bad file stops the start with its name
 
     def _check_delivery(self) -> None:
@@ -152,6 +167,31 @@ class Settings:
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_web(self) -> None:
+        if self.web_port is not None and not 0 <= self.web_port <= 65535:
+            raise ConfigError(f"web port must be 0 to 65535, got {self.web_port}")
+        if self.web_base_path and not _BASE_PATH.fullmatch(self.web_base_path):
+            raise ConfigError(
+                "web base path must be empty or like /delaywheel (segments of letters, digits,"
+                f" . _ ~ -, no trailing /), got {self.web_base_path!r}"
+            )
+        if self.web_viewer_token is not None:
+            if self.token is None:
+                raise ConfigError("web viewer token needs --token too (the admin's)")
+            if self.web_viewer_token in ("", self.token):
+                raise ConfigError("web viewer token must be set and differ from --token")
+        if (
+            self.web_port is not None
+            and self.token is None
+            and not self.web_insecure
+            and not _is_loopback(self.web_host)
+        ):
+            raise ConfigError(
+                f"--web-host {self.web_host!r} serves the dashboard beyond this machine with no"
+                " token: anyone who can reach it could delete every task. Set --token (the"
+                " dashboard's sign-in), or pass --web-insecure if that is meant"
+            )
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""
