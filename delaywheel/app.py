@@ -37,6 +37,7 @@ from delaywheel.store.redis import RedisStore
 
 if TYPE_CHECKING:
     from delaywheel.metrics import MetricsEndpoint
+    from delaywheel.web.site import Dashboard
 
 log = logging.getLogger("delaywheel")
 
@@ -111,6 +112,12 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         else:
             await recover(engine, store)
         metrics = await _start_metrics(server, settings)
+        try:
+            dashboard = await _start_dashboard(server, settings)
+        except BaseException:
+            if metrics is not None:
+                await metrics.stop()
+            raise
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
         stop = _stop_on_signal()
@@ -120,6 +127,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             _remove_signal_handlers()
             if metrics is not None:
                 await metrics.stop()
+            if dashboard is not None:
+                await dashboard.stop()
             raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
         # Tests and scripts read this line to learn the port when given port 0
         # (tests/serverproc.py); what follows the port is free text.
@@ -131,6 +140,8 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         finally:
             _remove_signal_handlers()
             log.info("shutting down")
+            if dashboard is not None:  # first: its streams and bulk jobs end
+                await dashboard.stop()
             await server.stop()
             if coordinator is not None:  # after the deliveries' grace: then hand back
                 await coordinator.stop()
@@ -220,6 +231,35 @@ async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint 
         extra={"url": f"http://{shown}:{port}/metrics"},
     )
     return endpoint
+
+
+async def _start_dashboard(server: Server, settings: Settings) -> Dashboard | None:
+    """The web dashboard, when ``--web-port`` is given (docs/dashboard.md)."""
+    if settings.web_port is None:
+        return None
+    # Imported only now, like metrics: Jinja2 and the site are not a cost of
+    # a server without a dashboard.
+    from delaywheel.web.site import Dashboard
+
+    dashboard = Dashboard(server)
+    try:
+        host, port = await dashboard.start(settings.web_host, settings.web_port)
+    except OSError as exc:
+        raise listen_error(
+            "the dashboard", settings.web_host, settings.web_port, "--web-port", exc
+        ) from None
+    if settings.token is None and settings.web_insecure:
+        log.warning(
+            "--web-insecure: the dashboard on %r has no sign-in: anyone who can reach it can"
+            " read, kick and delete every task",
+            settings.web_host,
+        )
+    shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if settings.tls_cert is not None else "http"
+    url = f"{scheme}://{shown}:{port}{settings.web_base_path}/"
+    # Like the listening line, tests read the port from it when given 0.
+    log.info("dashboard on %s", url, extra={"url": url})
+    return dashboard
 
 
 def _tls_note(settings: Settings) -> str:

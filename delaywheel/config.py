@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,10 @@ DEFAULT_LEASE_S = 10.0
 MIN_LEASE_S = 0.5
 MAX_LEASE_S = 600.0
 REDIS_SCHEMES = ("redis://", "rediss://", "redis+sentinel://")
+
+
+# --web-base-path: where a reverse proxy mounts the dashboard.
+_BASE_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
 class ConfigError(ValueError):
@@ -105,6 +110,15 @@ class Settings:
     partitions: int | None = None
     lease_s: float | None = None
     replicas: int | None = None
+    # The web dashboard (docs/dashboard.md): off while the port is None. It
+    # signs in with --token (the admin) or this viewer token (read-only);
+    # with no token it serves loopback peers only, unless web_insecure.
+    web_port: int | None = None
+    web_host: str = DEFAULT_HOST
+    web_base_path: str = ""
+    web_viewer_token: str | None = None
+    web_hide_bodies: bool = False  # viewers see no task bodies
+    web_insecure: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -143,6 +157,7 @@ class Settings:
             )
         self._check_delivery()
         self._check_cluster()
+        self._check_web()
         self.tls_context()  # loaded now, so that a bad file stops the start with its name
 
     def _check_delivery(self) -> None:
@@ -204,6 +219,30 @@ class Settings:
             raise ConfigError(f"lease must be {MIN_LEASE_S} to {MAX_LEASE_S} s, got {self.lease_s}")
         if self.replicas is not None and self.replicas < 0:
             raise ConfigError(f"replicas must be at least 0, got {self.replicas}")
+    def _check_web(self) -> None:
+        if self.web_port is not None and not 0 <= self.web_port <= 65535:
+            raise ConfigError(f"web port must be 0 to 65535, got {self.web_port}")
+        if self.web_base_path and not _BASE_PATH.fullmatch(self.web_base_path):
+            raise ConfigError(
+                "web base path must be empty or like /delaywheel (segments of letters, digits,"
+                f" . _ ~ -, no trailing /), got {self.web_base_path!r}"
+            )
+        if self.web_viewer_token is not None:
+            if self.token is None:
+                raise ConfigError("web viewer token needs --token too (the admin's)")
+            if self.web_viewer_token in ("", self.token):
+                raise ConfigError("web viewer token must be set and differ from --token")
+        if (
+            self.web_port is not None
+            and self.token is None
+            and not self.web_insecure
+            and not _is_loopback(self.web_host)
+        ):
+            raise ConfigError(
+                f"--web-host {self.web_host!r} serves the dashboard beyond this machine with no"
+                " token: anyone who can reach it could delete every task. Set --token (the"
+                " dashboard's sign-in), or pass --web-insecure if that is meant"
+            )
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""

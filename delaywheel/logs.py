@@ -35,7 +35,7 @@ FORMATS = ("text", "json")
 CHATTY_DRIVERS = ("aiormq", "aio_pika")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Settings shown as *** when set: the whole value is a secret.
-SECRET_SETTINGS = frozenset({"token", "signing_secret"})
+SECRET_SETTINGS = frozenset({"token", "signing_secret", "web_viewer_token"})
 
 # Every attribute a plain LogRecord has (``taskName`` since 3.12 among them);
 # whatever else a record holds came from ``extra=``.

@@ -43,9 +43,11 @@ LAYERS: dict[str, int] = {
     "delaywheel.net": 7,
     "delaywheel.logs": 8,
     "delaywheel.metrics": 8,
-    "delaywheel.app": 9,
-    "delaywheel.cli": 10,
-    "delaywheel.__main__": 11,
+    # The dashboard: reads the running server, its settings shown as the logs show them.
+    "delaywheel.web": 9,
+    "delaywheel.app": 10,
+    "delaywheel.cli": 11,
+    "delaywheel.__main__": 12,
 }
 
 

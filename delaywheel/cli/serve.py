@@ -201,6 +201,7 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Topics named in the per-topic task metrics, the largest first; the rest are summed.",
 )
 @_serve_option(
+<<<<<<< HEAD
     "--node",
     default=None,
     help="This node's name in a shared Redis keyspace (default: host name and port).",
@@ -229,6 +230,32 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     default=None,
     type=int,
     help="Acknowledge a change only once this many Redis replicas have it (default 0).",
+=======
+    "--web-port",
+    default=None,
+    type=int,
+    help="Serve the web dashboard at http://HOST:PORT/ (off when unset; 0 picks a port).",
+)
+@_serve_option(
+    "--web-host", default=DEFAULT_HOST, show_default=True, help="Address the dashboard listens on."
+)
+@_serve_option(
+    "--web-base-path",
+    default="",
+    help="Path a reverse proxy mounts the dashboard under, like /delaywheel.",
+)
+@_serve_option(
+    "--web-viewer-token",
+    default=None,
+    help="A second token that signs in to the dashboard read-only (needs --token).",
+)
+@_serve_option("--web-hide-bodies", is_flag=True, default=False, help="Viewers see no task bodies.")
+@_serve_option(
+    "--web-insecure",
+    is_flag=True,
+    default=False,
+    help="Serve the dashboard beyond loopback with no --token (refused otherwise); logs a warning.",
+>>>>>>> main
 )
 @_serve_option(
     "--log-level",

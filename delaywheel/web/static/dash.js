@@ -1,0 +1,81 @@
+// delaywheel dashboard: live numbers and charts over /events (Server-Sent Events).
+// Pages work without this file; it only keeps them current. No inline code
+// anywhere: the CSP allows scripts from this origin's files alone.
+"use strict";
+(function () {
+  const base = document.body.dataset.base || "";
+  const banner = document.getElementById("banner");
+  const charts = Array.from(document.querySelectorAll("svg.chart[data-series]"));
+  const series = {};
+  const MAX_POINTS = 300;
+  let source = null;
+
+  function pick(snapshot, path) {
+    return path.split(".").reduce((v, key) => (v == null ? v : v[key]), snapshot);
+  }
+
+  function shown(value, unit) {
+    if (value == null) return "—";
+    if (typeof value === "boolean") return value ? "up" : "DOWN";
+    if (unit === "s" && typeof value === "number") return value < 120 ? value.toFixed(3) + " s" : (value / 60).toFixed(1) + " min";
+    return String(value);
+  }
+
+  function seriesValue(snapshot, name) {
+    if (name === "p99") return pick(snapshot, "lateness.p99");
+    if (snapshot.states && name in snapshot.states) return snapshot.states[name];
+    return snapshot.rates ? snapshot.rates[name] : null;
+  }
+
+  function draw(svg, values) {
+    const line = svg.querySelector("polyline");
+    const finite = values.filter((v) => typeof v === "number");
+    const top = Math.max(1, ...finite);
+    const step = 600 / Math.max(values.length - 1, 1);
+    const points = [];
+    values.forEach((v, i) => {
+      if (typeof v === "number") points.push((i * step).toFixed(1) + "," + (80 - (v / top) * 80).toFixed(1));
+    });
+    line.setAttribute("points", points.join(" "));
+  }
+
+  function update(snapshot) {
+    document.querySelectorAll("[data-live]").forEach((el) => {
+      el.textContent = shown(pick(snapshot, el.dataset.live), el.dataset.unit);
+    });
+    charts.forEach((svg) => {
+      const name = svg.dataset.series;
+      const values = series[name] || (series[name] = []);
+      values.push(seriesValue(snapshot, name));
+      if (values.length > MAX_POINTS) values.shift();
+      draw(svg, values);
+    });
+  }
+
+  function connect() {
+    if (source !== null || document.hidden) return;
+    source = new EventSource(base + "/events");
+    source.addEventListener("open", () => { banner.hidden = true; });
+    source.addEventListener("snapshot", (event) => {
+      banner.hidden = true;
+      update(JSON.parse(event.data));
+    });
+    source.addEventListener("error", () => {
+      banner.hidden = false;
+      // EventSource retries by itself (retry: 3000) unless the server refused
+      // the stream; then start a fresh one.
+      if (source.readyState === EventSource.CLOSED) {
+        source = null;
+        setTimeout(connect, 3000);
+      }
+    });
+  }
+
+  function disconnect() {
+    if (source !== null) { source.close(); source = null; }
+  }
+
+  // A hidden tab holds no stream (nothing to show, and a slot of 32 saved).
+  document.addEventListener("visibilitychange", () => (document.hidden ? disconnect() : connect()));
+  if (document.querySelector("[data-live]")) connect();
+})();
