@@ -201,7 +201,6 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     help="Topics named in the per-topic task metrics, the largest first; the rest are summed.",
 )
 @_serve_option(
-<<<<<<< HEAD
     "--node",
     default=None,
     help="This node's name in a shared Redis keyspace (default: host name and port).",
@@ -230,7 +229,8 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     default=None,
     type=int,
     help="Acknowledge a change only once this many Redis replicas have it (default 0).",
-=======
+)
+@_serve_option(
     "--web-port",
     default=None,
     type=int,
@@ -255,7 +255,6 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     is_flag=True,
     default=False,
     help="Serve the dashboard beyond loopback with no --token (refused otherwise); logs a warning.",
->>>>>>> main
 )
 @_serve_option(
     "--log-level",
