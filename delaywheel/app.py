@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import socket
 import time
@@ -166,12 +165,11 @@ def shared_store(settings: Settings) -> Store:
 
 
 def _node_name(settings: Settings) -> str:
-    # The default name must be this process's alone: with --port 0 the port
-    # is not known yet, so the pid stands in for it.
-    host = socket.gethostname()
-    if settings.node:
-        return settings.node
-    return f"{host}:{settings.port}" if settings.port else f"{host}:pid{os.getpid()}"
+    # Host name and the configured port: the same again after a restart, so a
+    # node killed and started again takes its partitions back at once (its
+    # leases name it). With --port 0 that is "host:0" for every such server
+    # on the host: two of them on one keyspace need --node (docs/ha.md).
+    return settings.node or f"{socket.gethostname()}:{settings.port}"
 
 
 def _sharing(settings: Settings, store: Store) -> Sharing | None:

@@ -219,6 +219,7 @@ class Settings:
             raise ConfigError(f"lease must be {MIN_LEASE_S} to {MAX_LEASE_S} s, got {self.lease_s}")
         if self.replicas is not None and self.replicas < 0:
             raise ConfigError(f"replicas must be at least 0, got {self.replicas}")
+
     def _check_web(self) -> None:
         if self.web_port is not None and not 0 <= self.web_port <= 65535:
             raise ConfigError(f"web port must be 0 to 65535, got {self.web_port}")

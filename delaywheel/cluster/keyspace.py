@@ -31,6 +31,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
+from redis.asyncio import RedisCluster
+
 from delaywheel.cluster.migrate import migrate
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
 from delaywheel.store.base import (
@@ -87,6 +89,8 @@ class SharedKeyspace(Store):
     async def open(self) -> None:
         self._start_open()
         await self.redis.open()
+        if isinstance(self.client, RedisCluster):
+            self.layout = Layout(self.redis.prefix, self.partitions, single_slot=True)
         try:
             await record_partitions(self.client, self.layout)
             migrated = await migrate(self.client, self.layout, node=self.node_name)

@@ -86,7 +86,7 @@ class PartitionKeys:
 class Layout:
     """The key names of a keyspace of ``partitions`` under ``prefix``."""
 
-    def __init__(self, prefix: str, partitions: int) -> None:
+    def __init__(self, prefix: str, partitions: int, *, single_slot: bool = False) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise PartitionsError(f"redis prefix {prefix!r}: must be non-empty, without braces")
         self.prefix = prefix
@@ -95,12 +95,18 @@ class Layout:
         self.members = f"{{{prefix}}}:members"
         self.nodes = f"{{{prefix}}}:nodes"
         self.single_node_tasks = f"{{{prefix}}}:tasks"
+        # Every partition under the keyspace's own tag, in one slot: what a
+        # Redis Cluster store uses until the journal writes to several
+        # primaries (docs/ha.md, "Not done yet"). Still one slot per script.
+        self.single_slot = single_slot
 
     def partition(self, partition: int) -> PartitionKeys:
         if not 0 <= partition < self.partitions:
             raise PartitionsError(
                 f"partition {partition!r}: this keyspace has partitions 0..{self.partitions - 1}"
             )
+        if self.single_slot:
+            return PartitionKeys(partition, f"{{{self.prefix}}}:p{partition:03d}")
         return PartitionKeys(partition, f"{{{self.prefix}:p{partition:03d}}}")
 
     def of(self, task_id: str) -> PartitionKeys:
