@@ -218,3 +218,33 @@ def test_fenced_flushes_are_legal_on_redis_cluster(redis_cluster: RedisCluster) 
         for p in range(16):
             assert admin.hget(f"{{delaywheel:p{p:03d}}}:tasks", f"t{p}") == b"r"
         assert not admin.hexists("{delaywheel:p003}:tasks", "stale")
+
+
+def test_replicas_warning_counts_the_connected_replicas(redis_url: str, tmp_path: Path) -> None:
+    from delaywheel.store.redis_client import connect, replicas_warning
+
+    async def warnings(url: str, replicas: int) -> str | None:
+        client = await connect(url, connect_timeout_s=2, timeout_s=5)
+        try:
+            return await replicas_warning(client, "{delaywheel}:tasks", replicas)
+        finally:
+            await client.aclose()
+
+    assert run(lambda: warnings(redis_url, 0)) is None
+    warned = run(lambda: warnings(redis_url, 1))
+    assert warned is not None and "--replicas 1 but the Redis primary has 0 replica(s)" in warned
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
+    primary.start()
+    replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        replica.start()
+        wait_for_link(replica)
+        assert run(lambda: warnings(primary.url, 1)) is None
+        assert "--replicas 2 but the Redis primary has 1 replica(s)" in str(
+            run(lambda: warnings(primary.url, 2))
+        )
+    finally:  # SIGKILL: a primary stopped with SIGTERM waits 10 s for its replicas
+        replica.kill()
+        primary.kill()
