@@ -8,6 +8,7 @@ which server holds a task shows where the client routed it.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 import time
@@ -17,6 +18,9 @@ from typing import Any
 
 import pytest
 from delaywheel_client import (
+    AsyncClient,
+    AsyncClusterClient,
+    AsyncClusterPipeline,
     Client,
     ClusterClient,
     ClusterPipeline,
@@ -228,3 +232,53 @@ def test_an_unreachable_seed_is_skipped(server: ServerProcess) -> None:
     dead = ClusterClient("127.0.0.1:1", retries=0, connect_timeout_s=1)
     with dead, pytest.raises(ConnectionFailed, match="no node answered cluster"):
         dead.ping()
+
+
+# -- AsyncClusterClient ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SURFACE)
+def test_async_cluster_client_has_each_async_client_method(name: str) -> None:
+    ours, theirs = getattr(AsyncClusterClient, name), getattr(AsyncClient, name)
+    assert inspect.iscoroutinefunction(ours), name
+    assert _parameters(ours) == _parameters(theirs), name
+    assert inspect.signature(ours).return_annotation == inspect.signature(theirs).return_annotation
+    assert ours.__doc__ == theirs.__doc__, name
+    assert getattr(AsyncClusterPipeline, name) is getattr(QueuedCalls, name)
+
+
+def test_async_cluster_client_has_the_cluster_clients_other_methods() -> None:
+    assert _public(AsyncClusterClient) == _public(ClusterClient) | {"connect"}
+    assert _public(AsyncClusterPipeline) == set(SURFACE) | {"execute"}
+
+
+def test_async_cluster_client_routes_reserves_and_pipelines(
+    pair_server: list[ServerProcess], topic: str
+) -> None:
+    addresses = _addresses(pair_server)
+    directs = [Client(*proc.address) for proc in pair_server]
+
+    async def run() -> None:
+        async with AsyncClusterClient(addresses, reserve_slice_s=0.2) as dw:
+            assert (await dw.cluster())["partitions"] == 1  # these servers have no cluster
+            dw._map = PartitionMap(2, list(addresses), {"partitions": 2})
+            assert await dw.ping() == "pong"
+            ids = [(await dw.add(topic, n))["id"] for n in range(20)]
+            for task_id in ids:
+                assert directs[partition_of(task_id, 2)].get(task_id) is not None
+            many = await dw.add_many([{"topic": topic, "body": n} for n in range(20, 30)])
+            ids += [r["id"] for r in many]
+            assert len({t["id"] async for t in dw.iter_tasks(topic=topic, page_size=6)}) == 30
+            assert sorted((await dw.stats())["nodes"]) == sorted(addresses)
+            served = [await dw.reserve(topic, timeout=5) for _ in range(30)]
+            assert {task["id"] for task in served if task} == set(ids)
+            assert await dw.reserve(topic, timeout=0.3) is None
+            async with dw.pipeline() as pipe:
+                for task_id in ids:
+                    pipe.ack(task_id)
+            assert pipe.results == [True] * 30
+            assert await dw.get(ids[0]) is None
+
+    asyncio.run(run())
+    for d in directs:
+        d.close()

@@ -500,3 +500,32 @@ def test_the_client_wheel_alone_needs_msgpack_only(
         [str(client_venv), "-c", ping], "the client alone", env=_clean_env(), cwd=client_venv.parent
     )
     assert done.stdout.strip() == "pong"
+
+
+HA_COMPOSE_FILE = ROOT / "docker-compose-ha-sample.yml"
+
+
+def test_the_ha_compose_sample_is_valid_and_wires_sentinel() -> None:
+    """A primary, a replica, three Sentinels (quorum 2) and two nodes on them."""
+    _run(_compose(HA_COMPOSE_FILE, "config", "-q"), "config -q", env=_clean_env(**COMPOSE_ENV))
+    services = _resolved(HA_COMPOSE_FILE)["services"]
+    sentinels = [f"sentinel-{i}" for i in (1, 2, 3)]
+    assert sorted(services) == sorted(
+        ["redis-primary", "redis-replica", *sentinels, "node-1", "node-2"]
+    )
+    assert "--replicaof redis-primary 6379" in services["redis-replica"]["command"]
+    for name in ("redis-primary", "redis-replica"):
+        assert "--appendonly yes" in services[name]["command"]
+        assert "--maxmemory-policy noeviction" in services[name]["command"]
+    for name in sentinels:
+        script = " ".join(services[name]["command"])
+        assert "sentinel monitor dwmaster redis-primary 6379 2" in script
+        assert "--sentinel" in script
+    seeds = ",".join(f"{name}:26379" for name in sentinels)
+    for name in ("node-1", "node-2"):
+        environment = services[name]["environment"]
+        assert environment["DELAYWHEEL_STORE"] == f"redis+sentinel://{seeds}/dwmaster/0"
+        assert environment["DELAYWHEEL_TOKEN"] == COMPOSE_ENV["DELAYWHEEL_TOKEN"]
+        assert set(services[name]["depends_on"]) == set(sentinels)
+    ports = [services[name]["ports"] for name in ("node-1", "node-2")]
+    assert ports == [["127.0.0.1:3451:3450/tcp"], ["127.0.0.1:3452:3450/tcp"]]

@@ -33,6 +33,7 @@ somewhere other than its topic's ready queue::
 
 from delaywheel_client import targets
 from delaywheel_client.aio import AsyncClient, AsyncPipeline
+from delaywheel_client.aio_cluster import AsyncClusterClient, AsyncClusterPipeline
 from delaywheel_client.client import Client, Pipeline
 from delaywheel_client.cluster import ClusterClient, ClusterPipeline
 from delaywheel_client.errors import (
@@ -56,6 +57,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncClusterClient",
+    "AsyncClusterPipeline",
     "AsyncPipeline",
     "BadRequest",
     "Client",

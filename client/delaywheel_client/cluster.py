@@ -22,37 +22,37 @@ node, and sends each call about a task to the node that owns the task's partitio
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from delaywheel_client._tls import PathLike
 from delaywheel_client.calls import Task, TaskList, Topics, list_query, task_fields, topic_list
 from delaywheel_client.client import Client
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
 from delaywheel_client.pipeline import QueuedCalls
 from delaywheel_client.routing import (
-    FAILOVER_TIMEOUT_S,
     MAX_MOVED_FOLLOWS,
-    RESERVE_SLICE_S,
+    ClusterBase,
     PartitionMap,
     added_result,
     error_data,
+    group_by_owner,
+    list_page,
+    list_start,
     may_resend,
-    parse_seeds,
+    needs_resend,
     retry_after_s,
     route,
     same_task,
-    split_address,
+    stats_by_node,
     with_id,
 )
 
 _T = TypeVar("_T")
 
 
-class ClusterClient:
+class ClusterClient(ClusterBase[Client]):
     """A blocking client for several delaywheel nodes on one keyspace, safe to share
     between threads.
 
@@ -63,92 +63,32 @@ class ClusterClient:
         task = dw.reserve("emails", timeout=5)                # from whichever node has one
 
     ``seeds`` are ``"host:port"`` strings (a list, or one comma-separated string); any one
-    that answers gives the map. The other keywords are ``Client``'s, used for every node.
+    that answers gives the map. The other keywords are ``Client``'s, used for every node,
+    and ``failover_timeout_s`` and ``reserve_slice_s`` (see the module docstring).
     """
 
-    def __init__(
-        self,
-        seeds: str | Sequence[str],
-        token: str | None = None,
-        *,
-        timeout_s: float = 10.0,
-        connect_timeout_s: float = 5.0,
-        retries: int = 3,
-        tls: Any = False,
-        tls_ca: PathLike | None = None,
-        tls_cert: PathLike | None = None,
-        tls_key: PathLike | None = None,
-        server_hostname: str | None = None,
-        failover_timeout_s: float = FAILOVER_TIMEOUT_S,
-        reserve_slice_s: float = RESERVE_SLICE_S,
-    ) -> None:
-        self.seeds = parse_seeds(seeds)
-        self.token = token
-        self.timeout_s = timeout_s
-        self.failover_timeout_s = failover_timeout_s
-        self.reserve_slice_s = reserve_slice_s
-        self._node_kw: dict[str, Any] = {
-            "token": token,
-            "timeout_s": timeout_s,
-            "connect_timeout_s": connect_timeout_s,
-            "retries": retries,
-            "tls": tls,
-            "tls_ca": tls_ca,
-            "tls_cert": tls_cert,
-            "tls_key": tls_key,
-            "server_hostname": server_hostname,
-        }
-        self._nodes: dict[str, Client] = {}
-        self._lock = threading.Lock()
-        self._map: PartitionMap | None = None
-        self._turn = 0  # where the next reserve starts in the node rotation
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"<ClusterClient {','.join(self.seeds)}>"
-
-    # -- nodes and the map -----------------------------------------------------
-
-    def node(self, address: str) -> Client:
-        """The ``Client`` of one node (made on first use)."""
-        with self._lock:
-            client = self._nodes.get(address)
-            if client is None:
-                if self._closed:
-                    raise ConnectionFailed(f"{address}: the client is closed")
-                host, port = split_address(address)
-                client = self._nodes[address] = Client(host, port, **self._node_kw)
-            return client
+    _node_class = Client
 
     def refresh(self) -> PartitionMap:
         """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
-        known = self._map.nodes() if self._map is not None else []
         failures: list[str] = []
-        for address in dict.fromkeys([*known, *self.seeds]):
+        for address in self._refresh_order():
             try:
                 result = self.node(address).call("cluster")
             except ConnectionFailed as exc:
                 failures.append(str(exc))
                 continue
             except DelaywheelError as exc:
-                if exc.code != "no_method":
-                    raise
-                self._map = PartitionMap.single(address)  # a server without partitions
-            else:
-                self._map = PartitionMap.from_cluster(result, address)
-            return self._map
+                return self._take_map(address, exc)
+            return self._take_map(address, result)
         raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
 
     def partition_map(self) -> PartitionMap:
+        """The map as last fetched (fetched now if it never was)."""
         return self._map if self._map is not None else self.refresh()
 
     def _nodes_in_turn(self) -> list[str]:
-        """Every node, starting one further on at each call: no node is always last."""
-        nodes = self.partition_map().nodes() or self.seeds[:1]
-        with self._lock:
-            start = self._turn % len(nodes)
-            self._turn += 1
-        return nodes[start:] + nodes[:start]
+        return self._rotate(self.partition_map())
 
     def _any_node(self) -> str:
         return self._nodes_in_turn()[0]
@@ -200,7 +140,7 @@ class ClusterClient:
 
     def _each_node(self, fn: Callable[[Client], _T]) -> dict[str, _T | DelaywheelError]:
         results: dict[str, _T | DelaywheelError] = {}
-        for address in self.partition_map().nodes() or self.seeds[:1]:
+        for address in self._all_nodes(self.partition_map()):
             try:
                 results[address] = fn(self.node(address))
             except DelaywheelError as exc:
@@ -209,10 +149,7 @@ class ClusterClient:
 
     def close(self) -> None:
         """Close every node's connections."""
-        with self._lock:
-            self._closed = True
-            nodes = list(self._nodes.values())
-        for client in nodes:
+        for client in self._close_nodes():
             client.close()
 
     def __enter__(self) -> ClusterClient:
@@ -263,11 +200,8 @@ class ClusterClient:
     def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        by_owner: dict[str, list[int]] = {}
-        pmap = self.partition_map()
-        for index, task in enumerate(given):
-            owner = pmap.owner_of(task["id"]) or self._any_node()
-            by_owner.setdefault(owner, []).append(index)
+        as_adds = [("add", (task,)) for task in given]
+        by_owner = group_by_owner(as_adds, self.partition_map(), self._any_node)
         results: list[Any] = [None] * len(given)
         for indexes in by_owner.values():
             batch = [given[i] for i in indexes]
@@ -340,7 +274,7 @@ class ClusterClient:
     def kick(self, topic: str, count: int) -> int:
         """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
         kicked = 0
-        for address in self.partition_map().nodes() or self.seeds[:1]:
+        for address in self._all_nodes(self.partition_map()):
             if kicked >= count:
                 break
             kicked += int(self.node(address).kick(topic, count - kicked))
@@ -363,15 +297,7 @@ class ClusterClient:
 
     def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
-        nodes: dict[str, Any] = {}
-        tasks = 0
-        for address, result in self._each_node(lambda client: client.stats()).items():
-            if isinstance(result, DelaywheelError):
-                nodes[address] = {"error": str(result)}
-            else:
-                nodes[address] = result
-                tasks += int(result.get("tasks") or 0)
-        return {"nodes": nodes, "tasks": tasks}
+        return stats_by_node(self._each_node(lambda client: client.stats()))
 
     def cluster(self) -> dict[str, Any]:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
@@ -412,21 +338,10 @@ class ClusterClient:
         cursor: Any = None,
     ) -> dict[str, Any]:
         """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
-        nodes = self.partition_map().nodes() or self.seeds[:1]
-        # The cluster cursor is [node address, that node's cursor]; nodes in sorted order.
-        if cursor is None:
-            address, inner = nodes[0], None
-        elif isinstance(cursor, Sequence) and len(cursor) == 2 and cursor[0] in nodes:
-            address, inner = cursor[0], cursor[1]
-        else:
-            raise ValueError(f"not a cursor of this cluster's list: {cursor!r}")
-        query = list_query(topic, state, limit, inner)
-        page: dict[str, Any] = self.node(address).call("list", query)
-        if page["next"] is not None:
-            return {"tasks": page["tasks"], "next": [address, page["next"]]}
-        after = nodes.index(address) + 1
-        following = [nodes[after], None] if after < len(nodes) else None
-        return {"tasks": page["tasks"], "next": following}
+        nodes = self._all_nodes(self.partition_map())
+        address, inner = list_start(nodes, cursor)
+        page = self.node(address).call("list", list_query(topic, state, limit, inner))
+        return list_page(nodes, address, page)
 
 
 class ClusterPipeline(QueuedCalls):
@@ -446,12 +361,7 @@ class ClusterPipeline(QueuedCalls):
         calls, timeout_s = self._take()
         calls = [(method, with_id(method, params)) for method, params in calls]
         client = self._client
-        pmap = client.partition_map()
-        groups: dict[str, list[int]] = {}
-        for index, (method, params) in enumerate(calls):
-            task_id = route(method, params)
-            owner = pmap.owner_of(task_id) if task_id is not None else None
-            groups.setdefault(owner or client._any_node(), []).append(index)
+        groups = group_by_owner(calls, client.partition_map(), client._any_node)
         outcomes: list[Any] = [None] * len(calls)
         for address, indexes in groups.items():
             batch = [calls[i] for i in indexes]
@@ -471,10 +381,7 @@ class ClusterPipeline(QueuedCalls):
         results: list[Any] = []
         first_error: DelaywheelError | None = None
         for (method, params), reply in zip(calls, outcomes, strict=True):
-            redo = reply is None
-            if reply is not None and reply.error is not None:
-                code = reply.error[0] if isinstance(reply.error, list) and reply.error else None
-                redo = code in ("moved", "tryagain")
+            redo = needs_resend(reply)
             try:
                 if redo:
                     result = self._client.call(method, *params)

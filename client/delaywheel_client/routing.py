@@ -10,13 +10,16 @@ map is one partition owned by that server.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
 
-from delaywheel_client.connection import parse_url
+from delaywheel_client._tls import PathLike
+from delaywheel_client.connection import ClientBase, parse_url
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
+from delaywheel_client.protocol import Response
 
 # ``moved`` is followed this many times per call (each time with a fresh map) before the
 # call raises it: more means the nodes disagree about ownership for longer than a refresh.
@@ -188,3 +191,152 @@ def with_id(method: str, params: Sequence[Any]) -> tuple[Any, ...]:
         ]
         return (tasks, *params[1:])
     return tuple(params)
+
+
+def group_by_owner(
+    calls: Sequence[tuple[str, Sequence[Any]]], pmap: PartitionMap, any_node: Callable[[], str]
+) -> dict[str, list[int]]:
+    """A pipeline's calls (their indexes) by the node each goes to: its task's owner, or
+    ``any_node()`` for a call about no task or a partition without an owner."""
+    groups: dict[str, list[int]] = {}
+    for index, (method, params) in enumerate(calls):
+        task_id = route(method, params)
+        owner = pmap.owner_of(task_id) if task_id is not None else None
+        groups.setdefault(owner or any_node(), []).append(index)
+    return groups
+
+
+def needs_resend(reply: Response | None) -> bool:
+    """Whether a pipelined call goes again on its own: it was never sent (None), or its
+    partition was elsewhere (``moved``) or had no owner (``tryagain``)."""
+    if reply is None:
+        return True
+    error = reply.error
+    return isinstance(error, list) and bool(error) and error[0] in ("moved", "tryagain")
+
+
+def list_start(nodes: Sequence[str], cursor: Any) -> tuple[str, Any]:
+    """Where a cluster ``list`` page starts: (node, that node's cursor). The cluster's
+    cursor is ``[address, the node's cursor]``, the nodes visited in sorted order."""
+    if cursor is None:
+        return nodes[0], None
+    if isinstance(cursor, Sequence) and len(cursor) == 2 and cursor[0] in nodes:
+        return cursor[0], cursor[1]
+    raise ValueError(f"not a cursor of this cluster's list: {cursor!r}")
+
+
+def list_page(nodes: Sequence[str], address: str, page: Mapping[str, Any]) -> dict[str, Any]:
+    """The cluster's page from one node's: ``next`` goes on at that node, then the next."""
+    if page["next"] is not None:
+        return {"tasks": page["tasks"], "next": [address, page["next"]]}
+    after = nodes.index(address) + 1
+    following = [nodes[after], None] if after < len(nodes) else None
+    return {"tasks": page["tasks"], "next": following}
+
+
+def stats_by_node(results: Mapping[str, Any]) -> dict[str, Any]:
+    """``stats`` of a cluster: each node's (``{"error": ...}`` for one that failed) and the
+    sum of their ``tasks``."""
+    nodes: dict[str, Any] = {}
+    tasks = 0
+    for address, result in results.items():
+        if isinstance(result, DelaywheelError):
+            nodes[address] = {"error": str(result)}
+        else:
+            nodes[address] = result
+            tasks += int(result.get("tasks") or 0)
+    return {"nodes": nodes, "tasks": tasks}
+
+
+_N = TypeVar("_N", bound=ClientBase)
+
+
+class ClusterBase(Generic[_N]):
+    """What ``ClusterClient`` and ``AsyncClusterClient`` share: the settings, one client
+    per node (``_node_class``), the map as last fetched, and the rotation of nodes."""
+
+    _node_class: ClassVar[type[Any]]
+
+    def __init__(
+        self,
+        seeds: str | Sequence[str],
+        token: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+        retries: int = 3,
+        tls: Any = False,
+        tls_ca: PathLike | None = None,
+        tls_cert: PathLike | None = None,
+        tls_key: PathLike | None = None,
+        server_hostname: str | None = None,
+        failover_timeout_s: float = FAILOVER_TIMEOUT_S,
+        reserve_slice_s: float = RESERVE_SLICE_S,
+    ) -> None:
+        self.seeds = parse_seeds(seeds)
+        self.token = token
+        self.timeout_s = timeout_s
+        self.failover_timeout_s = failover_timeout_s
+        self.reserve_slice_s = reserve_slice_s
+        self._node_kw: dict[str, Any] = {
+            "token": token,
+            "timeout_s": timeout_s,
+            "connect_timeout_s": connect_timeout_s,
+            "retries": retries,
+            "tls": tls,
+            "tls_ca": tls_ca,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+            "server_hostname": server_hostname,
+        }
+        self._nodes: dict[str, _N] = {}
+        self._lock = threading.Lock()
+        self._map: PartitionMap | None = None
+        self._turn = 0  # where the next reserve starts in the node rotation
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {','.join(self.seeds)}>"
+
+    def node(self, address: str) -> _N:
+        """The client of one node, by its ``"host:port"`` (made on first use)."""
+        with self._lock:
+            client = self._nodes.get(address)
+            if client is None:
+                if self._closed:
+                    raise ConnectionFailed(f"{address}: the client is closed")
+                host, port = split_address(address)
+                client = self._nodes[address] = self._node_class(host, port, **self._node_kw)
+            return client
+
+    def _refresh_order(self) -> list[str]:
+        """Where to ask for the map: the nodes of the last map, then the seeds."""
+        known = self._map.nodes() if self._map is not None else []
+        return list(dict.fromkeys([*known, *self.seeds]))
+
+    def _take_map(self, address: str, answer: Any) -> PartitionMap:
+        """The map from ``address``'s answer to ``cluster`` (an error raises, but
+        ``no_method``: a server without partitions owns everything)."""
+        if isinstance(answer, DelaywheelError):
+            if answer.code != "no_method":
+                raise answer
+            self._map = PartitionMap.single(address)
+        else:
+            self._map = PartitionMap.from_cluster(answer, address)
+        return self._map
+
+    def _all_nodes(self, pmap: PartitionMap) -> list[str]:
+        return pmap.nodes() or self.seeds[:1]
+
+    def _rotate(self, pmap: PartitionMap) -> list[str]:
+        """Every node, starting one further on at each call: no node is always last."""
+        nodes = self._all_nodes(pmap)
+        with self._lock:
+            start = self._turn % len(nodes)
+            self._turn += 1
+        return nodes[start:] + nodes[:start]
+
+    def _close_nodes(self) -> list[_N]:
+        with self._lock:
+            self._closed = True
+            return list(self._nodes.values())

@@ -23,6 +23,8 @@ The DST rule is Debian cron's (docs/schedules.md):
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -60,6 +62,9 @@ class Cron:
     def next_after(self, after_s: float) -> int | None:
         """The first occurrence strictly after ``after_s`` (Unix seconds), or None
         if there is none in the next 50 years."""
+        return _next_after(self, math.floor(after_s))
+
+    def _compute_next(self, after_s: int) -> int | None:
         after = datetime.fromtimestamp(after_s, UTC)
         if self.zone is None:
             found = _first_naive(self.expr, after.replace(tzinfo=None))
@@ -110,8 +115,17 @@ class Cron:
         return text
 
 
+@functools.lru_cache(maxsize=65536)
+def _next_after(cron: Cron, after_s: int) -> int | None:
+    # Many schedules share an expression and come due together (every minute,
+    # at midnight): one walk answers them all. A pure function of its inputs.
+    return cron._compute_next(after_s)
+
+
+@functools.lru_cache(maxsize=4096)
 def parse(expr: str, zone: ZoneInfo | None) -> Cron:
-    """Check ``expr`` (5 fields, or 6 with seconds first); CronError names the bad field."""
+    """Check ``expr`` (5 fields, or 6 with seconds first); CronError names the bad field.
+    Cached: a Cron is immutable, and one expression serves many schedules."""
     parts = expr.split()
     if len(parts) not in (5, 6):
         raise CronError(f"needs 5 fields (or 6 with seconds first), got {len(parts)}", 1)

@@ -1,0 +1,390 @@
+"""The asyncio client for several nodes: ``AsyncClusterClient``, ``AsyncClient``'s methods.
+
+It routes, follows ``moved``, waits out ``tryagain`` and resends ``add`` exactly as
+``ClusterClient`` does (cluster.py, routing.py; docs/protocol.md, "Several nodes"), with
+one ``AsyncClient`` per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from delaywheel_client.aio import AsyncClient
+from delaywheel_client.calls import Task, TaskList, Topics, list_query, task_fields, topic_list
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
+from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.routing import (
+    MAX_MOVED_FOLLOWS,
+    ClusterBase,
+    PartitionMap,
+    added_result,
+    error_data,
+    group_by_owner,
+    list_page,
+    list_start,
+    may_resend,
+    needs_resend,
+    retry_after_s,
+    route,
+    same_task,
+    stats_by_node,
+    with_id,
+)
+
+_T = TypeVar("_T")
+
+
+class AsyncClusterClient(ClusterBase[AsyncClient]):
+    """An asyncio client for several delaywheel nodes; every ``ClusterClient`` method, as a
+    coroutine.
+
+    Example::
+
+        async with AsyncClusterClient(["10.0.0.1:3450", "10.0.0.2:3450"]) as dw:
+            await dw.add("emails", {"to": "a@example.com"}, delay=30)
+            task = await dw.reserve("emails", timeout=5)
+
+    ``seeds`` and the keywords are ``ClusterClient``'s. The map is fetched by the first
+    call (or by ``connect``).
+    """
+
+    _node_class = AsyncClient
+
+    @classmethod
+    async def connect(cls, seeds: str | Sequence[str], **kw: Any) -> AsyncClusterClient:
+        """A client with the map fetched (``kw`` as ``__init__``)."""
+        client = cls(seeds, **kw)
+        await client.refresh()
+        return client
+
+    async def refresh(self) -> PartitionMap:
+        """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
+        failures: list[str] = []
+        for address in self._refresh_order():
+            try:
+                result = await self.node(address).call("cluster")
+            except ConnectionFailed as exc:
+                failures.append(str(exc))
+                continue
+            except DelaywheelError as exc:
+                return self._take_map(address, exc)
+            return self._take_map(address, result)
+        raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
+
+    async def partition_map(self) -> PartitionMap:
+        """The map as last fetched (fetched now if it never was)."""
+        return self._map if self._map is not None else await self.refresh()
+
+    async def _nodes_in_turn(self) -> list[str]:
+        return self._rotate(await self.partition_map())
+
+    # -- routed calls ----------------------------------------------------------
+
+    async def _routed(self, method: str, params: Sequence[Any], task_id: str | None) -> Any:
+        """``method`` on the owner of ``task_id`` (any node when None); see ClusterClient."""
+        deadline = time.monotonic() + self.failover_timeout_s
+        moved = waits = 0
+        resent = False
+        while True:
+            pmap = await self.partition_map()
+            owner = pmap.owner_of(task_id) if task_id is not None else None
+            address = owner or self._rotate(pmap)[0]
+            try:
+                return await self.node(address).call(method, *params)
+            except ConnectionFailed as exc:
+                if not may_resend(method, exc) or time.monotonic() >= deadline:
+                    raise
+                error: DelaywheelError = exc
+                resent = resent or exc.maybe_applied
+            except Exists:
+                if not (method == "add" and resent and task_id is not None):
+                    raise
+                stored = await self.node(address).call("get", task_id)
+                if not same_task(params[0], stored):
+                    raise
+                return added_result(task_id, stored)
+            except DelaywheelError as exc:
+                if exc.code == "moved" and moved < MAX_MOVED_FOLLOWS:
+                    moved += 1
+                    pmap.follow(error_data(exc))
+                    await self._refresh_quietly()
+                    continue
+                if exc.code != "tryagain" or time.monotonic() >= deadline:
+                    raise
+                error = exc
+            wait_s = min(retry_after_s(error, waits), max(deadline - time.monotonic(), 0))
+            await asyncio.sleep(wait_s)
+            waits += 1
+            await self._refresh_quietly()
+
+    async def _refresh_quietly(self) -> None:
+        # Every node unreachable: the call's own retry says so.
+        with contextlib.suppress(ConnectionFailed):
+            await self.refresh()
+
+    async def _each_node(
+        self, fn: Callable[[AsyncClient], Awaitable[_T]]
+    ) -> dict[str, _T | DelaywheelError]:
+        nodes = self._all_nodes(await self.partition_map())
+        answers = await asyncio.gather(
+            *(fn(self.node(address)) for address in nodes), return_exceptions=True
+        )
+        results: dict[str, _T | DelaywheelError] = {}
+        for address, answer in zip(nodes, answers, strict=True):
+            if isinstance(answer, BaseException) and not isinstance(answer, DelaywheelError):
+                raise answer
+            results[address] = answer
+        return results
+
+    async def close(self) -> None:
+        """Close every node's connection."""
+        for client in self._close_nodes():
+            await client.close()
+
+    async def __aenter__(self) -> AsyncClusterClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- methods: ClusterClient's, as coroutines, with Client's docstrings -----------------
+
+    async def call(self, method: str, *params: Any) -> Any:
+        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
+        params = with_id(method, params)
+        if method == "reserve":
+            return await self.reserve(*params)
+        return await self._routed(method, params, route(method, params))
+
+    async def ping(self) -> str:
+        """``"pong"``."""
+        for result in (await self._each_node(lambda client: client.ping())).values():
+            if isinstance(result, DelaywheelError):
+                raise result
+        return "pong"
+
+    async def add(
+        self,
+        topic: str,
+        body: Any = None,
+        *,
+        delay: float | None = None,
+        at: float | None = None,
+        id: str | None = None,
+        ttr: float | None = None,
+        max_attempts: int | None = None,
+        target: Mapping[str, Any] | None = None,
+    ) -> Task:
+        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
+        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
+        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
+        result: Task = await self.call("add", fields)
+        return result
+
+    async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
+        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
+        (given,) = with_id("add_many", ([dict(t) for t in tasks],))
+        pmap = await self.partition_map()
+        as_adds = [("add", (task,)) for task in given]
+        by_owner = group_by_owner(as_adds, pmap, lambda: self._rotate(pmap)[0])
+        results: list[Any] = [None] * len(given)
+        for indexes in by_owner.values():
+            batch = [given[i] for i in indexes]
+            # One add_many per owner: all or nothing on each node, not across nodes.
+            answered = await self._routed("add_many", (batch,), batch[0]["id"])
+            for i, result in zip(indexes, answered, strict=True):
+                results[i] = result
+        return results
+
+    async def update(self, id: str, **changes: Any) -> Task:
+        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
+        ``max_attempts``; returns the updated task."""
+        result: Task = await self._routed("update", (id, changes), id)
+        return result
+
+    async def delete(self, id: str) -> bool:
+        """True if the task existed."""
+        return bool(await self._routed("delete", (id,), id))
+
+    async def get(self, id: str) -> Task | None:
+        """The task, or None."""
+        result: Task | None = await self._routed("get", (id,), id)
+        return result
+
+    async def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
+        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
+        wanted = topic_list(topics)
+        deadline = time.monotonic() + max(float(timeout), 0.0)
+        while True:
+            nodes = await self._nodes_in_turn()
+            failures: list[ConnectionFailed] = []
+            for address in nodes:  # every node once, without waiting
+                try:
+                    task: Task | None = await self.node(address).reserve(wanted, 0)
+                except ConnectionFailed as exc:
+                    failures.append(exc)
+                    continue
+                if task is not None:
+                    return task
+            if failures:
+                await self._refresh_quietly()  # a node is down: its partitions move
+                if len(failures) == len(nodes):
+                    raise failures[0]
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return None
+            # Then wait on one node (the first of this turn) for a slice.
+            try:
+                wait_s = min(remaining_s, self.reserve_slice_s)
+                task = await self.node(nodes[0]).reserve(wanted, wait_s)
+            except ConnectionFailed:
+                continue
+            if task is not None:
+                return task
+
+    async def ack(self, id: str) -> bool:
+        """The reserved task is done and removed."""
+        return bool(await self._routed("ack", (id,), id))
+
+    async def release(self, id: str, delay: float = 0) -> bool:
+        """Put a reserved task back, due after ``delay`` seconds."""
+        return bool(await self._routed("release", (id, delay), id))
+
+    async def touch(self, id: str) -> float:
+        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
+        result: float = await self._routed("touch", (id,), id)
+        return result
+
+    async def kick(self, topic: str, count: int) -> int:
+        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
+        kicked = 0
+        for address in self._all_nodes(await self.partition_map()):
+            if kicked >= count:
+                break
+            kicked += int(await self.node(address).kick(topic, count - kicked))
+        return kicked
+
+    async def kick_task(self, task_id: str) -> bool:
+        """Make one dead task ready again (due now, if it has a target); True."""
+        return bool(await self._routed("kick_task", (task_id,), task_id))
+
+    async def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        params = (schedule,) if n is None else (schedule, n)
+        # A saved schedule lives in the partition of its id; a spec needs no node's state.
+        owner = schedule if isinstance(schedule, str) else None
+        result: dict[str, Any] = await self._routed("schedule_next", params, owner)
+        return result
+
+    async def stats(self) -> dict[str, Any]:
+        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
+        return stats_by_node(await self._each_node(lambda client: client.stats()))
+
+    async def cluster(self) -> dict[str, Any]:
+        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
+        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
+        return (await self.refresh()).raw
+
+    def pipeline(self) -> AsyncClusterPipeline:
+        """Queue calls and send them together, one batch per owner::
+
+        async with dw.pipeline() as pipe:  # executes on a clean exit
+            for n in range(1000):
+                pipe.add("thumbnails", {"image": n})
+        first_id = pipe.results[0]["id"]
+        """
+        return AsyncClusterPipeline(self)
+
+    async def iter_tasks(
+        self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
+    ) -> AsyncIterator[Task]:
+        cursor = None
+        while True:
+            page = await self.list(topic=topic, state=state, limit=page_size, cursor=cursor)
+            for task in page["tasks"]:
+                yield task
+            cursor = page["next"]
+            if cursor is None:
+                return
+
+    async def list(
+        self,
+        *,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
+        nodes = self._all_nodes(await self.partition_map())
+        address, inner = list_start(nodes, cursor)
+        page = await self.node(address).call("list", list_query(topic, state, limit, inner))
+        return list_page(nodes, address, page)
+
+
+class AsyncClusterPipeline(QueuedCalls):
+    """Queued calls for ``AsyncClusterClient``, one batch per owner; see ``ClusterPipeline``.
+    ``await execute()`` returns the results in call order."""
+
+    def __init__(self, client: AsyncClusterClient) -> None:
+        super().__init__(client.timeout_s)
+        self._client = client
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        calls, timeout_s = self._take()
+        calls = [(method, with_id(method, params)) for method, params in calls]
+        client = self._client
+        pmap = await client.partition_map()
+        groups = group_by_owner(calls, pmap, lambda: client._rotate(pmap)[0])
+        outcomes: list[Any] = [None] * len(calls)
+        for address, indexes in groups.items():
+            batch = [calls[i] for i in indexes]
+            try:
+                replies: Sequence[Any] = await client.node(address)._call_many(batch, timeout_s)
+            except ConnectionFailed as exc:
+                if exc.maybe_applied:
+                    raise
+                replies = [None] * len(batch)  # nothing sent: each goes again on its own
+            for i, reply in zip(indexes, replies, strict=True):
+                outcomes[i] = reply
+        results: list[Any] = []
+        first_error: DelaywheelError | None = None
+        for (method, params), reply in zip(calls, outcomes, strict=True):
+            try:
+                if needs_resend(reply):
+                    result = await client.call(method, *params)
+                else:
+                    result = self._collect([reply], True)[0]
+            except DelaywheelError as exc:
+                first_error = first_error or exc
+                result = exc
+            results.append(result)
+        self.results = results
+        if raise_on_error and first_error is not None:
+            raise first_error
+        return results
+
+    async def __aenter__(self) -> AsyncClusterPipeline:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            await self.execute()
+        else:
+            self._take()
+
+
+__all__ = ["AsyncClusterClient", "AsyncClusterPipeline"]

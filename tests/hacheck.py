@@ -1,0 +1,284 @@
+"""The high-availability harness: what was asked, what was delivered, what went wrong.
+
+- ``Sink``: an HTTP server on 127.0.0.1 (port 0) that logs every delivery it
+  receives (``Delaywheel-Id``, ``Delaywheel-Epoch`` when sent, the attempt,
+  the arrival time) and answers 200.
+- ``RequestLog``: runs each client request and logs it as ``ok``, ``error``
+  (certainly not applied) or ``unknown`` (sent, reply lost, or the server
+  said ``unavailable``: it may have been applied).
+- ``LoadGenerator``: a thread adding tasks aimed at the sink (and deleting
+  some), through any client with ``Client``'s ``add``/``delete``
+  (``ClusterClient`` included), logging every request.
+- ``check(requests, deliveries, pending, faults=...)``: the ``Report``:
+  lost (an acknowledged add never delivered, not pending, not deleted),
+  resurrected (delivered after its delete was acknowledged), early
+  (delivered before it was due), duplicates per id, and the takeover time
+  (the worst lateness of a task first delivered after a fault).
+
+Times are ``time.time()`` of this machine: the servers under test run here
+too. A task's due time is its add's send time plus its delay, a lower bound
+of the server's (which starts the delay on receipt), so "early" never
+blames the client's latency on the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists, Unavailable
+
+Outcome = Literal["ok", "error", "unknown"]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    task_id: str
+    epoch: int | None  # Delaywheel-Epoch; None when the server sent none
+    attempt: int
+    at_s: float
+
+
+class Sink:
+    """Logs every HTTP delivery; ``url`` is the target to give tasks."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self._lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                at_s = time.time()
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                epoch = self.headers.get("Delaywheel-Epoch")
+                delivery = Delivery(
+                    self.headers.get("Delaywheel-Id", ""),
+                    int(epoch) if epoch else None,
+                    int(self.headers.get("Delaywheel-Attempt") or 0),
+                    at_s,
+                )
+                with sink._lock:
+                    sink.deliveries.append(delivery)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # one line per delivery would drown the test's output
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._http.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/deliver"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread.start()
+
+    def received(self) -> list[Delivery]:
+        with self._lock:
+            return list(self.deliveries)
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()
+
+
+@dataclass(frozen=True)
+class Request:
+    op: str  # "add" or "delete"
+    task_id: str
+    sent_s: float
+    done_s: float
+    outcome: Outcome
+    due_s: float | None = None  # add: sent_s + delay
+    result: Any = None  # delete: whether the task existed
+    detail: str = ""
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    """``unknown`` when the request may have been applied, ``error`` when it was not."""
+    if isinstance(exc, Unavailable):  # with --replicas: written, durability unknown
+        return "unknown"
+    if isinstance(exc, ConnectionFailed):
+        return "unknown" if exc.maybe_applied else "error"
+    if isinstance(exc, DelaywheelError):
+        return "error"
+    return "unknown"  # a timeout or anything else after the send
+
+
+class RequestLog:
+    """Every request a test's clients made, with its outcome."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+
+    def add(self, client: Any, task_id: str, delay_s: float, **fields: Any) -> Outcome:
+        def call() -> Any:
+            try:
+                return client.add("hacheck", {"id": task_id}, id=task_id, delay=delay_s, **fields)
+            except Exists:  # a resend of an add that had landed: the task is there
+                return "exists"
+
+        return self._log("add", task_id, call, delay_s)
+
+    def delete(self, client: Any, task_id: str) -> Outcome:
+        return self._log("delete", task_id, lambda: client.delete(task_id), None)
+
+    def _log(
+        self, op: str, task_id: str, call: Callable[[], Any], delay_s: float | None
+    ) -> Outcome:
+        sent_s = time.time()
+        outcome: Outcome = "ok"
+        result: Any = None
+        detail = ""
+        try:
+            result = call()
+        except Exception as exc:
+            outcome, detail = outcome_of(exc), f"{type(exc).__name__}: {exc}"
+        due_s = sent_s + delay_s if delay_s is not None else None
+        request = Request(op, task_id, sent_s, time.time(), outcome, due_s, result, detail)
+        with self._lock:
+            self.requests.append(request)
+        return outcome
+
+    def snapshot(self) -> list[Request]:
+        with self._lock:
+            return list(self.requests)
+
+
+class LoadGenerator:
+    """Adds tasks for the sink at ``rate`` per second until ``stop()``; deletes every
+    ``delete_every``-th one right after adding it (0: none)."""
+
+    def __init__(
+        self,
+        client: Any,
+        sink: Sink,
+        log: RequestLog,
+        *,
+        rate: float = 50.0,
+        delay_s: tuple[float, float] = (0.2, 1.5),
+        delete_every: int = 10,
+        name: str = "load",
+    ) -> None:
+        self.client, self.sink, self.log = client, sink, log
+        self.rate, self.delay_s, self.delete_every, self.name = rate, delay_s, delete_every, name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> LoadGenerator:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        low, high = self.delay_s
+        target = {"type": "http", "url": self.sink.url}
+        for n in itertools.count():
+            if self._stop.is_set():
+                return
+            task_id = f"{self.name}-{n}"
+            delay = low + (high - low) * ((n * 7919) % 100) / 100  # spread, reproducible
+            self.log.add(self.client, task_id, delay, target=target)
+            if self.delete_every and n % self.delete_every == self.delete_every - 1:
+                self.log.delete(self.client, task_id)
+            self._stop.wait(1 / self.rate)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Report:
+    lost: list[str] = field(default_factory=list)
+    resurrected: list[str] = field(default_factory=list)
+    early: list[str] = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=dict)  # id -> deliveries (> 1)
+    takeover_s: float | None = None  # worst lateness of a first delivery after a fault
+    max_late_s: float = 0.0  # worst lateness of any first delivery
+    acknowledged: int = 0
+    delivered: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """The scenarios' bar: nothing lost, resurrected or early."""
+        return not (self.lost or self.resurrected or self.early)
+
+    def summary(self) -> str:
+        takeover = "n/a" if self.takeover_s is None else f"{self.takeover_s:.2f} s"
+        return (
+            f"{self.acknowledged} acknowledged, {self.delivered} delivered: "
+            f"{len(self.lost)} lost, {len(self.resurrected)} resurrected, {len(self.early)} early, "
+            f"{len(self.duplicates)} duplicated, takeover {takeover}, "
+            f"max late {self.max_late_s:.2f} s"
+        )
+
+
+def check(
+    requests: Iterable[Request],
+    deliveries: Iterable[Delivery],
+    pending: Iterable[str] = (),
+    *,
+    faults: Sequence[float] = (),
+    early_margin_s: float = 0.005,
+    inflight_s: float = 0.5,
+) -> Report:
+    """What went wrong. ``pending``: ids the servers still hold at the end.
+    ``faults``: when each fault was injected (time.time()). ``inflight_s``: a
+    delivery arriving this soon after a delete's reply may have been sent
+    before it, so it is not a resurrection."""
+    report = Report()
+    by_id: dict[str, list[Delivery]] = {}
+    for delivery in sorted(deliveries, key=lambda d: d.at_s):
+        by_id.setdefault(delivery.task_id, []).append(delivery)
+    report.delivered = len(by_id)
+    pending_ids = set(pending)
+    adds: dict[str, Request] = {}
+    deletes: dict[str, list[Request]] = {}
+    for request in requests:
+        if request.op == "add" and request.outcome == "ok":
+            adds.setdefault(request.task_id, request)  # the first ok add is the earliest due
+        elif request.op == "delete":
+            deletes.setdefault(request.task_id, []).append(request)
+    report.acknowledged = len(adds)
+    first_fault_s = min(faults) if faults else None
+    for task_id, add in adds.items():
+        got = by_id.get(task_id, [])
+        tried_delete = any(d.outcome != "error" for d in deletes.get(task_id, []))
+        if not got and task_id not in pending_ids and not tried_delete:
+            report.lost.append(task_id)
+        if not got or add.due_s is None:
+            continue
+        if got[0].at_s < add.due_s - early_margin_s:
+            report.early.append(task_id)
+        late_s = got[0].at_s - add.due_s
+        report.max_late_s = max(report.max_late_s, late_s)
+        if first_fault_s is not None and got[0].at_s >= first_fault_s:
+            report.takeover_s = max(report.takeover_s or 0.0, late_s)
+    for task_id, tried in deletes.items():
+        acknowledged = [d.done_s for d in tried if d.outcome == "ok" and d.result]
+        if acknowledged and any(
+            d.at_s > min(acknowledged) + inflight_s for d in by_id.get(task_id, [])
+        ):
+            report.resurrected.append(task_id)
+    counts = Counter(d.task_id for d in itertools.chain.from_iterable(by_id.values()))
+    report.duplicates = {task_id: n for task_id, n in counts.items() if n > 1}
+    return report
+
+
+@contextlib.contextmanager
+def sink() -> Any:
+    """A ``Sink`` for the length of a ``with``."""
+    running = Sink()
+    try:
+        yield running
+    finally:
+        running.close()

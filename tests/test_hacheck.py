@@ -1,0 +1,130 @@
+"""The HA harness's checker (tests/hacheck.py) on logs made up to hold each fault,
+its sink on a real HTTP port, and its request log's outcomes."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from delaywheel_client.errors import ConnectionFailed, NotFound, Unavailable
+from hacheck import Delivery, Request, RequestLog, check, outcome_of, sink
+
+
+def add(task_id: str, sent_s: float, delay_s: float, outcome: str = "ok") -> Request:
+    return Request("add", task_id, sent_s, sent_s + 0.01, outcome, sent_s + delay_s)  # type: ignore[arg-type]
+
+
+def delete(task_id: str, done_s: float, outcome: str = "ok", existed: bool = True) -> Request:
+    return Request("delete", task_id, done_s - 0.01, done_s, outcome, None, existed)  # type: ignore[arg-type]
+
+
+def got(task_id: str, at_s: float, epoch: int | None = 1) -> Delivery:
+    return Delivery(task_id, epoch, 1, at_s)
+
+
+def test_a_clean_run_reports_nothing() -> None:
+    requests = [add("a", 100, 1), add("b", 100, 2), add("c", 100, 5)]
+    report = check(requests, [got("a", 101.02), got("b", 102.05)], pending=["c"])
+    assert report.ok and report.summary().startswith("3 acknowledged, 2 delivered: 0 lost")
+    assert report.duplicates == {} and report.takeover_s is None
+    assert abs(report.max_late_s - 0.05) < 1e-9
+
+
+def test_an_acknowledged_add_never_delivered_nor_pending_is_lost() -> None:
+    requests = [
+        add("lost", 100, 1),
+        add("unknown", 100, 1, outcome="unknown"),  # may never have landed
+        add("refused", 100, 1, outcome="error"),
+        add("deleted", 100, 1),
+        delete("deleted", 100.5),
+        add("delete-unknown", 100, 1),
+        delete("delete-unknown", 100.5, outcome="unknown"),
+    ]
+    report = check(requests, [])
+    assert report.lost == ["lost"] and not report.ok
+
+
+def test_a_delivery_after_an_acknowledged_delete_is_resurrected() -> None:
+    requests = [
+        add("r", 100, 5),
+        delete("r", 101),
+        add("inflight", 100, 1),
+        delete("inflight", 101),
+    ]
+    deliveries = [got("r", 105), got("inflight", 101.2)]  # in flight when deleted: not counted
+    report = check(requests, deliveries)
+    assert report.resurrected == ["r"] and not report.ok
+    # A delete that found nothing (already delivered and gone) resurrects nothing.
+    again = check([add("x", 100, 1), delete("x", 102, existed=False)], [got("x", 103)])
+    assert again.resurrected == []
+
+
+def test_early_deliveries_and_duplicates_per_id() -> None:
+    requests = [add("early", 100, 2), add("dup", 100, 1), add("fine", 100, 1)]
+    deliveries = [
+        got("early", 101.5),
+        got("dup", 101.0, epoch=3),
+        got("dup", 104.0, epoch=4),
+        got("dup", 104.1, epoch=4),
+        got("fine", 100.999),  # within the clock margin
+    ]
+    report = check(requests, deliveries)
+    assert report.early == ["early"] and not report.ok
+    assert report.duplicates == {"dup": 3}
+
+
+def test_takeover_is_the_worst_lateness_after_the_fault() -> None:
+    requests = [add(f"t{i}", 100, i) for i in range(1, 6)]
+    deliveries = [
+        got("t1", 101.0),
+        got("t2", 102.0),
+        got("t3", 107.5),
+        got("t4", 107.6),
+        got("t5", 107.7),
+    ]
+    report = check(requests, deliveries, faults=[102.5])
+    assert report.ok
+    assert report.takeover_s is not None and abs(report.takeover_s - 4.5) < 1e-9
+    assert abs(report.max_late_s - 4.5) < 1e-9
+
+
+def test_outcomes_of_client_errors() -> None:
+    lost_reply = ConnectionFailed("reply lost")
+    lost_reply.maybe_applied = True
+    assert outcome_of(lost_reply) == "unknown"
+    assert outcome_of(ConnectionFailed("refused")) == "error"
+    assert outcome_of(Unavailable("too few replicas")) == "unknown"
+    assert outcome_of(NotFound("no task")) == "error"
+    assert outcome_of(TimeoutError()) == "unknown"
+
+
+def test_the_request_log_classifies_each_call() -> None:
+    class Flaky:
+        def add(self, *args: object, **kwargs: object) -> dict[str, str]:
+            if kwargs["id"] == "down":
+                raise ConnectionFailed("connect refused")
+            return {"id": str(kwargs["id"])}
+
+        def delete(self, task_id: str) -> bool:
+            raise Unavailable("store unreachable")
+
+    log = RequestLog()
+    assert log.add(Flaky(), "up", 1.0) == "ok"
+    assert log.add(Flaky(), "down", 1.0) == "error"
+    assert log.delete(Flaky(), "up") == "unknown"
+    outcomes = [(r.op, r.task_id, r.outcome) for r in log.snapshot()]
+    assert outcomes == [("add", "up", "ok"), ("add", "down", "error"), ("delete", "up", "unknown")]
+    first = log.snapshot()[0]
+    assert first.due_s is not None and abs(first.due_s - first.sent_s - 1.0) < 1e-9
+
+
+def test_the_sink_logs_each_delivery_over_http() -> None:
+    with sink() as running:
+        for epoch in ("7", None):
+            headers = {"Delaywheel-Id": "t-1", "Delaywheel-Attempt": "2"}
+            if epoch:
+                headers["Delaywheel-Epoch"] = epoch
+            request = urllib.request.Request(running.url, b"{}", headers, method="POST")
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                assert reply.status == 200
+        received = running.received()
+    assert [(d.task_id, d.epoch, d.attempt) for d in received] == [("t-1", 7, 2), ("t-1", None, 2)]
