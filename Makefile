@@ -23,7 +23,7 @@ test: install
 
 # The unit tests alone, in under a minute: none that starts a process of ours,
 # needs a redis-server, a broker or a build, or takes seconds (tests/README.md).
-FAST_MARKERS := not (slow or process or redis or brokers or packaging)
+FAST_MARKERS := not (slow or process or redis or brokers or packaging or browser)
 test-fast: install
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 

@@ -24,6 +24,14 @@ from delaywheel.web.site import Dashboard
 
 TOKEN = "admin-token-for-tests"
 VIEWER_TOKEN = "viewer-token-for-tests"
+# Ids, topics, bodies and errors that would run a script if shown raw.
+HOSTILE_TEXTS = [
+    '<img src=x onerror="window.__xss=1">',
+    '"><script>window.__xss=1</script>',
+    "javascript:window.__xss=1",
+    "nul\x00byte",
+    "rtl\u202egnp.exe",
+]
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -53,7 +61,15 @@ class Dash:
             self.base + path,
             data=data,
             allow_redirects=False,
-            headers={"Origin": self.origin, "Sec-Fetch-Site": "same-origin", **headers},
+            headers={  # a header given as "" is left out
+                k: v
+                for k, v in {
+                    "Origin": self.origin,
+                    "Sec-Fetch-Site": "same-origin",
+                    **headers,
+                }.items()
+                if v
+            },
         )
 
     def add(self, **fields: Any) -> str:

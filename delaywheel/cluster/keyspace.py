@@ -46,6 +46,7 @@ from delaywheel.store.base import (
 )
 from delaywheel.store.fenced import FencedWriter, FlushOutcome, PartitionWrite
 from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis_client import replicas_warning
 
 # (fenced partitions, partitions written in the same flush)
 OnFenced = Callable[[set[int], set[int]], None]
@@ -77,6 +78,7 @@ class SharedKeyspace(Store):
         self.on_fenced: OnFenced | None = None
         self._writer: FencedWriter | None = None
         self.migrated = 0  # records moved from the single-node layout at open
+        self._replicas_warning: list[str] = []
         self.node_name = "delaywheel"  # who migrates, for the lock (app.py sets it)
 
     @property
@@ -96,6 +98,9 @@ class SharedKeyspace(Store):
             migrated = await migrate(self.client, self.layout, node=self.node_name)
             self.migrated = 0 if migrated is None else migrated.moved
             self._writer = self.redis.fenced_writer(replicas=self.replicas)
+            warning = await replicas_warning(self.client, self.layout.meta, self.replicas)
+            if warning is not None:
+                self._replicas_warning = [warning]
         except PartitionsError as exc:
             await self.redis.close()
             raise StoreError(f"store {self.url}: {exc}") from None
@@ -196,4 +201,4 @@ class SharedKeyspace(Store):
         await self.redis.close()
 
     def warnings(self) -> list[str]:
-        return self.redis.warnings()
+        return self.redis.warnings() + self._replicas_warning

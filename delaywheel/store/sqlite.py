@@ -36,6 +36,8 @@ write, and the engine would not know of the other's tasks.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -106,6 +108,7 @@ class SqliteStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
         self._warnings: list[str] = []
+        self._lock_file: int | None = None  # the descriptor holding the one-node lock
 
     async def _run(self, func: Callable[..., T], *args: Any) -> T:
         """Run ``func(*args)`` on the worker thread."""
@@ -115,11 +118,13 @@ class SqliteStore(Store):
 
     async def open(self) -> None:
         self._start_open()
+        self._hold_the_file()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delaywheel-sqlite")
         try:
             journal_mode = await self._run(self._open_sync)
         except (sqlite3.Error, OSError) as exc:
             self._shutdown()
+            self._let_go_of_the_file()
             raise unavailable(self.url, "open", exc) from exc
         self._warnings = []
         if journal_mode != "wal":
@@ -247,6 +252,36 @@ class SqliteStore(Store):
                 pass  # closing cannot lose a committed write; nothing to report
             finally:
                 self._shutdown()
+                self._let_go_of_the_file()
+
+    def _hold_the_file(self) -> None:
+        """One server per SQLite file: an exclusive flock on ``<file>.lock`` for the
+        store's life. Two servers on one file would both fire every task. The
+        kernel drops the lock when the process ends, kill -9 included, so a
+        crash never leaves it stale; the pid written in it names the holder."""
+        lock_path = f"{self.path}.lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise unavailable(self.url, "open", exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreUnavailable(
+                f"store {self.url}: the file {self.path} is in use by another delaywheel"
+                f" server (pid {holder}, holding {lock_path}): a SQLite store serves one"
+                " server; stop that one, or give this one another file"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_file = fd
+
+    def _let_go_of_the_file(self) -> None:
+        fd, self._lock_file = self._lock_file, None
+        if fd is not None:
+            os.close(fd)  # drops the flock
 
     def _close_sync(self) -> None:
         conn, self._conn = self._conn, None

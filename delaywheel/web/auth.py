@@ -113,12 +113,17 @@ def role_of(given: str, admin_token: str | None, viewer_token: str | None) -> st
     return role
 
 
-def same_origin(origin: str | None, fetch_site: str | None, own_origin: str) -> bool:
+def same_origin(origin: str | None, fetch_site: str | None, own_host: str) -> bool:
     """The browser's word that a request comes from our own pages.
 
     ``Sec-Fetch-Site`` (every current browser sends it) must be ``same-origin``
-    or ``none`` (typed in, a bookmark); ``Origin``, when sent, must be ours.
-    A client sending neither (a script) is judged by the CSRF token alone."""
-    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+    or ``none`` (typed in, a bookmark). ``Origin`` (its host), when sent, must be
+    ours; ``null`` is what Chromium sends for our own forms under
+    ``Referrer-Policy: no-referrer``, so it counts only with ``Sec-Fetch-Site``'s
+    word. A client sending neither (a script) is judged by the CSRF token alone."""
+    if fetch_site is not None:
+        if fetch_site not in ("same-origin", "none"):
+            return False
+    elif origin == "null":
         return False
-    return origin is None or origin == own_origin
+    return origin in (None, "null", own_host)

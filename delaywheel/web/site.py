@@ -219,14 +219,7 @@ class Dashboard:
         return self.sessions.get(request.cookies.get(self.cookie))
 
     async def _csrf_ok(self, request: web.Request, session: Session) -> bool:
-        origin = request.headers.get("Origin")
-        own_host = request.host
-        if origin is not None and origin != "null":
-            origin = urlsplit(origin).netloc
-        elif origin == "null":
-            return False
-        fetch_site = request.headers.get("Sec-Fetch-Site")
-        if not same_origin(origin, fetch_site, own_host):
+        if not _same_origin(request):
             return False
         form = await request.post()
         given = form.get("csrf")
@@ -291,9 +284,7 @@ class Dashboard:
         if self.open_mode:
             return self._redirect("/")
         address = request.remote or "?"
-        origin = request.headers.get("Origin")
-        origin_host = None if origin is None else urlsplit(origin).netloc
-        if not same_origin(origin_host, request.headers.get("Sec-Fetch-Site"), request.host):
+        if not _same_origin(request):
             return self._expired(request)
         if self.logins.blocked(address):
             return self.render(
@@ -630,6 +621,13 @@ class Dashboard:
         return web.json_response(
             [{"topic": g.topic, "error": g.error, "count": g.count, "ids": g.ids} for g in groups]
         )
+
+
+def _same_origin(request: web.Request) -> bool:
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != "null":
+        origin = urlsplit(origin).netloc
+    return same_origin(origin, request.headers.get("Sec-Fetch-Site"), request.host)
 
 
 def _field(value: object) -> str | None:

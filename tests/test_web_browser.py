@@ -1,0 +1,164 @@
+"""The dashboard in a real Chromium: Playwright for Python driving Debian's
+/usr/bin/chromium (no browser download; --no-sandbox since CI runs as root).
+
+Each test runs the in-process dashboard (tests/webkit.py) and the browser in
+one event loop. Screenshots go under tests/artifacts/ (ignored by git).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from webkit import HOSTILE_TEXTS, TOKEN, VIEWER_TOKEN, Dash, dash
+
+playwright_api = pytest.importorskip("playwright.async_api")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+# Counts CSP violations and marks any script of the hostile data that ran.
+WATCH = """
+window.__violations = 0;
+document.addEventListener('securitypolicyviolation', () => { window.__violations += 1; });
+"""
+
+Scenario = Callable[[Dash, Any], Awaitable[None]]
+
+
+def run(scenario: Scenario, **settings: Any) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
+
+    async def main() -> None:
+        async with dash(**settings) as d, playwright_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+            )
+            try:
+                await scenario(d, browser)
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+async def signed_in(d: Dash, browser: Any, token: str = TOKEN, **options: Any) -> Any:
+    context = await browser.new_context(timezone_id="UTC", **options)
+    await context.add_init_script(WATCH)
+    page = await context.new_page()
+    await page.goto(f"{d.origin}/login")
+    await page.get_by_label("Token").fill(token)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.wait_for_url(f"{d.origin}/")
+    return page
+
+
+def test_login_is_required_a_bad_token_says_so_and_the_cookie_flags() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        context = await browser.new_context()
+        page = await context.new_page()
+        await page.goto(f"{d.origin}/tasks")
+        assert page.url == f"{d.origin}/login"
+        await page.get_by_label("Token").fill("wrong")
+        await page.get_by_role("button", name="Sign in").click()
+        assert await page.get_by_role("alert").inner_text() == "That token is not right."
+        await page.get_by_label("Token").fill(TOKEN)
+        await page.get_by_role("button", name="Sign in").click()
+        await page.wait_for_url(f"{d.origin}/")
+        [cookie] = await context.cookies()
+        assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+
+    run(scenario)
+
+
+def test_tasks_added_show_up_live_without_a_reload() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        page = await signed_in(d, browser)
+        assert await page.locator("#count-ready").inner_text() == "0"
+        for n in range(50):
+            d.add(id=f"live{n}")
+        started = time.monotonic()
+        # expect() polls from outside the page (a string predicate would be an eval,
+        # which the CSP refuses).
+        await playwright_api.expect(page.locator("#count-ready")).to_have_text("50", timeout=5000)
+        assert time.monotonic() - started < 5
+        assert await page.locator("#banner").is_hidden()
+
+    run(scenario)
+
+
+def test_hostile_data_runs_no_script_and_breaks_no_policy() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        ids = []
+        for n, text in enumerate(HOSTILE_TEXTS):
+            ids.append(d.add(id=text, topic=text, body=text))
+            d.dead(text, 1, error=text, prefix=f"x{n}")
+        page = await signed_in(d, browser)
+        from urllib.parse import quote
+
+        paths = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/server"]
+        paths += [f"/tasks/{quote(i, safe='')}" for i in ids]
+        for path in paths:
+            await page.goto(d.origin + path)
+            assert await page.evaluate("window.__xss") is None, path
+            assert await page.evaluate("window.__violations") == 0, path
+
+    run(scenario)
+
+
+def test_a_viewer_sees_no_action_buttons() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        task_id = d.add()
+        d.dead("t", 1)
+        page = await signed_in(d, browser, VIEWER_TOKEN)
+        for path in (f"/tasks/{task_id}", "/dead"):
+            await page.goto(d.origin + path)
+            assert await page.locator("button[data-action]").count() == 0
+
+    run(scenario, web_viewer_token=VIEWER_TOKEN)
+
+
+def test_with_javascript_off_list_detail_and_kick_work() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        [dead] = d.dead("t", 1)
+        page = await signed_in(d, browser, java_script_enabled=False)
+        await page.goto(f"{d.origin}/tasks?state=dead")
+        await page.get_by_role("link", name=dead).click()
+        assert await page.locator("#task-state").inner_text() == "dead"
+        await page.get_by_role("button", name="Kick").click()
+        assert await page.locator("#task-state").inner_text() == "ready"
+        assert d.engine.get(dead)["state"] == "ready"  # type: ignore[index]
+
+    run(scenario)
+
+
+def test_screenshots_of_every_page_with_no_horizontal_overflow() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        task_id = d.add(id="shot-1", body={"order": 42, "note": "a body shown as JSON"})
+        for n in range(8):
+            d.add(id=f"shot-more-{n}", topic=f"topic-{n % 3}", delay=60 * n)
+        d.dead("mail", 3, error="HTTP 503 from https://example.com/hook")
+        ARTIFACTS.mkdir(exist_ok=True)
+        pages = {"home": "/", "topics": "/topics", "tasks": "/tasks", "task": f"/tasks/{task_id}",
+                 "dead": "/dead", "deliveries": "/deliveries", "server": "/server"}  # fmt: skip
+        for width, height in ((1280, 800), (390, 844)):
+            for scheme in ("light", "dark"):
+                viewport = {"width": width, "height": height}
+                page = await signed_in(d, browser, viewport=viewport, color_scheme=scheme)
+                for name, path in pages.items():
+                    await page.goto(d.origin + path)
+                    await page.screenshot(
+                        path=ARTIFACTS / f"{name}-{width}-{scheme}.png", full_page=True
+                    )
+                    overflow = await page.evaluate(
+                        "document.documentElement.scrollWidth - window.innerWidth"
+                    )
+                    assert overflow <= 0, (name, width, scheme, overflow)
+
+    run(scenario)
