@@ -52,7 +52,11 @@ def _served(proc: ServerProcess) -> set[int]:
 def _settled(*nodes: ServerProcess) -> bool:
     """Every partition served by exactly one of ``nodes``."""
     seen = [_served(node) for node in nodes]
-    return sum(len(s) for s in seen) == PARTITIONS and set().union(*seen) == set(range(PARTITIONS))
+    return (
+        all(seen)  # each has some (a joining node has none for a moment)
+        and sum(len(s) for s in seen) == PARTITIONS
+        and set().union(*seen) == set(range(PARTITIONS))
+    )
 
 
 def _drain(nodes: list[ServerProcess], want: int, timeout_s: float) -> list[str]:

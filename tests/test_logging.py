@@ -77,7 +77,11 @@ TEXT_LINE = re.compile(
     r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?P<level>[A-Z]+) (?P<logger>[\w.]+): "
     r"(?P<message>.*)"
 )
-OTHER_LINES = r"task '\w+' attempt \d+ to broker rb failed: .*|broker 'store' \(.*\) connected"
+OTHER_LINES = (
+    r"task '\w+' attempt \d+ to broker rb failed: .*|broker 'store' \(.*\) connected"
+    # A node of a Redis keyspace, per partition (tests/test_ha.py checks these).
+    r"|serving partition \d+, epoch \d+: \d+ tasks loaded in .*|handed back partition \d+"
+)
 ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 

@@ -170,7 +170,13 @@ class SharedKeyspace(Store):
 
         def finished(outcome: FlushOutcome) -> None:
             if outcome.error is not None:
-                done(outcome.error)
+                # Named as RedisStore names it: the watch's outage line reads the same.
+                kind = (
+                    type(outcome.error)
+                    if isinstance(outcome.error, StoreUnavailable)
+                    else StoreUnavailable
+                )
+                done(kind(f"store {self.url}: write failed: {outcome.error}"))
                 return
             fenced = unowned | set(outcome.fenced)
             if fenced:

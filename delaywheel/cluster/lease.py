@@ -197,7 +197,7 @@ class LeaseKeeper:
         got = await self.leases.acquire(partition, self.lease_ms)
         if isinstance(got, int):
             self._hold(partition, got, sent_s)
-            log.info("acquired partition %d, epoch %d", partition, got)
+            log.debug("acquired partition %d, epoch %d", partition, got)
         return got
 
     async def adopt(self, partition: int, epoch: int) -> int | Holder:
@@ -208,7 +208,7 @@ class LeaseKeeper:
         got = await self.leases.adopt(partition, epoch, self.lease_ms)
         if isinstance(got, int):
             self._hold(partition, got, sent_s)
-            log.info(
+            log.debug(
                 "acquired partition %d, epoch %d (from this node's previous run)", partition, got
             )
         return got
@@ -226,7 +226,7 @@ class LeaseKeeper:
             return
         held.fence.cancel()
         await self.leases.release(partition, held.epoch)
-        log.info("released partition %d, epoch %d", partition, held.epoch)
+        log.debug("released partition %d, epoch %d", partition, held.epoch)
 
     async def close(self, *, release: bool = True) -> None:
         if self._renewing is not None:
