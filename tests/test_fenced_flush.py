@@ -5,7 +5,9 @@ same connection against a real replica and against none."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -157,15 +159,7 @@ def test_wait_with_no_replica_times_out_and_says_so(
 
 @pytest.mark.redis
 def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
-    (tmp_path / "primary").mkdir()
-    (tmp_path / "replica").mkdir()
-    # No 5 s wait before the diskless sync of the replica (Redis 7's default).
-    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
-    primary.start()
-    replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
-    try:
-        replica.start()
-        wait_for_link(replica)
+    with primary_with_replica(tmp_path) as (primary, replica):
         with primary.client() as client:
             client.set("{delaywheel:p009}:epoch", 2)
 
@@ -181,6 +175,21 @@ def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
         assert outcome == FlushOutcome(written=[9], replicas=1)
         with replica.client() as client:  # WAIT said so: the replica has it already
             assert client.hgetall("{delaywheel:p009}:tasks") == {b"a": b"1", b"b": b"2"}
+
+
+@contextlib.contextmanager
+def primary_with_replica(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A private primary and a replica that has synced with it."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    # No 5 s wait before the diskless sync of the replica (Redis 7's default).
+    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
+    primary.start()
+    replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        replica.start()
+        wait_for_link(replica)
+        yield primary, replica
     finally:  # SIGKILL: a primary stopped with SIGTERM waits 10 s for its replicas
         replica.kill()
         primary.kill()
@@ -218,3 +227,23 @@ def test_fenced_flushes_are_legal_on_redis_cluster(redis_cluster: RedisCluster) 
         for p in range(16):
             assert admin.hget(f"{{delaywheel:p{p:03d}}}:tasks", f"t{p}") == b"r"
         assert not admin.hexists("{delaywheel:p003}:tasks", "stale")
+
+
+def test_replicas_warning_counts_the_connected_replicas(redis_url: str, tmp_path: Path) -> None:
+    from delaywheel.store.redis_client import connect, replicas_warning
+
+    async def warnings(url: str, replicas: int) -> str | None:
+        client = await connect(url, connect_timeout_s=2, timeout_s=5)
+        try:
+            return await replicas_warning(client, "{delaywheel}:tasks", replicas)
+        finally:
+            await client.aclose()
+
+    assert run(lambda: warnings(redis_url, 0)) is None
+    warned = run(lambda: warnings(redis_url, 1))
+    assert warned is not None and "--replicas 1 but the Redis primary has 0 replica(s)" in warned
+    with primary_with_replica(tmp_path) as (primary, _replica):
+        assert run(lambda: warnings(primary.url, 1)) is None
+        assert "--replicas 2 but the Redis primary has 1 replica(s)" in str(
+            run(lambda: warnings(primary.url, 2))
+        )

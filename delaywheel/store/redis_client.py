@@ -77,6 +77,28 @@ async def close_quietly(client: Client) -> None:
         await client.aclose()
 
 
+async def replicas_warning(client: Client, key: str, replicas: int) -> str | None:
+    """The start-up warning for ``--replicas N`` when fewer replicas are connected
+    to the primary that holds ``key`` (INFO replication); None when enough are.
+
+    One line for the log: with fewer replicas than asked every change waits
+    out WAIT's timeout and is answered ``unavailable`` until they connect.
+    """
+    if replicas <= 0:
+        return None
+    if isinstance(client, RedisCluster):
+        info = await client.info("replication", target_nodes=client.get_node_from_key(key))
+    else:
+        info = await client.info("replication")
+    connected = int(info.get("connected_slaves", 0))
+    if connected >= replicas:
+        return None
+    return (
+        f"--replicas {replicas} but the Redis primary has {connected} replica(s) connected:"
+        " until enough connect, every change is answered unavailable after WAIT's timeout"
+    )
+
+
 async def durability_warnings(client: Client, key: str, secrets: list[str]) -> list[str]:
     """What in Redis's settings would lose acknowledged writes; [] when nothing."""
     settings: dict[str, str] = {}
