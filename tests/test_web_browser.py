@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from webkit import HOSTILE_TEXTS, TOKEN, VIEWER_TOKEN, Dash, dash
 
 playwright_api = pytest.importorskip("playwright.async_api")
@@ -160,5 +162,57 @@ def test_screenshots_of_every_page_with_no_horizontal_overflow() -> None:
                         "document.documentElement.scrollWidth - window.innerWidth"
                     )
                     assert overflow <= 0, (name, width, scheme, overflow)
+
+    run(scenario)
+
+
+def test_a_bulk_kick_of_5000_asks_for_the_count_and_leaves_none_dead() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        d.dead("bulk", 5000, error="refused")
+        page = await signed_in(d, browser)
+        await page.goto(f"{d.origin}/dead")
+        await page.get_by_role("button", name="Kick all of topic").click()
+        assert await page.locator("#confirm-count").inner_text() == "5000"
+        await page.get_by_label("Type the count").fill("5000")
+        await page.get_by_label("type the topic's name").fill("bulk")
+        await page.get_by_role("button", name="Kick 5000").click()
+        status = page.locator("#job-status[data-finished=yes]")
+        await playwright_api.expect(status).to_contain_text("5000 of 5000 done", timeout=30000)
+        assert d.engine.snapshot().counts.by_state()["dead"] == 0
+
+    run(scenario)
+
+
+def test_a_form_on_another_origin_is_refused_and_logout_kills_the_cookie() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        task_id = d.add()
+        page = await signed_in(d, browser)
+        csrf = await page.locator('input[name="csrf"]').first.get_attribute("value")
+        other = web.Application()
+        form = (
+            f'<form method="post" action="{d.origin}/tasks/{task_id}/delete">'
+            f'<input name="csrf" value="{csrf}"><button>go</button></form>'
+        )
+
+        async def attacker(_: web.Request) -> web.Response:
+            return web.Response(text=form, content_type="text/html")
+
+        other.router.add_get("/", attacker)
+        site = TestServer(other, host="127.0.0.1")
+        await site.start_server()
+        try:
+            await page.goto(str(site.make_url("/")))
+            await page.get_by_role("button", name="go").click()
+            await page.wait_for_load_state()
+            assert d.engine.get(task_id) is not None  # SameSite kept the cookie, or CSRF refused
+        finally:
+            await site.close()
+        await page.goto(f"{d.origin}/")
+        [cookie] = await page.context.cookies()
+        await page.get_by_role("button", name="Sign out").click()
+        await page.wait_for_url(f"{d.origin}/login")
+        await page.context.add_cookies([cookie])  # the old cookie, put back
+        await page.goto(f"{d.origin}/")
+        assert page.url == f"{d.origin}/login"
 
     run(scenario)
