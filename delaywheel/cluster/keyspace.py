@@ -93,6 +93,8 @@ class SharedKeyspace(Store):
         await self.redis.open()
         if isinstance(self.client, RedisCluster):
             self.layout = Layout(self.redis.prefix, self.partitions, single_slot=True)
+        # Each partition's key names, made once: a flush names them per partition.
+        self._keys = list(self.layout)
         try:
             await record_partitions(self.client, self.layout)
             migrated = await migrate(self.client, self.layout, node=self.node_name)
@@ -161,11 +163,11 @@ class SharedKeyspace(Store):
                 part = by_partition[p] = {}
             part[task_id] = record
         unowned = {p for p in by_partition if p not in epochs}
+        keys = self._keys
         writes = [
-            PartitionWrite(p, epochs[p], keys.epoch, keys.tasks, part)
+            PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part)
             for p, part in by_partition.items()
             if p not in unowned
-            for keys in (self.layout.partition(p),)
         ]
 
         def finished(outcome: FlushOutcome) -> None:

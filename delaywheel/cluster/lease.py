@@ -112,7 +112,7 @@ class Leases(NodeScripts):
         )
         if reply[0] != 0:
             return int(reply[0])
-        return _holder(text(reply[1]), int(reply[2]))
+        return parse_holder(text(reply[1]), int(reply[2]))
 
     async def adopt(self, partition: int, epoch: int, lease_ms: int) -> int | Holder:
         """Take over a lease this node's name holds at ``epoch`` (its previous
@@ -125,7 +125,7 @@ class Leases(NodeScripts):
         )
         if reply[0] != 0:
             return int(reply[0])
-        return _holder(text(reply[1]), int(reply[2]))
+        return parse_holder(text(reply[1]), int(reply[2]))
 
     async def renew(self, partition: int, epoch: int, lease_ms: int) -> bool:
         keys = self.layout.partition(partition)
@@ -145,10 +145,11 @@ class Leases(NodeScripts):
         pipe.get(keys.lease)
         pipe.pttl(keys.lease)
         value, ttl_ms = await pipe.execute()
-        return None if value is None else _holder(text(value), int(ttl_ms))
+        return None if value is None else parse_holder(text(value), int(ttl_ms))
 
 
-def _holder(value: str, ttl_ms: int) -> Holder:
+def parse_holder(value: str, ttl_ms: int) -> Holder:
+    """A lease key's value, ``"<epoch> <node> <address>"``, as its holder."""
     epoch, _, rest = value.partition(" ")
     node, _, address = rest.partition(" ")
     return Holder(node, address, int(epoch) if epoch.isdigit() else 0, ttl_ms)

@@ -39,8 +39,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from delaywheel.cluster._scripts import text
 from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases
+from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases, parse_holder
 from delaywheel.cluster.membership import Membership, plan
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.sharing import Owner, Sharing
@@ -146,13 +147,11 @@ class Coordinator:
         for keys in self.keyspace.layout:
             pipe.get(keys.lease)
         values = await pipe.execute()
-        found = {}
-        for partition, value in enumerate(values):
-            if value is not None:
-                epoch, _, rest = value.decode().partition(" ")
-                node, _, address = rest.partition(" ")
-                found[partition] = Holder(node, address, int(epoch) if epoch.isdigit() else 0, 0)
-        return found
+        return {
+            partition: parse_holder(text(value), 0)
+            for partition, value in enumerate(values)
+            if value is not None
+        }
 
     async def _claim(self, partition: int, holder: Holder | None) -> None:
         self._busy.add(partition)
