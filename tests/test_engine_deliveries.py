@@ -243,6 +243,41 @@ def test_an_attempt_a_crash_cut_off_is_sent_again_after_loading() -> None:
     asyncio.run(main())
 
 
+def test_an_attempt_taken_over_is_sent_again_only_after_its_deadline() -> None:
+    """A partition taken over while serving (``load_partition``): an attempt
+    the previous owner journaled as delivering waits out its deadline (the
+    target's timeout from its start), since that owner may only be paused and
+    still sending; then the same attempt is sent again."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        first = make_engine(store)
+        send_at_once(first, [])  # begun, and the owner stops answering
+        target = {**HTTP, "timeout": 30}
+        task_id = first.add({"topic": "hooks", "target": target}, T0)["id"]
+        first.advance(T0 + 1)
+        await first.journal.drain()
+        assert (await stored(store, task_id)) is not None
+
+        second = make_engine(store)
+        sent: list[Delivery] = []
+        send_at_once(second, sent)
+        second.advance(T0 + 5)
+        assert await second.load_partition(store.load()) == 1
+        assert second.get(task_id)["state"] == "delivering"
+        second.advance(T0 + 30)
+        assert sent == []  # the first attempt began at T0 + 1, with 30 s to run
+        assert second.next_fire_s() == T0 + 31
+        second.advance(T0 + 31)
+        assert [(d.task_id, d.attempt) for d in sent] == [(task_id, 1)]
+        second.delivered(task_id, 1, None, T0 + 31)
+        await second.journal.drain()
+        assert await stored(store, task_id) is None
+
+    asyncio.run(main())
+
+
 def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     fields = (3, "mail", 0, T0 + 60, T0, 0, 60, 5, 0, msgpack.packb("hi"))
     task = from_record("old", msgpack.packb(fields, use_bin_type=True))

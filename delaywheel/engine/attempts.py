@@ -21,12 +21,14 @@ so the transition table, the counts and the journal see it as any other.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.brokers import CONNECT_TIMEOUT_S, SEND_TIMEOUT_S
 from delaywheel.delivery.targets import destination
 from delaywheel.engine.retry import (
     RetryPolicy as RetryPolicy,  # re-exported: app.py imports it here
@@ -51,6 +53,9 @@ class Attempts:
         self.retry = retry
         self._queue: Queue | None = None  # the dispatcher's, from start()
         self._resume: set[str] = set()  # loaded delivering tasks not yet handed over
+        # Attempts taken over from another node whose deadline has not passed:
+        # (deadline_s, id, task), sent again once it has (``release_held``).
+        self._held: list[tuple[float, str, Task]] = []
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
     def start(self, queue: Queue) -> None:
@@ -64,12 +69,30 @@ class Attempts:
         for task in list(self._table.waiting.values()):
             self._enqueue(task)
 
-    def adopt(self, tasks: list[Task]) -> None:
+    def adopt(self, tasks: list[Task], now_s: float) -> None:
         """Delivering tasks loaded while serving (a partition taken over): their
-        attempts are in the store already and are sent again, as at a start."""
+        attempts are in the store already and are sent again, as at a start,
+        but not before their deadline (``begin``): until then the previous
+        owner, if it is only paused, may still be sending."""
         for task in tasks:
             self._resume.add(task.id)
-            self._enqueue(task)
+            if task.deadline_s > now_s:
+                heapq.heappush(self._held, (task.deadline_s, task.id, task))
+            else:
+                self._enqueue(task)
+
+    def held_until_s(self) -> float | None:
+        """When the first attempt held by ``adopt`` is due to be sent again."""
+        return self._held[0][0] if self._held else None
+
+    def release_held(self, now_s: float) -> None:
+        """Send again the taken-over attempts whose deadline has passed, unless
+        they are gone since (deleted, or their partition dropped again)."""
+        held = self._held
+        while held and held[0][0] <= now_s:
+            _, task_id, task = heapq.heappop(held)
+            if self._table.delivering.get(task_id) is task:
+                self._enqueue(task)
 
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
@@ -97,7 +120,10 @@ class Attempts:
         task = self._table.waiting.get(task_id)
         if task is None:
             return False
-        self._table.move(task, "deliver", DELIVERING, attempts=task.attempts + 1)
+        deadline_s = self._table.wheel.now_s + attempt_bound_s(task.target)
+        self._table.move(
+            task, "deliver", DELIVERING, attempts=task.attempts + 1, deadline_s=deadline_s
+        )
         batch = self._table.journal.pending()
         assert batch is not None  # move() has just recorded the change
         batch.add_callback(partial(self._durable, task, task.attempts, ready))
@@ -125,10 +151,10 @@ class Attempts:
         if error is None:
             table.move(task, "delivered", GONE)
         elif task.attempts >= task.max_attempts:
-            table.move(task, "fail", DEAD, last_error=error)
+            table.move(task, "fail", DEAD, last_error=error, deadline_s=0.0)
         else:
             retry_at_s = now_s + self.retry.delay_s(task.attempts)
-            table.move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error)
+            table.move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error, deadline_s=0.0)
         batch = table.journal.pending()
         assert batch is not None
         batch.add_callback(partial(self._outcome_written, task, attempt))
@@ -145,6 +171,15 @@ class Attempts:
         elif error is None and task.state == DEAD and task.attempts == attempt:
             self.deaths += 1
             _log_death(task)  # once it is dead in the store too
+
+
+def attempt_bound_s(target: dict[str, Any] | None) -> float:
+    """How long an attempt to ``target`` can take at most: its deadline, which
+    the journal keeps so that a node taking its partition over waits it out."""
+    assert target is not None
+    if target["type"] == "http":
+        return float(target["timeout"])
+    return CONNECT_TIMEOUT_S + SEND_TIMEOUT_S
 
 
 def _delivery(task: Task) -> Delivery:

@@ -310,7 +310,8 @@ class Engine:
         its attempts in flight at the previous owner's end are sent again."""
         before = set(self.table.delivering)
         loaded = await self.table.cold.load(batches)
-        self.attempts.adopt([t for i, t in self.table.delivering.items() if i not in before])
+        adopted = [t for i, t in self.table.delivering.items() if i not in before]
+        self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded
 

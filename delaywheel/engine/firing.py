@@ -52,6 +52,9 @@ class Firing:
         thaw_s = table.packed.next_thaw_s()
         if thaw_s is not None and thaw_s <= now_s:
             table.cold.thaw(THAW_BATCH, by_s=now_s)
+        held_s = self._attempts.held_until_s()
+        if held_s is not None and held_s <= now_s:
+            self._attempts.release_held(now_s)
         fired = table.wheel.advance(now_s, FIRE_BATCH)
         if fired:
             self._count_fired(fired, now_s)
@@ -85,9 +88,9 @@ class Firing:
         counts[last] += n - at_most
 
     def next_fire_s(self) -> float | None:
-        """When ``advance`` next has work: a tick with timers, or packed tasks to decode."""
+        """When ``advance`` next has work: a tick with timers, packed tasks to
+        decode, or a taken-over attempt to send again (``Attempts.adopt``)."""
         table = self._table
-        fire_s, thaw_s = table.wheel.next_fire_s(), table.packed.next_thaw_s()
-        if fire_s is None or thaw_s is None:
-            return thaw_s if fire_s is None else fire_s
-        return min(fire_s, thaw_s)
+        times_s = [table.wheel.next_fire_s(), table.packed.next_thaw_s()]
+        times_s.append(self._attempts.held_until_s())
+        return min([t for t in times_s if t is not None], default=None)
