@@ -4,7 +4,6 @@ refusal and the warning of an open dashboard, TLS and its Secure cookie."""
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import sys
 import time
@@ -14,21 +13,13 @@ from pathlib import Path
 import pytest
 from aiohttp import ClientSession, TCPConnector
 from serverproc import ServerProcess
+from webkit import dashboard_url
 
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
 from delaywheel.net.server import Server
 from delaywheel.store.memory import MemoryStore
 from delaywheel.web.site import Dashboard
-
-DASHBOARD_LINE = re.compile(r"dashboard on (https?://\S+/)")
-
-
-def dashboard_url(proc: ServerProcess) -> str:
-    for line in proc.log:
-        if match := DASHBOARD_LINE.search(line):
-            return match.group(1)
-    raise AssertionError("no 'dashboard on' line:\n" + proc.log_text())
 
 
 @pytest.mark.process
