@@ -221,13 +221,16 @@ def list_start(nodes: Sequence[str], cursor: Any) -> tuple[str, Any]:
     raise ValueError(f"not a cursor of this cluster's list: {cursor!r}")
 
 
-def list_page(nodes: Sequence[str], address: str, page: Mapping[str, Any]) -> dict[str, Any]:
-    """The cluster's page from one node's: ``next`` goes on at that node, then the next."""
+def list_page(
+    nodes: Sequence[str], address: str, page: Mapping[str, Any], key: str = "tasks"
+) -> dict[str, Any]:
+    """The cluster's page from one node's (``list``'s, or ``schedule_list``'s with ``key``
+    ``"schedules"``): ``next`` goes on at that node, then the next."""
     if page["next"] is not None:
-        return {"tasks": page["tasks"], "next": [address, page["next"]]}
+        return {key: page[key], "next": [address, page["next"]]}
     after = nodes.index(address) + 1
     following = [nodes[after], None] if after < len(nodes) else None
-    return {"tasks": page["tasks"], "next": following}
+    return {key: page[key], "next": following}
 
 
 def stats_by_node(results: Mapping[str, Any]) -> dict[str, Any]:
