@@ -372,3 +372,31 @@ def test_the_stream_shows_the_banner_while_the_server_is_down_and_reconnects(
         asyncio.run(main())
     finally:
         assert proc.stop() == 0
+
+
+@pytest.mark.process
+def test_after_a_restart_with_a_token_the_banner_says_to_sign_in_again() -> None:
+    web_port = free_port()
+    proc = ServerProcess("--token", TOKEN, "--web-port", str(web_port))
+    origin = f"http://127.0.0.1:{web_port}"
+
+    async def main() -> None:
+        async with playwright_api.async_playwright() as pw:
+            browser = await launch(pw)
+            try:
+                page = await sign_in_at(browser, origin)
+                banner = page.locator("#banner")
+                await playwright_api.expect(page.locator("#count-ready")).to_have_text("0")
+                await asyncio.to_thread(proc.stop)
+                await playwright_api.expect(banner).to_be_visible(timeout=10000)
+                await asyncio.to_thread(proc.start)  # its sessions are new: ours is gone
+                await playwright_api.expect(banner).to_contain_text("Signed out", timeout=15000)
+                await page.reload()
+                assert page.url == f"{origin}/login"
+            finally:
+                await browser.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        assert proc.stop() == 0

@@ -85,9 +85,22 @@
       // the stream; then start a fresh one.
       if (source.readyState === EventSource.CLOSED) {
         source = null;
+        signedOut();
         setTimeout(connect, 3000);
       }
     });
+  }
+
+  // A refused stream: the server may be back without our session (a restart
+  // signs everyone out). A page that would send us to sign in says so.
+  function signedOut() {
+    fetch(base + "/", { redirect: "manual", credentials: "same-origin" })
+      .then((reply) => {
+        if (reply.type === "opaqueredirect") {
+          banner.textContent = "Signed out (the server restarted, or the session ended): reload the page to sign in again.";
+        }
+      })
+      .catch(() => {}); // still down: the banner says so already
   }
 
   function disconnect() {
