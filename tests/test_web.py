@@ -32,7 +32,7 @@ def run(scenario: Scenario, **settings: Any) -> None:
     asyncio.run(main())
 
 
-PAGES = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/server", "/cluster"]
+PAGES = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/schedules", "/server", "/cluster"]
 
 
 def mutating_routes(app: web.Application) -> list[str]:
@@ -115,7 +115,7 @@ def test_a_viewer_gets_403_on_every_mutating_route_and_sees_no_buttons() -> None
         assert (await d.login(VIEWER_TOKEN)).status == 303
         csrf = await d.csrf()
         routes = mutating_routes(d.dashboard.app)
-        assert len(routes) == 6  # the four task actions and the two bulk ones
+        assert len(routes) == 9  # four task actions, two bulk ones, three of schedules
         for path in routes:
             reply = await d.post(path, {"csrf": csrf, "topic": "t", "confirm": "1"})
             assert reply.status == 403, path
@@ -244,6 +244,8 @@ def test_hostile_ids_topics_bodies_and_errors_never_appear_raw() -> None:
         for n, text in enumerate(HOSTILE):
             ids.append(d.add(id=text, topic=text, body=text))
             d.dead(text, 1, error=text, prefix=f"dead{n}-{text}")
+            d.engine.schedule_add({"id": text, "cron": "0 3 * * *", "topic": text}, time.time())
+        d.engine.schedule_pause(HOSTILE[1], HOSTILE[0])  # the note shown too
         await d.login()
         pages = list(PAGES)
         pages += [f"/tasks/{quote(i)}" + v for i in ids for v in ("", "?view=json", "?view=hex")]
@@ -268,6 +270,63 @@ def quote(text: str) -> str:
     from urllib.parse import quote as q
 
     return q(text, safe="")
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+def test_the_schedules_page_lists_them_and_its_actions_go_through_the_engine() -> None:
+    async def scenario(d: Dash) -> None:
+        now_s = time.time()
+        d.engine.schedule_add(
+            {"id": "nightly", "cron": "0 3 * * *", "tz": "Europe/Paris", "topic": "reports"}, now_s
+        )
+        d.engine.schedule_add({"id": "tick", "every": 3600, "topic": "t"}, now_s)
+        await d.login()
+        html = await (await d.client.get("/schedules")).text()
+        assert 'href="/schedules"' in html  # in the nav
+        nightly = html[html.index('data-schedule="nightly"') : html.index('data-schedule="tick"')]
+        assert "0 3 * * *" in nightly and "Europe/Paris" in nightly and " UTC" in nightly
+        assert '<td class="schedule-paused">no</td>' in nightly
+        assert "<code>every 3600 s</code>" in html
+        csrf = await d.csrf("/schedules")
+        paused = await d.post("/schedules/nightly/pause", {"csrf": csrf})
+        assert (paused.status, paused.headers["Location"]) == (303, "/schedules")
+        state = d.engine.schedule_get("nightly")
+        assert state is not None and state["paused"] and state["next"] is None
+        assert d.engine.journal.pending() is None  # answered once durable
+        html = await (await d.client.get("/schedules")).text()
+        assert "Paused &#39;nightly&#39;." in html and 'data-action="resume"' in html
+        await d.post("/schedules/nightly/resume", {"csrf": csrf})
+        state = d.engine.schedule_get("nightly")
+        assert state is not None and not state["paused"] and state["next"] > now_s
+        triggered = await d.post("/schedules/tick/trigger", {"csrf": csrf})
+        assert triggered.status == 303
+        html = await (await d.client.get("/schedules")).text()
+        [task_id] = re.findall(r"Triggered &#39;tick&#39;: task &#39;([^&]+)&#39;", html)
+        task = d.engine.get(task_id)
+        assert task is not None and task["topic"] == "t"
+        missing = await d.post("/schedules/nope/pause", {"csrf": csrf})
+        assert missing.status == 303
+        html = await (await d.client.get("/schedules")).text()
+        assert "nope" in html and "Paused" not in html  # the engine's not_found, said
+
+    run(scenario)
+
+
+def test_schedules_page_in_pages_of_100_by_cursor() -> None:
+    async def scenario(d: Dash) -> None:
+        for n in range(105):
+            d.engine.schedule_add({"id": f"s{n:03}", "every": 60, "topic": "t"}, time.time())
+        await d.login()
+        first = await (await d.client.get("/schedules")).text()
+        assert first.count("data-schedule=") == 100
+        [next_url] = re.findall(r'href="(/schedules\?cursor=[^"]+)" rel="next"', first)
+        second = await (await d.client.get(next_url.replace("&amp;", "&"))).text()
+        ids = re.findall(r'data-schedule="([^"]+)"', first + second)
+        assert ids == [f"s{n:03}" for n in range(105)] and 'rel="next"' not in second
+
+    run(scenario)
 
 
 # -- the cluster map -------------------------------------------------------------------------

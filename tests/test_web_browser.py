@@ -111,10 +111,12 @@ def test_hostile_data_runs_no_script_and_breaks_no_policy() -> None:
         for n, text in enumerate(HOSTILE_TEXTS):
             ids.append(d.add(id=text, topic=text, body=text))
             d.dead(text, 1, error=text, prefix=f"x{n}")
+            d.engine.schedule_add({"id": text, "cron": "0 3 * * *", "topic": text}, time.time())
         page = await signed_in(d, browser)
         from urllib.parse import quote
 
-        paths = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/server", "/cluster"]
+        paths = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/schedules", "/server"]
+        paths += ["/cluster"]
         paths += [f"/tasks/{quote(i, safe='')}" for i in ids]
         for path in paths:
             await page.goto(d.origin + path)
@@ -156,10 +158,15 @@ def test_screenshots_of_every_page_with_no_horizontal_overflow() -> None:
         for n in range(8):
             d.add(id=f"shot-more-{n}", topic=f"topic-{n % 3}", delay=60 * n)
         d.dead("mail", 3, error="HTTP 503 from https://example.com/hook")
+        d.engine.schedule_add(
+            {"id": "nightly-report", "cron": "0 3 * * *", "tz": "Europe/Paris", "topic": "reports"},
+            time.time(),
+        )
+        d.engine.schedule_add({"id": "heartbeat", "every": 30, "topic": "pings"}, time.time())
         ARTIFACTS.mkdir(exist_ok=True)
         pages = {"home": "/", "topics": "/topics", "tasks": "/tasks", "task": f"/tasks/{task_id}",
                  "dead": "/dead", "deliveries": "/deliveries", "server": "/server",
-                 "cluster": "/cluster"}  # fmt: skip
+                 "cluster": "/cluster", "schedules": "/schedules"}  # fmt: skip
         for width, height in ((1280, 800), (390, 844)):
             for scheme in ("light", "dark"):
                 viewport = {"width": width, "height": height}

@@ -25,6 +25,7 @@ from delaywheel.web.context import SESSION, Context, back_of, same_origin_of
 log = logging.getLogger("delaywheel.web")
 
 DONE = {"delete": "Deleted", "kick": "Kicked", "run": "Due now:", "reschedule": "Rescheduled"}
+SCHEDULE_DONE = {"pause": "Paused", "resume": "Resumed", "trigger": "Triggered"}
 
 
 class Forms:
@@ -120,6 +121,27 @@ class Forms:
             if what == "delete" and back.startswith(ctx.base + "/tasks/"):
                 back = ctx.base + "/tasks"
         return web.Response(status=303, headers={"Location": back})
+
+    async def schedule_action(self, request: web.Request) -> web.StreamResponse:
+        ctx = self.ctx
+        session = request[SESSION]
+        assert session is not None  # the guard lets no POST through without one
+        schedule_id = request.match_info["id"]
+        what = request.path.rsplit("/", 1)[1]
+        verb = actions.schedule_verbs(ctx.server)[what]
+        who, described = session.who, f"{what} schedule {schedule_id!r}"
+        try:
+            result = await actions.one(
+                ctx.server, who, described, lambda: verb(schedule_id), of="schedule"
+            )
+        except RequestError as exc:
+            session.flash.append(exc.message)
+        else:
+            done = SCHEDULE_DONE[what] + f" {schedule_id!r}"
+            if what == "trigger":
+                done += f": task {result['id']!r}"
+            session.flash.append(done + ".")
+        return ctx.redirect("/schedules")
 
     async def bulk(self, request: web.Request) -> web.StreamResponse:
         ctx = self.ctx

@@ -143,6 +143,28 @@ class Pages:
             sessions=len(ctx.sessions),
         )
 
+    async def schedules(self, request: web.Request) -> web.StreamResponse:
+        ctx = self.ctx
+        cursor = request.query.get("cursor") or None
+        query: dict[str, object] = {"limit": views.SCHEDULE_ROWS}
+        if cursor is not None:
+            query["cursor"] = cursor
+        try:
+            page = ctx.server.engine.schedule_list(query)
+        except RequestError as exc:
+            return ctx.error(request, 400, exc.message)
+        next_url = None
+        if page["next"] is not None:
+            next_url = "/schedules?" + urlencode({"cursor": page["next"]})
+        return ctx.render(
+            request,
+            "schedules.html",
+            title="Schedules",
+            rows=page["schedules"],
+            next_url=next_url,
+            at_start=cursor is None,
+        )
+
     async def cluster(self, request: web.Request) -> web.StreamResponse:
         cluster = views.cluster(self.ctx.server.cluster_map())
         return self.ctx.render(request, "cluster.html", title="Cluster", cluster=cluster)

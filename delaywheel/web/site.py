@@ -69,6 +69,7 @@ class Dashboard(Context):
             ("/dead", pages.dead),
             ("/deliveries", pages.deliveries),
             ("/server", pages.server),
+            ("/schedules", pages.schedules),
             ("/cluster", pages.cluster),
             ("/jobs/{number}", pages.job),
             ("/api/stats", api.stats),
@@ -87,6 +88,8 @@ class Dashboard(Context):
         # The mutating routes: admin only, with the CSRF token (``_guard``).
         for name in ("delete", "kick", "run", "reschedule"):
             app.router.add_post(b + "/tasks/{id}/" + name, forms.task_action)
+        for name in ("pause", "resume", "trigger"):
+            app.router.add_post(b + "/schedules/{id}/" + name, forms.schedule_action)
         app.router.add_post(b + "/dead/kick", forms.bulk)
         app.router.add_post(b + "/dead/delete", forms.bulk)
         app.router.add_static(b + "/static", HERE / "static", append_version=False)

@@ -21,6 +21,7 @@ from delaywheel.engine.task import DEAD, DELAYED, Task
 SCAN_CHUNK = 10_000
 PAGE_ROWS = 50
 MAX_PAGE_ROWS = 500
+SCHEDULE_ROWS = 100  # schedules a page shows (schedule_list's default)
 PAGE_CALLS = 5  # list calls one page may make before it says how far it scanned
 MAX_BODY_SHOWN = 64 * 1024
 PREVIEW_BYTES = 200
