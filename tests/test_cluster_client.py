@@ -63,6 +63,18 @@ def test_partition_is_crc32_of_the_utf8_id_mod_partitions() -> None:
     assert partition_of("order-42", 16) == 1475806942 % 16  # a figure other languages can check
 
 
+def test_client_and_server_agree_on_occurrence_ids() -> None:
+    from delaywheel.cluster.partitions import partition_of as server_partition_of
+    from delaywheel.engine.sharing import Sharing
+
+    sharing = Sharing(node="n", address="a:1", partitions=16, lease_s=10.0)
+    for task_id in ("s:a:b:123", "s:x:", "s:x:12a", "s:daily:1767571200", "s:f:1.5", "plain"):
+        assert partition_of(task_id, 16) == server_partition_of(task_id, 16)
+        assert partition_of(task_id, 16) == sharing.partition_of(task_id)
+    assert partition_of("s:a:b:123", 16) == zlib.crc32(b"a:b") % 16
+    assert partition_of("s:x:12a", 16) == zlib.crc32(b"s:x:12a") % 16
+
+
 def test_seeds_parse_from_a_list_or_a_comma_separated_string() -> None:
     assert parse_seeds("a:1, b:2,") == ["a:1", "b:2"]
     assert parse_seeds(["127.0.0.1:3450"]) == ["127.0.0.1:3450"]

@@ -38,7 +38,36 @@ def test_the_hash_is_crc32_of_the_utf8_id() -> None:
 def test_every_id_lands_in_a_partition(task_id: str, partitions: int) -> None:
     p = partition_of(task_id, partitions)
     assert 0 <= p < partitions
-    assert p == crc32_by_the_book(task_id.encode("utf-8")) % partitions
+    if not task_id.startswith("s:"):
+        assert p == crc32_by_the_book(task_id.encode("utf-8")) % partitions
+
+
+@pytest.mark.parametrize(
+    ("task_id", "hashed"),
+    [
+        ("s:a:b:123", "a:b"),  # the schedule id runs to the last colon
+        ("s:daily:1767571200", "daily"),
+        ("s:fast:1767571200.25", "fast"),  # a fractional every's occurrence
+        ("s:x:", "s:x:"),  # no digits: the whole id
+        ("s:x:12a", "s:x:12a"),
+        ("s:x:1.", "s:x:1."),
+        ("s:x:١٢٣", "s:x:١٢٣"),  # ASCII digits only
+        ("x:s:1", "x:s:1"),
+        ("s:1", "s:1"),
+    ],
+)
+def test_an_occurrence_hashes_its_schedule_id(task_id: str, hashed: str) -> None:
+    for partitions in (16, 1000, 2**32):
+        expected = crc32_by_the_book(hashed.encode("utf-8")) % partitions
+        assert partition_of(task_id, partitions) == expected
+
+
+@given(st.text(max_size=30), st.integers(0, 2**40), st.integers(1, 5000))
+def test_a_schedule_and_its_occurrences_share_a_partition(
+    schedule_id: str, seconds: int, partitions: int
+) -> None:
+    occurrence = f"s:{schedule_id}:{seconds}"
+    assert partition_of(occurrence, partitions) == partition_of(schedule_id, partitions)
 
 
 def test_each_partition_keeps_its_keys_under_one_tag() -> None:

@@ -15,7 +15,15 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from delaywheel_client.aio import AsyncClient
-from delaywheel_client.calls import Task, TaskList, Topics, list_query, task_fields, topic_list
+from delaywheel_client.calls import (
+    Task,
+    TaskList,
+    Topics,
+    list_query,
+    schedule_query,
+    task_fields,
+    topic_list,
+)
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
 from delaywheel_client.pipeline import QueuedCalls
 from delaywheel_client.routing import (
@@ -319,6 +327,81 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
             cursor = page["next"]
             if cursor is None:
                 return
+
+    async def schedule_add(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
+        policies; docs/schedules.md): the schedule map with its state."""
+        result: dict[str, Any] = await self._routed(
+            "schedule_add", (dict(schedule),), schedule.get("id")
+        )
+        return result
+
+    async def schedule_update(
+        self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
+    ) -> dict[str, Any]:
+        """Change a schedule (null removes a field); a stale ``expected_version`` raises
+        ``Conflict``. The next occurrence is the first after max(now, last_fired)."""
+        result: dict[str, Any] = await self._routed(
+            "schedule_update",
+            (schedule_id, dict(changes))
+            if expected_version is None
+            else (schedule_id, dict(changes), expected_version),
+            schedule_id,
+        )
+        return result
+
+    async def schedule_pause(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
+        """Pause a schedule (its pending occurrence goes in the same write), with a note."""
+        result: dict[str, Any] = await self._routed(
+            "schedule_pause", (schedule_id,) if note is None else (schedule_id, note), schedule_id
+        )
+        return result
+
+    async def schedule_resume(self, schedule_id: str) -> dict[str, Any]:
+        """Resume a paused schedule from now (what passed while paused is not fired)."""
+        result: dict[str, Any] = await self._routed("schedule_resume", (schedule_id,), schedule_id)
+        return result
+
+    async def schedule_delete(self, schedule_id: str) -> bool:
+        """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
+        result: bool = await self._routed("schedule_delete", (schedule_id,), schedule_id)
+        return result
+
+    async def schedule_get(self, schedule_id: str) -> dict[str, Any] | None:
+        """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
+        ``counts``; None if there is none."""
+        result: dict[str, Any] | None = await self._routed(
+            "schedule_get", (schedule_id,), schedule_id
+        )
+        return result
+
+    async def schedule_list(
+        self,
+        *,
+        topic: str | None = None,
+        paused: bool | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
+        nodes = self._all_nodes(await self.partition_map())
+        address, inner = list_start(nodes, cursor)
+        query = schedule_query(topic, paused, limit, inner)
+        page = await self.node(address).call("schedule_list", query)
+        return list_page(nodes, address, page, "schedules")
+
+    async def schedule_trigger(self, schedule_id: str) -> dict[str, Any]:
+        """One extra occurrence now: ``{"id": its task id}``."""
+        result: dict[str, Any] = await self._routed("schedule_trigger", (schedule_id,), schedule_id)
+        return result
+
+    async def schedule_backfill(self, schedule_id: str, start: float, end: float) -> dict[str, Any]:
+        """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
+        ``{"ids": [...put], "existing": n}``."""
+        result: dict[str, Any] = await self._routed(
+            "schedule_backfill", (schedule_id, start, end), schedule_id
+        )
+        return result
 
     async def list(
         self,

@@ -61,5 +61,11 @@ def list_query(topic: str | None, state: str | None, limit: int | None, cursor: 
     return query
 
 
+def schedule_query(topic: str | None, paused: bool | None, limit: int | None, cursor: Any) -> Task:
+    """``schedule_list``'s query map, with only the fields given."""
+    given = {"topic": topic, "paused": paused, "limit": limit, "cursor": cursor}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def topic_list(topics: Topics) -> str | list[str]:
     return topics if isinstance(topics, str) else list(topics)

@@ -21,6 +21,7 @@ from delaywheel_client.calls import (
     Topics,
     list_query,
     reply_timeout_s,
+    schedule_query,
     task_fields,
     topic_list,
 )
@@ -302,6 +303,78 @@ class Client(ClientBase):
                 return
 
     # Defined last: inside the class body, the name ``list`` is this method from here on.
+    def schedule_add(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
+        policies; docs/schedules.md): the schedule map with its state."""
+        result: dict[str, Any] = self._call("schedule_add", (dict(schedule),), self.timeout_s)
+        return result
+
+    def schedule_update(
+        self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
+    ) -> dict[str, Any]:
+        """Change a schedule (null removes a field); a stale ``expected_version`` raises
+        ``Conflict``. The next occurrence is the first after max(now, last_fired)."""
+        result: dict[str, Any] = self._call(
+            "schedule_update",
+            (schedule_id, dict(changes))
+            if expected_version is None
+            else (schedule_id, dict(changes), expected_version),
+            self.timeout_s,
+        )
+        return result
+
+    def schedule_pause(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
+        """Pause a schedule (its pending occurrence goes in the same write), with a note."""
+        result: dict[str, Any] = self._call(
+            "schedule_pause",
+            (schedule_id,) if note is None else (schedule_id, note),
+            self.timeout_s,
+        )
+        return result
+
+    def schedule_resume(self, schedule_id: str) -> dict[str, Any]:
+        """Resume a paused schedule from now (what passed while paused is not fired)."""
+        result: dict[str, Any] = self._call("schedule_resume", (schedule_id,), self.timeout_s)
+        return result
+
+    def schedule_delete(self, schedule_id: str) -> bool:
+        """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
+        result: bool = self._call("schedule_delete", (schedule_id,), self.timeout_s)
+        return result
+
+    def schedule_get(self, schedule_id: str) -> dict[str, Any] | None:
+        """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
+        ``counts``; None if there is none."""
+        result: dict[str, Any] | None = self._call("schedule_get", (schedule_id,), self.timeout_s)
+        return result
+
+    def schedule_list(
+        self,
+        *,
+        topic: str | None = None,
+        paused: bool | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
+        result: dict[str, Any] = self._call(
+            "schedule_list", (schedule_query(topic, paused, limit, cursor),), self.timeout_s
+        )
+        return result
+
+    def schedule_trigger(self, schedule_id: str) -> dict[str, Any]:
+        """One extra occurrence now: ``{"id": its task id}``."""
+        result: dict[str, Any] = self._call("schedule_trigger", (schedule_id,), self.timeout_s)
+        return result
+
+    def schedule_backfill(self, schedule_id: str, start: float, end: float) -> dict[str, Any]:
+        """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
+        ``{"ids": [...put], "existing": n}``."""
+        result: dict[str, Any] = self._call(
+            "schedule_backfill", (schedule_id, start, end), self.timeout_s
+        )
+        return result
+
     def list(
         self,
         *,

@@ -47,7 +47,16 @@ _SPECS = (
     MethodSpec("kick_task", ("id",)),
     MethodSpec("stats", (), read_only=True),
     MethodSpec("cluster", (), read_only=True),
+    MethodSpec("schedule_add", ("schedule",)),
+    MethodSpec("schedule_update", ("id", "changes", "expected_version"), optional=1),
+    MethodSpec("schedule_pause", ("id", "note"), optional=1),
+    MethodSpec("schedule_resume", ("id",)),
+    MethodSpec("schedule_delete", ("id",)),
+    MethodSpec("schedule_get", ("id",), read_only=True),
+    MethodSpec("schedule_list", ("query",), optional=1, read_only=True),
     MethodSpec("schedule_next", ("schedule", "n"), optional=1, read_only=True),
+    MethodSpec("schedule_trigger", ("id",)),
+    MethodSpec("schedule_backfill", ("id", "start", "end")),
 )
 
 # Every method by name, in docs/protocol.md's order.

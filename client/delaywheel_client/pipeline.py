@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from delaywheel_client.calls import Topics, list_query, reply_timeout_s, task_fields, topic_list
+from delaywheel_client.calls import (
+    Topics,
+    list_query,
+    reply_timeout_s,
+    schedule_query,
+    task_fields,
+    topic_list,
+)
 from delaywheel_client.errors import DelaywheelError, error_from_reply
 from delaywheel_client.protocol import Response
 
@@ -137,6 +144,60 @@ class QueuedCalls:
         """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
         (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
         self._queue("schedule_next", (schedule,) if n is None else (schedule, n))
+
+    def schedule_add(self, schedule: Mapping[str, Any]) -> None:
+        """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
+        policies; docs/schedules.md): the schedule map with its state."""
+        self._queue("schedule_add", (dict(schedule),))
+
+    def schedule_update(
+        self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
+    ) -> None:
+        """Change a schedule (null removes a field); a stale ``expected_version`` raises
+        ``Conflict``. The next occurrence is the first after max(now, last_fired)."""
+        self._queue(
+            "schedule_update",
+            (schedule_id, dict(changes))
+            if expected_version is None
+            else (schedule_id, dict(changes), expected_version),
+        )
+
+    def schedule_pause(self, schedule_id: str, note: str | None = None) -> None:
+        """Pause a schedule (its pending occurrence goes in the same write), with a note."""
+        self._queue("schedule_pause", (schedule_id,) if note is None else (schedule_id, note))
+
+    def schedule_resume(self, schedule_id: str) -> None:
+        """Resume a paused schedule from now (what passed while paused is not fired)."""
+        self._queue("schedule_resume", (schedule_id,))
+
+    def schedule_delete(self, schedule_id: str) -> None:
+        """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
+        self._queue("schedule_delete", (schedule_id,))
+
+    def schedule_get(self, schedule_id: str) -> None:
+        """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
+        ``counts``; None if there is none."""
+        self._queue("schedule_get", (schedule_id,))
+
+    def schedule_list(
+        self,
+        *,
+        topic: str | None = None,
+        paused: bool | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> None:
+        """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
+        self._queue("schedule_list", (schedule_query(topic, paused, limit, cursor),))
+
+    def schedule_trigger(self, schedule_id: str) -> None:
+        """One extra occurrence now: ``{"id": its task id}``."""
+        self._queue("schedule_trigger", (schedule_id,))
+
+    def schedule_backfill(self, schedule_id: str, start: float, end: float) -> None:
+        """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
+        ``{"ids": [...put], "existing": n}``."""
+        self._queue("schedule_backfill", (schedule_id, start, end))
 
     def list(
         self,

@@ -1,7 +1,8 @@
 """What both cluster clients share, without any I/O: the partition map, the hash, and the
 rules for ``moved``, ``tryagain`` and a node that cannot be reached.
 
-A task's partition is ``zlib.crc32(id as UTF-8) % partitions`` (docs/protocol.md), and the
+A task's partition is ``zlib.crc32(id as UTF-8) % partitions`` (an occurrence
+``s:{X}:{digits}`` hashes ``X``: partitions.py; docs/protocol.md), and the
 map from ``cluster`` names each partition's owner by its ``address`` (``"host:port"``). A
 server older than the ``cluster`` method answers ``no_method``: it owns every task, so the
 map is one partition owned by that server.
@@ -12,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from delaywheel_client._tls import PathLike
 from delaywheel_client.connection import ClientBase, parse_url
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
+from delaywheel_client.partitions import partition_of
 from delaywheel_client.protocol import Response
 
 # ``moved`` is followed this many times per call (each time with a fresh map) before the
@@ -40,11 +41,6 @@ RETRY_MAX_S = 1.0
 
 # The methods whose first param is a task id: they go to that task's owner.
 ID_METHODS = frozenset({"update", "delete", "get", "ack", "release", "touch", "kick_task"})
-
-
-def partition_of(task_id: str, partitions: int) -> int:
-    """The partition of ``task_id``: ``zlib.crc32(id as UTF-8) % partitions``."""
-    return zlib.crc32(task_id.encode("utf-8")) % partitions
 
 
 def new_task_id() -> str:
@@ -225,13 +221,16 @@ def list_start(nodes: Sequence[str], cursor: Any) -> tuple[str, Any]:
     raise ValueError(f"not a cursor of this cluster's list: {cursor!r}")
 
 
-def list_page(nodes: Sequence[str], address: str, page: Mapping[str, Any]) -> dict[str, Any]:
-    """The cluster's page from one node's: ``next`` goes on at that node, then the next."""
+def list_page(
+    nodes: Sequence[str], address: str, page: Mapping[str, Any], key: str = "tasks"
+) -> dict[str, Any]:
+    """The cluster's page from one node's (``list``'s, or ``schedule_list``'s with ``key``
+    ``"schedules"``): ``next`` goes on at that node, then the next."""
     if page["next"] is not None:
-        return {"tasks": page["tasks"], "next": [address, page["next"]]}
+        return {key: page[key], "next": [address, page["next"]]}
     after = nodes.index(address) + 1
     following = [nodes[after], None] if after < len(nodes) else None
-    return {"tasks": page["tasks"], "next": following}
+    return {key: page[key], "next": following}
 
 
 def stats_by_node(results: Mapping[str, Any]) -> dict[str, Any]:

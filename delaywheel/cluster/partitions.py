@@ -3,7 +3,9 @@
 A keyspace has P partitions, fixed when it is first used. A task's partition
 is ``zlib.crc32(task_id.encode("utf-8")) % P`` (``partition_of``, the
 contract: clients in any language route by the same CRC-32, the one zlib,
-PNG and Ethernet use, unsigned).
+PNG and Ethernet use, unsigned), except that an occurrence of a schedule,
+``s:{X}:{digits}``, hashes ``X`` (delaywheel_client/partitions.py, shared
+with the clients).
 
 The key layout extends today's single-node store (store/redis.py), whose
 one hash is ``{<prefix>}:tasks`` (``--redis-prefix``, default
@@ -32,16 +34,19 @@ build one from ARGV.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from delaywheel_client.partitions import partition_of
 from redis.asyncio import Redis, RedisCluster
 
 DEFAULT_PARTITIONS = 16
 # More partitions than Redis Cluster has slots would gain nothing, and each
 # one costs its owner a lease renewal every L/3.
 MAX_PARTITIONS = 16384
+
+
+__all__ = ["partition_of"]  # re-exported: the rule's home is the client's module
 
 
 class PartitionsError(ValueError):
@@ -56,11 +61,6 @@ def check_partitions(partitions: int) -> int:
     ):
         raise PartitionsError(f"partitions {partitions!r}: must be an integer 1..{MAX_PARTITIONS}")
     return partitions
-
-
-def partition_of(task_id: str, partitions: int) -> int:
-    """The partition of ``task_id`` in a keyspace of ``partitions`` (the contract)."""
-    return zlib.crc32(task_id.encode("utf-8")) % partitions
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
-from delaywheel.engine.schedules import schedule_next
+from delaywheel.engine.schedules import Hooks, ScheduleTable, is_record_key
 from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
@@ -68,6 +68,16 @@ class Engine:
         self.firing = Firing(table, self.attempts)
         self.started_s = now_s
         table.sharing = sharing
+        self.schedules = ScheduleTable(
+            self.journal,
+            Hooks(
+                check_template=self._check_template,
+                put_occurrence=self._put_occurrence,
+                in_flight=self._in_flight,
+                check_served=self._check_served,
+            ),
+            tick_s,
+        )
 
     # -- requests ------------------------------------------------------------
 
@@ -99,6 +109,8 @@ class Engine:
         """A new task's fields, checked, its target too (``add_many`` checks
         every task before it creates any: all or nothing)."""
         new = validate.new_task(fields, now_s, self.limits)
+        if new.id is not None and is_record_key(new.id):
+            raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
         if new.id is not None and self.sharing is not None:
             self.sharing.check(new.id)
         if new.target is not None:
@@ -234,10 +246,64 @@ class Engine:
         self.table.serve_waiters(now_s)
         return True
 
+    # -- schedules (engine/schedules.py) ---------------------------------------
+
+    def schedule_add(self, schedule: Any, now_s: float) -> dict[str, Any]:
+        return self.schedules.add(schedule, now_s)
+
+    def schedule_update(
+        self, schedule_id: Any, changes: Any, expected_version: Any, now_s: float
+    ) -> dict[str, Any]:
+        return self.schedules.update(schedule_id, changes, expected_version, now_s)
+
+    def schedule_pause(self, schedule_id: Any, note: Any) -> dict[str, Any]:
+        return self.schedules.pause(schedule_id, note)
+
+    def schedule_resume(self, schedule_id: Any, now_s: float) -> dict[str, Any]:
+        return self.schedules.resume(schedule_id, now_s)
+
+    def schedule_delete(self, schedule_id: Any) -> bool:
+        return self.schedules.delete(schedule_id)
+
+    def schedule_get(self, schedule_id: Any) -> dict[str, Any] | None:
+        return self.schedules.get(schedule_id)
+
+    def schedule_list(self, query: Any) -> dict[str, Any]:
+        return self.schedules.page(query)
+
     def schedule_next(self, schedule: Any, n: Any, now_s: float) -> dict[str, Any]:
-        """A schedule's next ``n`` times from now, with its description
-        (``delaywheel.engine.schedules``)."""
-        return schedule_next(schedule, n, now_s, self.table.wheel.tick_s)
+        """A schedule's next ``n`` times from now, with its description."""
+        return self.schedules.next(schedule, n, now_s)
+
+    def schedule_trigger(self, schedule_id: Any, now_s: float) -> dict[str, Any]:
+        return self.schedules.trigger(schedule_id, now_s)
+
+    def schedule_backfill(
+        self, schedule_id: Any, start: Any, end: Any, now_s: float
+    ) -> dict[str, Any]:
+        return self.schedules.backfill(schedule_id, start, end, now_s)
+
+    def _check_template(self, template: dict[str, Any], task_id: str, now_s: float) -> None:
+        self._checked(dict(template, id=task_id), now_s)
+
+    def _put_occurrence(
+        self, task_id: str, template: dict[str, Any], at_s: float, now_s: float
+    ) -> bool:
+        """An occurrence's task, put if no task has its id (the fire step's no-op)."""
+        if task_id in self._tasks:
+            return False
+        new = self._checked(dict(template, id=task_id, at=max(at_s, now_s)), now_s)
+        self.table.create(new, now_s)
+        self.table.serve_waiters(now_s)
+        return True
+
+    def _in_flight(self, task_id: str) -> bool:
+        task = self._tasks.get(task_id)
+        return task is not None and task.state not in (DEAD, GONE)
+
+    def _check_served(self, schedule_id: str) -> None:
+        if self.sharing is not None:
+            self.sharing.check(schedule_id)
 
     def _revive(self, task: Task, now_s: float) -> None:
         """A dead task back to life with its attempts counted afresh."""
@@ -263,12 +329,17 @@ class Engine:
     # -- time ------------------------------------------------------------------
 
     def advance(self, now_s: float) -> int:
-        """Fire what is due (``delaywheel.engine.firing``); returns how many moved."""
-        return self.firing.advance(now_s)
+        """Fire what is due (``delaywheel.engine.firing``) and the schedules due
+        (``delaywheel.engine.schedules``); returns how many moved."""
+        moved = self.firing.advance(now_s)
+        return moved + self.schedules.advance(now_s)
 
     def next_fire_s(self) -> float | None:
-        """When ``advance`` next has work (``delaywheel.engine.firing``)."""
-        return self.firing.next_fire_s()
+        """When ``advance`` next has work: a task's timer or a schedule's."""
+        fire_s, schedule_s = self.firing.next_fire_s(), self.schedules.next_fire_s()
+        if fire_s is None or schedule_s is None:
+            return schedule_s if fire_s is None else fire_s
+        return min(fire_s, schedule_s)
 
     # -- deliveries --------------------------------------------------------------
 
@@ -303,13 +374,13 @@ class Engine:
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and
         skipped. Returns how many loaded (see ``delaywheel.engine.cold``)."""
-        return await self.table.cold.load(batches)
+        return await self.table.cold.load(self.schedules.split(batches))
 
     async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Add a partition's tasks, while serving (a takeover): as ``load``, and
         its attempts in flight at the previous owner's end are sent again."""
         before = set(self.table.delivering)
-        loaded = await self.table.cold.load(batches)
+        loaded = await self.table.cold.load(self.schedules.split(batches))
         adopted = [t for i, t in self.table.delivering.items() if i not in before]
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
@@ -321,6 +392,7 @@ class Engine:
         their outcomes (a handoff); they are returned."""
         assert self.sharing is not None
         of = self.sharing.partition_of
+        self.schedules.drop(lambda key: of(key) == partition)
         return self.table.drop(lambda task_id: of(task_id) == partition, keep_delivering)
 
     def is_delivering(self, task: Task) -> bool:

@@ -53,13 +53,20 @@ Undo = list[tuple[Task, tuple[Any, ...]]]
 
 
 class Batch:
-    __slots__ = ("callbacks", "size", "tasks", "undo")
+    __slots__ = ("callbacks", "records", "records_undo", "size", "tasks", "undo")
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}  # id -> task; the last change of an id wins
         self.undo: Undo = []  # first snapshot of each task
+        # Other records than tasks (schedules, engine/schedules.py): key ->
+        # record or None, and how to undo each change, oldest first.
+        self.records: dict[str, bytes | None] = {}
+        self.records_undo: list[Callable[[], None]] = []
         self.callbacks: list[Callback] = []
         self.size = 0
+
+    def has_changes(self) -> bool:
+        return bool(self.tasks) or bool(self.records)
 
     def add_callback(self, callback: Callback) -> None:
         self.callbacks.append(callback)
@@ -109,9 +116,20 @@ class Journal:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._start)
 
+    def record_other(self, key: str, record: bytes | None, undo: Callable[[], None]) -> None:
+        """Journal a record that is not a task's (a schedule's) in the same batch,
+        so it is one store write with the tasks changed beside it; ``undo``
+        puts the in-memory state back if that write fails."""
+        batch = self._gathering
+        batch.records[key] = record
+        batch.records_undo.append(undo)
+        if not self._flush_scheduled and self._writing is None and not self.flushed_by_caller:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start)
+
     def pending(self) -> Batch | None:
         """The batch a reply must wait for: the newest one not yet durable."""
-        if self._gathering.tasks:
+        if self._gathering.has_changes():
             return self._gathering
         return self._writing
 
@@ -124,13 +142,13 @@ class Journal:
 
     def flush(self) -> None:
         """Start writing what has gathered now, if no write is in flight."""
-        if self._writing is None and self._gathering.tasks:
+        if self._writing is None and self._gathering.has_changes():
             self._start()
 
     def _start(self) -> None:
         self._flush_scheduled = False
         batch = self._gathering
-        if self._writing is not None or not batch.tasks:
+        if self._writing is not None or not batch.has_changes():
             return
         self._gathering = Batch()
         self._touched = set()
@@ -139,6 +157,7 @@ class Journal:
             task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
         }
+        changes.update(batch.records)
         batch.size = len(changes)
         if not self.inline:
             self.watch.started()
@@ -168,7 +187,7 @@ class Journal:
             except Exception:  # the write is durable: its replies must still go
                 log.exception("durable hook failed")
             batch.finish(None)
-        if self._gathering.tasks and not self._flush_scheduled:
+        if self._gathering.has_changes() and not self._flush_scheduled:
             self._start()
 
     def _fail(self, batch: Batch, error: StoreError) -> None:
@@ -178,6 +197,8 @@ class Journal:
         self._writing = None
         # Newest first: the gathering batch built on the failed one.
         self._table.rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
+        for undo in [*reversed(later.records_undo), *reversed(batch.records_undo)]:
+            undo()
         self.watch.failed(batch.size, error)
         batch.finish(error)
         later.finish(error)

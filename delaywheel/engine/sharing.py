@@ -1,7 +1,8 @@
 """Which partitions this node serves, and the answer for a task in another.
 
 With a shared Redis keyspace (cluster/keyspace.py) a task belongs to
-partition ``crc32(id) % P`` (cluster/partitions.py), and the engine holds
+partition ``crc32(id) % P`` (an occurrence ``s:{X}:{digits}`` hashes ``X``;
+cluster/partitions.py), and the engine holds
 and serves only the tasks of the partitions this node owns now. A request
 naming a task of any other partition is answered ``moved`` with the owner
 the store last showed, or ``tryagain`` while it has none. ``serving`` is
@@ -13,9 +14,10 @@ serves every id, at no cost per request.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Any
+
+from delaywheel_client.partitions import partition_of
 
 from delaywheel.errors import RequestError
 
@@ -43,14 +45,14 @@ class Sharing:
         self.owners: dict[int, Owner] = {}
 
     def partition_of(self, task_id: str) -> int:
-        return zlib.crc32(task_id.encode("utf-8")) % self.partitions
+        return partition_of(task_id, self.partitions)
 
     def owns(self, task_id: str) -> bool:
-        return zlib.crc32(task_id.encode("utf-8")) % self.partitions in self.serving
+        return partition_of(task_id, self.partitions) in self.serving
 
     def check(self, task_id: str) -> None:
         """Raise ``moved`` or ``tryagain`` unless this node serves ``task_id`` now."""
-        partition = zlib.crc32(task_id.encode("utf-8")) % self.partitions
+        partition = partition_of(task_id, self.partitions)
         if partition not in self.serving:
             raise self.elsewhere(partition, task_id)
 

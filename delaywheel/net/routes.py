@@ -63,7 +63,16 @@ def routes_for(server: Server) -> dict[str, Method]:
         "touch": engine.touch,
         "kick": engine.kick,
         "kick_task": engine.kick_task,
+        "schedule_add": engine.schedule_add,
+        "schedule_update": engine.schedule_update,
+        "schedule_pause": engine.schedule_pause,
+        "schedule_resume": engine.schedule_resume,
+        "schedule_delete": engine.schedule_delete,
+        "schedule_get": engine.schedule_get,
+        "schedule_list": engine.schedule_list,
         "schedule_next": engine.schedule_next,
+        "schedule_trigger": engine.schedule_trigger,
+        "schedule_backfill": engine.schedule_backfill,
     }
     own: dict[str, Route | None] = {
         "ping": _ping,

@@ -104,6 +104,7 @@ class Server:
         stats["node"] = None if sharing is None else sharing.node
         stats["partitions"] = None if sharing is None else sharing.stats()
         stats["connections"] = len(self.connections)
+        stats["schedules"] = self.engine.schedules.stats()
         stats["tls"] = self.settings.tls_cert is not None
         if self.deliveries is not None:
             stats["deliveries"] = self.deliveries.stats()
