@@ -187,6 +187,7 @@ SECTIONS: dict[str, str] = {
     "recovery": "bench.recovery",
     "deliveries": "bench.deliveries",
     "connections": "bench.connections",
+    "dashboard": "bench.dashboard",
 }
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from webkit import HOSTILE_TEXTS, TOKEN, VIEWER_TOKEN, Dash, dash
 
 from delaywheel.config import ConfigError, Settings
-from delaywheel.web.live import MAX_STREAMS, RING_SAMPLES, Ring
+from delaywheel.web.live import MAX_STREAMS, RING_SAMPLES, Ring, chart_values
 from delaywheel.web.site import CSP
 
 Scenario = Callable[[Dash], Awaitable[None]]
@@ -30,6 +30,9 @@ def run(scenario: Scenario, **settings: Any) -> None:
             await scenario(d)
 
     asyncio.run(main())
+
+
+PAGES = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/schedules", "/server", "/cluster"]
 
 
 def mutating_routes(app: web.Application) -> list[str]:
@@ -48,7 +51,7 @@ def mutating_routes(app: web.Application) -> list[str]:
 
 def test_pages_redirect_to_login_and_the_cookie_flags() -> None:
     async def scenario(d: Dash) -> None:
-        for page in ("/", "/topics", "/tasks", "/tasks/x", "/dead", "/deliveries", "/server"):
+        for page in [*PAGES, "/tasks/x"]:
             reply = await d.client.get(page, allow_redirects=False)
             assert (reply.status, reply.headers["Location"]) == (303, "/login"), page
         form = await d.client.get("/login")
@@ -112,14 +115,14 @@ def test_a_viewer_gets_403_on_every_mutating_route_and_sees_no_buttons() -> None
         assert (await d.login(VIEWER_TOKEN)).status == 303
         csrf = await d.csrf()
         routes = mutating_routes(d.dashboard.app)
-        assert len(routes) == 6  # the four task actions and the two bulk ones
+        assert len(routes) == 9  # four task actions, two bulk ones, three of schedules
         for path in routes:
             reply = await d.post(path, {"csrf": csrf, "topic": "t", "confirm": "1"})
             assert reply.status == 403, path
             assert "Viewers cannot change tasks" in await reply.text()
-        page = await (await d.client.get(f"/tasks/{task_id}")).text()
-        dead = await (await d.client.get("/dead")).text()
-        assert "data-action" not in page and "data-action" not in dead
+        for path in [*PAGES, f"/tasks/{task_id}"]:
+            reply = await d.client.get(path)
+            assert reply.status == 200 and "data-action" not in await reply.text(), path
         assert (
             d.engine.get(task_id) is not None and d.engine.snapshot().counts.by_state()["dead"] == 1
         )
@@ -200,6 +203,7 @@ def test_every_response_carries_the_csp_404s_and_static_files_too() -> None:
                          "/static/missing.js", "/api/stats")
         ]  # fmt: skip
         await d.login()
+        replies += [await d.client.get(p) for p in ("/cluster", "/api/cluster")]
         replies += [await d.client.get(p) for p in ("/", "/nowhere", "/tasks/none")]
         for reply in replies:
             headers = reply.headers
@@ -219,8 +223,7 @@ def test_no_inline_script_or_style_on_any_page() -> None:
         task_id = d.add()
         d.dead("t", 2, error="boom")
         await d.login()
-        pages = ["/", "/topics", "/tasks", f"/tasks/{task_id}", "/dead",
-                 "/dead?topic=t&group=%2Bboom", "/deliveries", "/server", "/login"]  # fmt: skip
+        pages = [*PAGES, f"/tasks/{task_id}", "/dead?topic=t&group=%2Bboom", "/login"]
         for page in pages:
             html = await (await d.client.get(page)).text()
             assert not re.search(r"<script(?![^>]*\bsrc=)", html), page
@@ -241,8 +244,10 @@ def test_hostile_ids_topics_bodies_and_errors_never_appear_raw() -> None:
         for n, text in enumerate(HOSTILE):
             ids.append(d.add(id=text, topic=text, body=text))
             d.dead(text, 1, error=text, prefix=f"dead{n}-{text}")
+            d.engine.schedule_add({"id": text, "cron": "0 3 * * *", "topic": text}, time.time())
+        d.engine.schedule_pause(HOSTILE[1], HOSTILE[0])  # the note shown too
         await d.login()
-        pages = ["/", "/topics", "/tasks", "/dead", "/server", "/deliveries"]
+        pages = list(PAGES)
         pages += [f"/tasks/{quote(i)}" + v for i in ids for v in ("", "?view=json", "?view=hex")]
         pages += [f"/dead?topic={quote(t)}&group={quote('+' + t)}" for t in HOSTILE]
         pages += [f"/tasks?topic={quote(t)}" for t in HOSTILE]
@@ -265,6 +270,106 @@ def quote(text: str) -> str:
     from urllib.parse import quote as q
 
     return q(text, safe="")
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+def test_the_schedules_page_lists_them_and_its_actions_go_through_the_engine() -> None:
+    async def scenario(d: Dash) -> None:
+        now_s = time.time()
+        d.engine.schedule_add(
+            {"id": "nightly", "cron": "0 3 * * *", "tz": "Europe/Paris", "topic": "reports"}, now_s
+        )
+        d.engine.schedule_add({"id": "tick", "every": 3600, "topic": "t"}, now_s)
+        await d.login()
+        html = await (await d.client.get("/schedules")).text()
+        assert 'href="/schedules"' in html  # in the nav
+        nightly = html[html.index('data-schedule="nightly"') : html.index('data-schedule="tick"')]
+        assert "0 3 * * *" in nightly and "Europe/Paris" in nightly and " UTC" in nightly
+        assert '<td class="schedule-paused">no</td>' in nightly
+        assert "<code>every 3600 s</code>" in html
+        csrf = await d.csrf("/schedules")
+        paused = await d.post("/schedules/nightly/pause", {"csrf": csrf})
+        assert (paused.status, paused.headers["Location"]) == (303, "/schedules")
+        state = d.engine.schedule_get("nightly")
+        assert state is not None and state["paused"] and state["next"] is None
+        assert d.engine.journal.pending() is None  # answered once durable
+        html = await (await d.client.get("/schedules")).text()
+        assert "Paused &#39;nightly&#39;." in html and 'data-action="resume"' in html
+        await d.post("/schedules/nightly/resume", {"csrf": csrf})
+        state = d.engine.schedule_get("nightly")
+        assert state is not None and not state["paused"] and state["next"] > now_s
+        triggered = await d.post("/schedules/tick/trigger", {"csrf": csrf})
+        assert triggered.status == 303
+        html = await (await d.client.get("/schedules")).text()
+        [task_id] = re.findall(r"Triggered &#39;tick&#39;: task &#39;([^&]+)&#39;", html)
+        task = d.engine.get(task_id)
+        assert task is not None and task["topic"] == "t"
+        missing = await d.post("/schedules/nope/pause", {"csrf": csrf})
+        assert missing.status == 303
+        html = await (await d.client.get("/schedules")).text()
+        assert "nope" in html and "Paused" not in html  # the engine's not_found, said
+
+    run(scenario)
+
+
+def test_schedules_page_in_pages_of_100_by_cursor() -> None:
+    async def scenario(d: Dash) -> None:
+        for n in range(105):
+            d.engine.schedule_add({"id": f"s{n:03}", "every": 60, "topic": "t"}, time.time())
+        await d.login()
+        first = await (await d.client.get("/schedules")).text()
+        assert first.count("data-schedule=") == 100
+        [next_url] = re.findall(r'href="(/schedules\?cursor=[^"]+)" rel="next"', first)
+        second = await (await d.client.get(next_url.replace("&amp;", "&"))).text()
+        ids = re.findall(r'data-schedule="([^"]+)"', first + second)
+        assert ids == [f"s{n:03}" for n in range(105)] and 'rel="next"' not in second
+
+    run(scenario)
+
+
+# -- the cluster map -------------------------------------------------------------------------
+
+
+def test_the_cluster_page_on_a_single_node_is_one_partition_it_owns() -> None:
+    async def scenario(d: Dash) -> None:
+        await d.login()
+        html = await (await d.client.get("/cluster")).text()
+        assert 'href="/cluster"' in html  # in the nav
+        rows = re.findall(r'<tr class="mine" data-partition="(\d+)">', html)
+        assert rows == ["0"] and html.count("data-partition=") == 1
+        assert '<span id="cluster-mine">1</span> of <span id="cluster-partitions">1</span>' in html
+        assert "single-node store" in html and "(this node)" in html
+        api = await d.client.get("/api/cluster", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert await api.json() == d.dashboard.server.cluster_map()
+
+    run(scenario)
+
+
+def test_the_cluster_map_of_a_shared_keyspace_marks_this_nodes_partitions_escaped() -> None:
+    from delaywheel.engine.sharing import Owner, Sharing
+
+    async def scenario(d: Dash) -> None:
+        here, other = HOSTILE[0], HOSTILE[1]
+        sharing = Sharing(node=here, address="10.0.0.1:7711", partitions=4, lease_s=5.0)
+        sharing.owners = {
+            0: Owner(here, "10.0.0.1:7711", 3),
+            1: Owner(other, HOSTILE[2], 9),
+            2: Owner(here, "10.0.0.1:7711", 4),
+        }  # partition 3: no owner just now
+        d.engine.sharing = sharing  # read by the page only: no request goes through it
+        await d.login()
+        html = await (await d.client.get("/cluster")).text()
+        assert re.findall(r'<tr class="mine" data-partition="(\d+)">', html) == ["0", "2"]
+        assert re.findall(r'<tr data-partition="(\d+)">', html) == ["1", "3"]
+        assert '<span id="cluster-mine">2</span> of <span id="cluster-partitions">4</span>' in html
+        assert "1 without an owner just now" in html and "leases last 5.0 s" in html
+        for raw in ("<img src=x", "<script>window"):
+            assert raw not in html
+        assert "&lt;img src=x onerror" in html and "&#34;&gt;&lt;script&gt;" in html
+
+    run(scenario)
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -546,3 +651,20 @@ def test_the_ring_holds_an_hour_in_under_a_megabyte() -> None:
     assert ring.nbytes() < 1_000_000
     assert ring.count == RING_SAMPLES
     assert ring.series("t", last=3) == [RING_SAMPLES + 7.0, RING_SAMPLES + 8.0, RING_SAMPLES + 9.0]
+
+
+def test_charts_start_at_the_servers_start_with_gaps_not_zeros() -> None:
+    async def scenario(d: Dash) -> None:
+        await d.login()
+        producer = d.dashboard.producer
+        samples = producer.ring.count  # since this server started: no padding before it
+        html = await (await d.client.get("/")).text()
+        values = dict(re.findall(r'data-series="(\w+)" data-values="([^"]*)"', html))
+        assert set(values) == {"ready", "added", "fired", "p99"}
+        assert len(values["ready"].split(",")) == samples >= 1
+        assert set(values["p99"].split(",")) == {""}  # nothing fired: no lateness, not 0
+        [until] = re.findall(r'class="charts" data-until="([\d.]+)"', html)
+        assert float(until) == pytest.approx(producer.ring.series("t")[-1], abs=1e-3)
+
+    run(scenario)
+    assert chart_values([1.0, float("nan"), 0.25]) == "1,,0.25"

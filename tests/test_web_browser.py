@@ -17,7 +17,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from webkit import HOSTILE_TEXTS, TOKEN, VIEWER_TOKEN, Dash, dash
+from conftest import free_port
+from delaywheel_client import Client
+from serverproc import ServerProcess
+from waiting import wait_until, wait_until_async
+from webkit import HOSTILE_TEXTS, TOKEN, VIEWER_TOKEN, Dash, dash, dashboard_url
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -39,15 +43,21 @@ def run(scenario: Scenario, **settings: Any) -> None:
 
     async def main() -> None:
         async with dash(**settings) as d, playwright_api.async_playwright() as pw:
-            browser = await pw.chromium.launch(
-                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
-            )
+            browser = await launch(pw)
             try:
                 await scenario(d, browser)
             finally:
                 await browser.close()
 
     asyncio.run(main())
+
+
+async def launch(pw: Any) -> Any:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
+    return await pw.chromium.launch(
+        executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+    )
 
 
 async def signed_in(d: Dash, browser: Any, token: str = TOKEN, **options: Any) -> Any:
@@ -101,10 +111,12 @@ def test_hostile_data_runs_no_script_and_breaks_no_policy() -> None:
         for n, text in enumerate(HOSTILE_TEXTS):
             ids.append(d.add(id=text, topic=text, body=text))
             d.dead(text, 1, error=text, prefix=f"x{n}")
+            d.engine.schedule_add({"id": text, "cron": "0 3 * * *", "topic": text}, time.time())
         page = await signed_in(d, browser)
         from urllib.parse import quote
 
-        paths = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/server"]
+        paths = ["/", "/topics", "/tasks", "/dead", "/deliveries", "/schedules", "/server"]
+        paths += ["/cluster"]
         paths += [f"/tasks/{quote(i, safe='')}" for i in ids]
         for path in paths:
             await page.goto(d.origin + path)
@@ -146,9 +158,15 @@ def test_screenshots_of_every_page_with_no_horizontal_overflow() -> None:
         for n in range(8):
             d.add(id=f"shot-more-{n}", topic=f"topic-{n % 3}", delay=60 * n)
         d.dead("mail", 3, error="HTTP 503 from https://example.com/hook")
+        d.engine.schedule_add(
+            {"id": "nightly-report", "cron": "0 3 * * *", "tz": "Europe/Paris", "topic": "reports"},
+            time.time(),
+        )
+        d.engine.schedule_add({"id": "heartbeat", "every": 30, "topic": "pings"}, time.time())
         ARTIFACTS.mkdir(exist_ok=True)
         pages = {"home": "/", "topics": "/topics", "tasks": "/tasks", "task": f"/tasks/{task_id}",
-                 "dead": "/dead", "deliveries": "/deliveries", "server": "/server"}  # fmt: skip
+                 "dead": "/dead", "deliveries": "/deliveries", "server": "/server",
+                 "cluster": "/cluster", "schedules": "/schedules"}  # fmt: skip
         for width, height in ((1280, 800), (390, 844)):
             for scheme in ("light", "dark"):
                 viewport = {"width": width, "height": height}
@@ -216,3 +234,169 @@ def test_a_form_on_another_origin_is_refused_and_logout_kills_the_cookie() -> No
         assert page.url == f"{d.origin}/login"
 
     run(scenario)
+
+
+async def points(page: Any, series: str) -> int:
+    """How many points the page's chart of ``series`` has now."""
+    found = await page.locator(f'svg[data-series="{series}"] polyline').get_attribute("points")
+    return len(found.split()) if found else 0
+
+
+def test_charts_go_on_from_the_servers_samples_and_leave_gaps_for_no_value() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        ring = d.dashboard.producer.ring
+        await wait_until_async(_true(lambda: ring.count >= 3), 10, "3 samples in the ring")
+        page = await signed_in(d, browser)
+        drawn = await points(page, "ready")
+        assert drawn >= 3  # the server's samples: every one since its start, no zeros before
+        # One more each second, on top of those (not a fresh series of one point).
+        await wait_until_async(
+            lambda: _more(page, "ready", drawn), 10, "a live point added to the server's"
+        )
+        assert await points(page, "ready") <= ring.count
+        assert await points(page, "p99") == 0  # nothing fired: gaps, never a line at 0
+
+    run(scenario)
+
+
+def _true(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def condition() -> bool:
+        return check()
+
+    return condition
+
+
+async def _more(page: Any, series: str, than: int) -> bool:
+    return await points(page, series) > than
+
+
+async def sign_in_at(browser: Any, origin: str) -> Any:
+    page = await (await browser.new_context(timezone_id="UTC")).new_page()
+    await page.goto(f"{origin}/login")
+    await page.get_by_label("Token").fill(TOKEN)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.wait_for_url(f"{origin}/")
+    return page
+
+
+@pytest.mark.process
+def test_a_task_dead_at_a_closed_port_kicked_on_the_page_is_alive_again() -> None:
+    closed = free_port()  # nothing listens there: the one attempt fails
+    hook = f"http://127.0.0.1:{closed}/hook"
+    proc = ServerProcess("--token", TOKEN, "--web-port", "0", "--http-allow", "127.0.0.1")
+
+    async def main() -> None:
+        origin = dashboard_url(proc).rstrip("/")
+        with Client(*proc.address, token=TOKEN) as dw:
+            target = {"type": "http", "url": hook, "timeout": 2}
+            dw.add("hooks", "payload", id="doomed", max_attempts=1, target=target)
+            wait_until(lambda: (dw.get("doomed") or {}).get("state") == "dead", 15, "dead")
+            # The receiver comes up and holds the request while we look: the
+            # kicked task is sent again, and is alive until it answers.
+            arrived, answer = asyncio.Event(), asyncio.Event()
+
+            async def receive(_: web.Request) -> web.Response:
+                arrived.set()
+                await answer.wait()
+                return web.Response(text="ok")
+
+            app = web.Application()
+            app.router.add_post("/hook", receive)
+            receiver = web.AppRunner(app)
+            await receiver.setup()
+            await web.TCPSite(receiver, "127.0.0.1", closed).start()
+            try:
+                async with playwright_api.async_playwright() as pw:
+                    browser = await launch(pw)
+                    try:
+                        page = await sign_in_at(browser, origin)
+                        await page.goto(f"{origin}/tasks/doomed")
+                        assert await page.locator("#task-state").inner_text() == "dead"
+                        await page.get_by_role("button", name="Kick").click()
+                        await page.wait_for_url(f"{origin}/tasks/doomed")
+                        shown = await page.locator("#task-state").inner_text()
+                        assert shown in ("delayed", "delivering"), shown  # due now, or sent again
+                        await asyncio.wait_for(arrived.wait(), 15)
+                        task = dw.get("doomed")
+                        assert task is not None and task["state"] == "delivering", (
+                            task
+                        )  # alive: sent again
+                        answer.set()
+                        await wait_until_async(
+                            _true(lambda: dw.get("doomed") is None), 15, "delivered and done"
+                        )
+                    finally:
+                        await browser.close()
+            finally:
+                answer.set()
+                await receiver.cleanup()
+
+    try:
+        asyncio.run(main())
+    finally:
+        assert proc.stop() == 0
+
+
+@pytest.mark.process
+def test_the_stream_shows_the_banner_while_the_server_is_down_and_reconnects(
+    tmp_path: Path,
+) -> None:
+    web_port = free_port()  # fixed across the restart: the page's origin stays the same
+    store = f"sqlite:///{tmp_path / 'tasks.db'}"
+    proc = ServerProcess("--web-port", str(web_port), store=store)  # no token: loopback admin
+    origin = f"http://127.0.0.1:{web_port}"
+
+    async def main() -> None:
+        async with playwright_api.async_playwright() as pw:
+            browser = await launch(pw)
+            try:
+                page = await (await browser.new_context(timezone_id="UTC")).new_page()
+                await page.goto(f"{origin}/")
+                ready, banner = page.locator("#count-ready"), page.locator("#banner")
+                with Client(*proc.address) as dw:
+                    for n in range(3):
+                        dw.add("t", id=f"before{n}")
+                await playwright_api.expect(ready).to_have_text("3", timeout=5000)
+                assert await banner.is_hidden()
+                await asyncio.to_thread(proc.stop)
+                await playwright_api.expect(banner).to_be_visible(timeout=10000)
+                await asyncio.to_thread(proc.start)  # the same store and web port
+                await playwright_api.expect(banner).to_be_hidden(timeout=15000)
+                with Client(*proc.address) as dw:
+                    dw.add("t", id="after")
+                await playwright_api.expect(ready).to_have_text("4", timeout=5000)
+            finally:
+                await browser.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        assert proc.stop() == 0
+
+
+@pytest.mark.process
+def test_after_a_restart_with_a_token_the_banner_says_to_sign_in_again() -> None:
+    web_port = free_port()
+    proc = ServerProcess("--token", TOKEN, "--web-port", str(web_port))
+    origin = f"http://127.0.0.1:{web_port}"
+
+    async def main() -> None:
+        async with playwright_api.async_playwright() as pw:
+            browser = await launch(pw)
+            try:
+                page = await sign_in_at(browser, origin)
+                banner = page.locator("#banner")
+                await playwright_api.expect(page.locator("#count-ready")).to_have_text("0")
+                await asyncio.to_thread(proc.stop)
+                await playwright_api.expect(banner).to_be_visible(timeout=10000)
+                await asyncio.to_thread(proc.start)  # its sessions are new: ours is gone
+                await playwright_api.expect(banner).to_contain_text("Signed out", timeout=15000)
+                await page.reload()
+                assert page.url == f"{origin}/login"
+            finally:
+                await browser.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        assert proc.stop() == 0

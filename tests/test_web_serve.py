@@ -12,23 +12,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from aiohttp import ClientSession, TCPConnector
+from aiohttp import ClientSession, CookieJar, TCPConnector
+from delaywheel_client import Client
 from serverproc import ServerProcess
+from webkit import CSRF_FIELD, dashboard_url
 
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
 from delaywheel.net.server import Server
 from delaywheel.store.memory import MemoryStore
 from delaywheel.web.site import Dashboard
-
-DASHBOARD_LINE = re.compile(r"dashboard on (https?://\S+/)")
-
-
-def dashboard_url(proc: ServerProcess) -> str:
-    for line in proc.log:
-        if match := DASHBOARD_LINE.search(line):
-            return match.group(1)
-    raise AssertionError("no 'dashboard on' line:\n" + proc.log_text())
 
 
 @pytest.mark.process
@@ -112,3 +105,76 @@ def test_under_tls_the_cookie_is_secure_and_host_only(tmp_path: Path) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_bulk_kick_of_10000_in_batches_of_500_survives_a_kill_and_restart(
+    tmp_path: Path,
+) -> None:
+    """Each batch is durable before the next and before the job says so: killed
+    (-9) the moment the job page says finished, the server restarts with all
+    10,000 kicked, none dead."""
+    total = 10_000
+    proc = ServerProcess(
+        "--token", "tok", "--web-port", "0", store=f"sqlite:///{tmp_path / 'tasks.db'}"
+    )
+    try:
+        with Client(*proc.address, token="tok") as dw:
+            for start in range(0, total, 1000):
+                dw.add_many(
+                    {"topic": "bulk", "id": f"k{n}", "max_attempts": 1}
+                    for n in range(start, start + 1000)
+                )
+                with dw.pipeline() as pipe:
+                    for _ in range(1000):
+                        pipe.reserve("bulk")
+                reserved = [task["id"] for task in pipe.results]
+                with dw.pipeline() as pipe:
+                    for task_id in reserved:  # the last attempt given back: dead
+                        pipe.release(task_id)
+            assert dw.stats()["states"]["dead"] == total
+        seen = asyncio.run(_kick_all(dashboard_url(proc), total))
+        proc.kill()
+        # Progress moves a batch at a time: every figure the page showed is a
+        # multiple of 500.
+        assert seen[-1] == total and all(done % 500 == 0 for done in seen), seen
+        proc.start()
+        with Client(*proc.address, token="tok") as dw:
+            states = dw.stats()["states"]
+            assert (states["dead"], states["ready"]) == (0, total), states
+            assert dw.get("k9999")["state"] == "ready"  # type: ignore[index]
+    finally:
+        proc.stop()
+
+
+JOB_STATUS = re.compile(r'data-finished="(yes|no)">(\d+) of (\d+) done')
+
+
+async def _kick_all(url: str, total: int) -> list[int]:
+    """Sign in, kick the topic's every dead task, follow the job to its end;
+    the done counts its page showed on the way."""
+    async with ClientSession(cookie_jar=CookieJar(unsafe=True)) as http:  # an IP's cookie
+        await http.post(f"{url}login", data={"token": "tok"})
+        page = await (await http.get(f"{url}dead")).text()
+        csrf = CSRF_FIELD.search(page)
+        assert csrf is not None, page
+        form = {"csrf": csrf.group(1), "topic": "bulk", "confirm": str(total)}
+        form["confirm_topic"] = "bulk"  # past 1,000 the topic's name is typed too
+        headers = {"Origin": url.rstrip("/"), "Sec-Fetch-Site": "same-origin"}
+        reply = await http.post(
+            f"{url}dead/kick", data=form, headers=headers, allow_redirects=False
+        )
+        assert reply.status == 303, await reply.text()
+        job = url.rstrip("/") + reply.headers["Location"]
+        seen: list[int] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = await (await http.get(job)).text()
+            found = JOB_STATUS.search(status)
+            assert found is not None, status
+            seen.append(int(found.group(2)))
+            if found.group(1) == "yes":
+                return seen
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the job did not finish: {seen[-5:]}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
+from serverproc import ServerProcess
 
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
@@ -33,6 +34,15 @@ HOSTILE_TEXTS = [
     "rtl\u202egnp.exe",
 ]
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
+DASHBOARD_LINE = re.compile(r"dashboard on (https?://\S+/)")
+
+
+def dashboard_url(proc: ServerProcess) -> str:
+    """The dashboard's URL, from the line a real server logs at start."""
+    for line in proc.log:
+        if match := DASHBOARD_LINE.search(line):
+            return match.group(1)
+    raise AssertionError("no 'dashboard on' line:\n" + proc.log_text())
 
 
 class Dash:

@@ -154,21 +154,28 @@ class SharedKeyspace(Store):
         if not changes:
             done(None)
             return
-        partitions, epochs = self.partitions, self.epochs
-        by_partition: dict[int, dict[str, bytes | None]] = {}
-        for task_id, record in changes.items():
-            p = partition_of(task_id, partitions)
-            part = by_partition.get(p)
-            if part is None:
-                part = by_partition[p] = {}
-            part[task_id] = record
-        unowned = {p for p in by_partition if p not in epochs}
-        keys = self._keys
-        writes = [
-            PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part)
-            for p, part in by_partition.items()
-            if p not in unowned
-        ]
+        partitions, epochs, keys = self.partitions, self.epochs, self._keys
+        unowned: set[int] = set()
+        writes: list[PartitionWrite] = []
+        if len(changes) == 1:  # one request's change (one call at a time): no grouping
+            p = partition_of(next(iter(changes)), partitions)
+            if p in epochs:
+                writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, changes))
+            else:
+                unowned.add(p)
+        else:
+            by_partition: dict[int, dict[str, bytes | None]] = {}
+            for task_id, record in changes.items():
+                p = partition_of(task_id, partitions)
+                part = by_partition.get(p)
+                if part is None:
+                    part = by_partition[p] = {}
+                part[task_id] = record
+            for p, part in by_partition.items():
+                if p in epochs:
+                    writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part))
+                else:
+                    unowned.add(p)
 
         def finished(outcome: FlushOutcome) -> None:
             if outcome.error is not None:
@@ -179,6 +186,9 @@ class SharedKeyspace(Store):
                     else StoreUnavailable
                 )
                 done(kind(f"store {self.url}: write failed: {outcome.error}"))
+                return
+            if not unowned and not outcome.fenced:  # the commonest: all written
+                done(None)
                 return
             fenced = unowned | set(outcome.fenced)
             if fenced:

@@ -60,12 +60,24 @@ def verbs(server: Server) -> dict[str, Callable[[str], Any]]:
     }
 
 
-async def one(server: Server, who: str, what: str, call: Callable[[], Any]) -> Any:
-    """One action on one task: the verb, then durable, then the log line."""
+def schedule_verbs(server: Server) -> dict[str, Callable[[str], Any]]:
+    """What each action does to one schedule, through the engine's verbs."""
+    engine = server.engine
+    return {
+        "pause": lambda schedule_id: engine.schedule_pause(schedule_id, None),
+        "resume": lambda schedule_id: engine.schedule_resume(schedule_id, time.time()),
+        "trigger": lambda schedule_id: engine.schedule_trigger(schedule_id, time.time()),
+    }
+
+
+async def one(
+    server: Server, who: str, what: str, call: Callable[[], Any], of: str = "task"
+) -> Any:
+    """One action on one task (or schedule): the verb, then durable, then the log line."""
     result = call()
     await durable(server.engine)
     server.rearm()  # it may have moved the next timer, as a request's change may
-    log.info("web %s: %s, 1 task", who, what, extra={"who": who, "action": what, "tasks": 1})
+    log.info("web %s: %s, 1 %s", who, what, of, extra={"who": who, "action": what, "tasks": 1})
     return result
 
 

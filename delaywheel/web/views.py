@@ -21,6 +21,7 @@ from delaywheel.engine.task import DEAD, DELAYED, Task
 SCAN_CHUNK = 10_000
 PAGE_ROWS = 50
 MAX_PAGE_ROWS = 500
+SCHEDULE_ROWS = 100  # schedules a page shows (schedule_list's default)
 PAGE_CALLS = 5  # list calls one page may make before it says how far it scanned
 MAX_BODY_SHOWN = 64 * 1024
 PREVIEW_BYTES = 200
@@ -213,3 +214,38 @@ def body_views(body: Any) -> Body:
 def preview(body: Any) -> str:
     views = body_views(body)
     return views.text[:PREVIEW_BYTES]
+
+
+@dataclass
+class ClusterRow:
+    partition: int
+    node: str | None  # None: no owner just now (a takeover is under way)
+    address: str | None
+    epoch: int | None
+    mine: bool  # owned by the node serving this page
+
+
+@dataclass
+class Cluster:
+    node: str
+    partitions: int
+    lease_s: float | None  # None: a single-node store, no leases
+    rows: list[ClusterRow]
+
+    @property
+    def mine(self) -> int:
+        return sum(row.mine for row in self.rows)
+
+    @property
+    def unowned(self) -> int:
+        return sum(row.node is None for row in self.rows)
+
+
+def cluster(reply: dict[str, Any]) -> Cluster:
+    """The ``cluster`` reply (``Server.cluster_map``) as the cluster page shows it."""
+    node = str(reply["node"])
+    rows = [
+        ClusterRow(o["partition"], o["node"], o["address"], o["epoch"], o["node"] == node)
+        for o in reply["owners"]
+    ]
+    return Cluster(node, int(reply["partitions"]), reply["lease_s"], rows)
