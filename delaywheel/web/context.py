@@ -132,7 +132,9 @@ class Context:
     def chart_until(self) -> str:
         """The time of the last sample the charts were drawn with (0: none yet)."""
         last = self.producer.ring.series("t", last=1)
-        return f"{last[0]:.3f}" if last else "0"
+        # repr: the exact double, as the stream's JSON writes it (a rounded
+        # one could be below the same sample's t, which would then be drawn twice).
+        return repr(last[0]) if last else "0"
 
 
 def list_args(request: web.Request) -> tuple[str | None, str | None, int, int]:
