@@ -134,8 +134,38 @@ def test_a_viewer_sees_no_action_buttons() -> None:
         for path in (f"/tasks/{task_id}", "/dead"):
             await page.goto(d.origin + path)
             assert await page.locator("button[data-action]").count() == 0
+        # A forged POST from the viewer's own signed-in page, with its CSRF
+        # token: the role is enforced on the server, not by hiding buttons.
+        csrf = await page.locator('input[name="csrf"]').first.get_attribute("value")
+        status = await page.evaluate(
+            """([path, csrf]) => fetch(path, {method: "POST",
+                   body: new URLSearchParams({csrf: csrf})}).then(r => r.status)""",
+            [f"/tasks/{task_id}/delete", csrf],
+        )
+        assert status == 403
+        assert d.engine.get(task_id) is not None
 
     run(scenario, web_viewer_token=VIEWER_TOKEN)
+
+
+def test_paging_1234_tasks_at_100_a_page_visits_each_once() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        ids = [d.add(id=f"p{n:04}") for n in range(1234)]
+        page = await signed_in(d, browser)
+        await page.goto(f"{d.origin}/tasks?limit=100")
+        sizes, seen = [], []
+        while True:
+            shown = await page.locator("a.task-id").all_inner_texts()
+            sizes.append(len(shown))
+            seen.extend(shown)
+            if await page.locator("#next").count() == 0:
+                break
+            await page.locator("#next").click()
+            await page.wait_for_load_state()
+        assert sizes == [100] * 12 + [34]
+        assert seen == ids
+
+    run(scenario)
 
 
 def test_with_javascript_off_list_detail_and_kick_work() -> None:
