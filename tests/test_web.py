@@ -668,3 +668,38 @@ def test_charts_start_at_the_servers_start_with_gaps_not_zeros() -> None:
 
     run(scenario)
     assert chart_values([1.0, float("nan"), 0.25]) == "1,,0.25"
+
+
+# -- load ----------------------------------------------------------------------------------
+
+
+def test_a_body_over_64_kib_is_cut_on_its_page() -> None:
+    async def scenario(d: Dash) -> None:
+        task_id = d.add(body="x" * 200_000)
+        await d.login()
+        html = await (await d.client.get(f"/tasks/{task_id}")).text()
+        assert "200000 bytes, cut at 64 KiB." in html
+        assert html.count("x" * 1000) < 3 * 66  # text, JSON and hex views, each cut
+        assert "x" * (64 * 1024 + 1) not in html
+
+    run(scenario)
+
+
+def test_at_most_eight_dashboard_requests_run_at_once() -> None:
+    async def scenario(d: Dash) -> None:
+        await d.login()
+        limit = d.dashboard._limit  # the gate every page and API request goes through
+        for _ in range(8):  # eight requests in progress
+            await limit.acquire()
+        waiting = asyncio.ensure_future(d.client.get("/topics"))
+        await asyncio.sleep(0.3)  # time passing is the test: it must still wait
+        assert not waiting.done()
+        static = await d.client.get("/static/dash.css")  # static files are not gated
+        assert static.status == 200
+        limit.release()
+        response = await asyncio.wait_for(waiting, 5)
+        assert response.status == 200
+        for _ in range(7):
+            limit.release()
+
+    run(scenario)
