@@ -703,3 +703,25 @@ def test_at_most_eight_dashboard_requests_run_at_once() -> None:
             limit.release()
 
     run(scenario)
+
+
+def test_a_quiet_stream_gets_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no snapshot for HEARTBEAT_S (15 s; 0.3 s here), the stream sends an
+    SSE comment, so proxies and the browser see it alive."""
+    from delaywheel.web import pages
+
+    monkeypatch.setattr(pages, "HEARTBEAT_S", 0.3)
+
+    async def scenario(d: Dash) -> None:
+        await d.login()
+        await d.dashboard.producer.stop()  # no more snapshots: only heartbeats
+        reply = await d.client.get("/events")
+        assert await reply.content.readline() == b"retry: 3000\n"
+        assert await reply.content.readline() == b"\n"
+        lines = [await reply.content.readline() for _ in range(3)]
+        assert lines[0] == b"event: snapshot\n"  # the latest, at once
+        heartbeat = [await reply.content.readline() for _ in range(2)]
+        assert heartbeat == [b": heartbeat\n", b"\n"]
+        reply.close()
+
+    run(scenario)
