@@ -725,3 +725,13 @@ def test_a_quiet_stream_gets_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> Non
         reply.close()
 
     run(scenario)
+
+
+def test_the_server_page_shows_settings_with_secrets_redacted() -> None:
+    async def scenario(d: Dash) -> None:
+        await d.login()
+        html = await (await d.client.get("/server")).text()
+        assert "web_viewer_token" in html and "***" in html
+        assert TOKEN not in html and VIEWER_TOKEN not in html
+
+    run(scenario, web_viewer_token=VIEWER_TOKEN)
