@@ -55,7 +55,7 @@ class Attempts:
         self._resume: set[str] = set()  # loaded delivering tasks not yet handed over
         # Attempts taken over from another node whose deadline has not passed:
         # (deadline_s, id, task), sent again once it has (``release_held``).
-        self._held: list[tuple[float, str, Task]] = []
+        self.held: list[tuple[float, str, Task]] = []
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
     def start(self, queue: Queue) -> None:
@@ -77,18 +77,18 @@ class Attempts:
         for task in tasks:
             self._resume.add(task.id)
             if task.deadline_s > now_s:
-                heapq.heappush(self._held, (task.deadline_s, task.id, task))
+                heapq.heappush(self.held, (task.deadline_s, task.id, task))
             else:
                 self._enqueue(task)
 
     def held_until_s(self) -> float | None:
         """When the first attempt held by ``adopt`` is due to be sent again."""
-        return self._held[0][0] if self._held else None
+        return self.held[0][0] if self.held else None
 
     def release_held(self, now_s: float) -> None:
         """Send again the taken-over attempts whose deadline has passed, unless
         they are gone since (deleted, or their partition dropped again)."""
-        held = self._held
+        held = self.held
         while held and held[0][0] <= now_s:
             _, task_id, task = heapq.heappop(held)
             if self._table.delivering.get(task_id) is task:

@@ -91,6 +91,15 @@ class Firing:
         """When ``advance`` next has work: a tick with timers, packed tasks to
         decode, or a taken-over attempt to send again (``Attempts.adopt``)."""
         table = self._table
-        times_s = [table.wheel.next_fire_s(), table.packed.next_thaw_s()]
-        times_s.append(self._attempts.held_until_s())
-        return min([t for t in times_s if t is not None], default=None)
+        fire_s, thaw_s = table.wheel.next_fire_s(), table.packed.next_thaw_s()
+        if fire_s is None or thaw_s is None:
+            fire_s = thaw_s if fire_s is None else fire_s
+        elif thaw_s < fire_s:
+            fire_s = thaw_s
+        # Held attempts exist only after a takeover: the rearm on every request
+        # (net/ticker.py) pays one attribute read for them, not a list.
+        if self._attempts.held:
+            held_s = self._attempts.held[0][0]
+            if fire_s is None or held_s < fire_s:
+                return held_s
+        return fire_s
