@@ -21,8 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import clusternodes
 import pytest
-from conftest import RedisServer, free_port
+from clusternodes import two_nodes as two_nodes
+from conftest import RedisServer
 from delaywheel_client import (
     AsyncClusterClient,
     Client,
@@ -52,51 +54,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
 from waiting import wait_until
 
-PARTITIONS = 16
-LEASE_S = 3.0  # long enough that a loaded machine does not make a node lose a lease
-
-
-def _node(store: str, name: str, *args: str) -> ServerProcess:
-    # A real port (the later --port wins over ServerProcess's --port 0): a node's
-    # address is what the others send clients to.
-    return ServerProcess(
-        "--port", str(free_port()), "--node", name, "--lease", str(LEASE_S), *args, store=store
-    )  # fmt: skip
-
-
-def _address(proc: ServerProcess) -> str:
-    return f"{proc.host}:{proc.port}"
-
-
-def _served(proc: ServerProcess) -> set[int]:
-    with Client(*proc.address) as dw:
-        return {entry["partition"] for entry in dw.stats()["partitions"]}
-
-
-def _settled(nodes: list[ServerProcess]) -> bool:
-    """Every partition served by exactly one node, each node serving some, and every
-    node's map saying so (``cluster`` is what the client reads)."""
-    seen = [_served(node) for node in nodes]
-    if not all(seen) or sum(map(len, seen)) != PARTITIONS:
-        return False
-    addresses = {_address(node) for node in nodes}
-    for node in nodes:
-        with Client(*node.address) as dw:
-            owners = {entry["address"] for entry in dw.call("cluster")["owners"]}
-        if owners != addresses:
-            return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def two_nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
-    nodes = [_node(module_redis_url, "a"), _node(module_redis_url, "b")]
-    try:
-        wait_until(lambda: _settled(nodes), 20, "two nodes sharing the partitions")
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
+PARTITIONS = clusternodes.PARTITIONS
+_node, _address = clusternodes.node, clusternodes.address
 
 
 def _owners(nodes: list[ServerProcess]) -> dict[str, ServerProcess]:
