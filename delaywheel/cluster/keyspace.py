@@ -18,6 +18,8 @@ fenced partitions and the ones written all the same (the flush's other
 scripts ran): the journal rolls the batch back and answers ``moved``, and
 ``on_fenced`` tells the coordinator, which drops the fenced partitions and
 reloads the written ones (its memory was rolled back over a durable write).
+A batch holding a change of a partition not in ``epochs`` is refused whole,
+before anything is written (see ``submit``).
 
 On a Redis Cluster each partition's keys are in a slot of their own, so the
 partitions spread over the primaries, and the writer keeps one link per
@@ -189,6 +191,16 @@ class SharedKeyspace(Store):
                     writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part))
                 else:
                     unowned.add(p)
+        if unowned:
+            # Changes of partitions this node dropped (self-fenced, lost) while
+            # they gathered: nothing of the batch is written. Had the owned
+            # partitions' share been written, the rolled-back batch would make
+            # the coordinator reload them, and an attempt journaled as
+            # delivering there would wait out its deadline (the HTTP timeout)
+            # before it is sent; rolled back unwritten, it fires at the next
+            # tick. Their requests are answered moved and retried.
+            self._refuse(unowned, set(), done)
+            return
 
         def finished(outcome: FlushOutcome) -> None:
             if outcome.error is not None:
@@ -200,26 +212,24 @@ class SharedKeyspace(Store):
                 )
                 done(kind(f"store {self.url}: write failed: {outcome.error}"))
                 return
-            if not unowned and not outcome.fenced:  # the commonest: all written
+            if not outcome.fenced:  # the commonest: all written
                 done(None)
                 return
-            fenced = unowned | set(outcome.fenced)
-            if fenced:
-                written = set(outcome.written)
-                if self.on_fenced is not None:
-                    self.on_fenced(fenced, written)
-                done(
-                    FencedWrite(
-                        f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
-                        " this node's: the write was refused there",
-                        fenced,
-                        written,
-                    )
-                )
-                return
-            done(None)
+            self._refuse(set(outcome.fenced), set(outcome.written), done)
 
         writer.submit(writes, finished)
+
+    def _refuse(self, fenced: set[int], written: set[int], done: Done) -> None:
+        if self.on_fenced is not None:
+            self.on_fenced(fenced, written)
+        done(
+            FencedWrite(
+                f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
+                " this node's: the write was refused there",
+                fenced,
+                written,
+            )
+        )
 
     async def close(self) -> None:
         if self._state == "closed":
