@@ -32,6 +32,8 @@ from typing import Any
 
 from delaywheel.checks import bad, known_fields, number, show
 from delaywheel.errors import RequestError
+from delaywheel.schedules import occurrence as occurrences
+from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.schedules.planner import (
     after_edit,
     after_resume,
@@ -379,6 +381,16 @@ class ScheduleTable:
             yield batch
 
     # -- reading -------------------------------------------------------------------
+
+    def occurrence(self, task_id: str) -> Occurrence | None:
+        """What ``task_id`` is as an occurrence, with its local time in its
+        schedule's zone (UTC for one whose schedule this node does not hold:
+        deleted); None when it is no occurrence's id."""
+        parsed = occurrences.parse(task_id)
+        if parsed is None:
+            return None
+        state = self.states.get(parsed[0])
+        return occurrences.make(*parsed, None if state is None else state.schedule.spec)
 
     def stats(self) -> dict[str, int]:
         return {"count": len(self.states), "paused": len(self._paused)}
