@@ -481,3 +481,52 @@ def test_a_pipeline_resends_unavailable_only_for_safe_methods() -> None:
     assert needs_resend("ack", Response(0, ["moved", "m", {}], None))
     assert not needs_resend("ack", Response(0, None, True))
     assert needs_resend("ack", None)
+
+
+# -- a node going away ----------------------------------------------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.process
+@pytest.mark.slow
+def test_calls_go_on_at_the_new_owner_while_a_node_stops(redis_url: str, topic: str) -> None:
+    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    try:
+        wait_until(lambda: clusternodes.settled(nodes), 20, "two nodes sharing the partitions")
+        leaving, staying = nodes
+        errors: list[BaseException] = []
+        added: list[str] = []
+        stop = threading.Event()
+
+        def keep_adding(dw: ClusterClient) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    task_id = dw.add(topic, n, id=f"{topic}-{n}", delay=0.2)["id"]
+                    added.append(task_id)
+                    assert dw.get(task_id)["body"] == n  # read at the owner, as it is now
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+        with ClusterClient([_address(node) for node in nodes]) as dw:
+            adder = threading.Thread(target=keep_adding, args=(dw,))
+            adder.start()
+            wait_until(lambda: len(added) >= 50, 20, "adds to both nodes")
+            assert leaving.stop() == 0  # SIGTERM: it hands its partitions to b
+            wait_until(lambda: len(clusternodes.served(staying)) == PARTITIONS, 20, "b owns all")
+            count_at_stop = len(added)
+            wait_until(lambda: len(added) >= count_at_stop + 50, 20, "adds after the stop")
+            stop.set()
+            adder.join(30)
+            assert errors == []
+            # Every task added is there once: the worker drains them all from b.
+            seen: list[str] = []
+            worker = Worker(dw, reserve_timeout_s=0.2)
+            worker.register(topic, lambda task: seen.append(task["id"]))
+            assert worker.run(max_tasks=len(added)) == len(added)
+            assert sorted(seen) == sorted(added)
+            assert dw.reserve(topic, timeout=0.5) is None
+    finally:
+        for node in nodes:
+            node.kill()
