@@ -182,10 +182,12 @@ class SharedKeyspace(Store):
         writes: list[PartitionWrite] = []
         if len(changes) == 1:  # one request's change (one call at a time): no grouping
             p = partition_of(next(iter(changes)), partitions)
-            if p in epochs:
-                writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, changes))
-            else:
-                unowned.add(p)
+            epoch = epochs.get(p)
+            if epoch is None:
+                self._refuse({p}, set(), done)
+                return
+            names = keys[p]
+            writes.append(PartitionWrite(p, epoch, names.epoch, names.tasks, changes))
         else:
             by_partition: dict[int, dict[str, bytes | None]] = {}
             for task_id, record in changes.items():

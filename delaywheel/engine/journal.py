@@ -157,7 +157,8 @@ class Journal:
             task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
         }
-        changes.update(batch.records)
+        if batch.records:  # schedules' records (rare beside tasks)
+            changes.update(batch.records)
         batch.size = len(changes)
         if not self.inline:
             self.watch.started()
