@@ -196,6 +196,17 @@ class SharedKeyspace(Store):
                 done(kind(f"store {self.url}: write failed: {outcome.error}"))
                 return
             if not unowned and not outcome.fenced:  # the commonest: all written
+                if any(epochs.get(w.partition) != w.epoch for w in writes):
+                    # Dropped while its write was in flight (self-fenced: a frozen
+                    # primary, say, that answered once it woke, maybe after a
+                    # failover that discards what it took): nobody vouches for it.
+                    done(
+                        StoreUnavailable(
+                            f"store {self.url}: write failed: a partition was lost while"
+                            " its write was in flight: outcome unknown"
+                        )
+                    )
+                    return
                 done(None)
                 return
             fenced = unowned | set(outcome.fenced)
