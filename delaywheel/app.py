@@ -11,6 +11,7 @@ client's ``retries`` raises that bound (docs/operations.md, "Restarts").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -57,6 +58,22 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     await store.open()  # the Redis store's errors say what to do (store/redis.py)
     # Not before the store is open: a server that cannot open it exits with
     # one line (the error, which names the store) and nothing else.
+    _log_start(settings, store)
+    raise_open_files_limit(settings)
+    try:
+        for warning in store.warnings():
+            log.warning("store %s: %s", store.url, warning)
+        server, coordinator = _assemble(settings, store)
+        if coordinator is not None:
+            await _take_partitions(coordinator)
+        else:
+            await recover(server.engine, store)
+        await _listen_until_stopped(server, coordinator, settings, ready)
+    finally:
+        await store.close()
+
+
+def _log_start(settings: Settings, store: Store) -> None:
     log.info(
         "delaywheel %s starting: %s",
         *(__version__, start_line(settings)),
@@ -69,54 +86,58 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             " anyone who can reach the port can add, delete and read every task",
             settings.host,
         )
-    raise_open_files_limit(settings)
-    try:
-        for warning in store.warnings():
-            log.warning("store %s: %s", store.url, warning)
-        rules = target_rules(
-            http_allow=settings.http_allow,
-            brokers=settings.brokers,
-            store_url=settings.store_url,  # store.url hides the password
-            store_prefix=settings.redis_prefix,
-        )
-        sharing = _sharing(settings, store)
-        engine = Engine(
-            store,
-            now_s=time.time(),
-            slots=settings.slots,
-            tick_s=settings.tick_s,
-            limits=settings.limits,
-            targets=rules,
-            retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
-            sharing=sharing,
-        )
-        engine.journal.watch.slow_s = settings.slow_flush_s
-        deliveries = Deliveries(
-            rules,
-            http_concurrency=settings.http_concurrency,
-            signing_secret=settings.signing_secret,
-        )
-        server = Server(settings, engine, deliveries)
-        coordinator = None
-        if isinstance(store, SharedKeyspace) and sharing is not None:
-            coordinator = Coordinator(
-                engine,
-                store,
-                sharing,
-                rearm=server.rearm,
-                handoff_wait_s=settings.shutdown_grace_s,
-            )
-            server.coordinator = coordinator
-            await _take_partitions(coordinator, store)
-        else:
-            await recover(engine, store)
+
+
+def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | None]:
+    """The engine over ``store``, its deliveries and server; a coordinator when
+    the store is a keyspace that nodes share."""
+    rules = target_rules(
+        http_allow=settings.http_allow,
+        brokers=settings.brokers,
+        store_url=settings.store_url,  # store.url hides the password
+        store_prefix=settings.redis_prefix,
+    )
+    sharing = _sharing(settings, store)
+    engine = Engine(
+        store,
+        now_s=time.time(),
+        slots=settings.slots,
+        tick_s=settings.tick_s,
+        limits=settings.limits,
+        targets=rules,
+        retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
+        sharing=sharing,
+    )
+    engine.journal.watch.slow_s = settings.slow_flush_s
+    deliveries = Deliveries(
+        rules,
+        http_concurrency=settings.http_concurrency,
+        signing_secret=settings.signing_secret,
+    )
+    server = Server(settings, engine, deliveries)
+    if not isinstance(store, SharedKeyspace) or sharing is None:
+        return server, None
+    server.coordinator = Coordinator(
+        engine, store, sharing, rearm=server.rearm, handoff_wait_s=settings.shutdown_grace_s
+    )
+    return server, server.coordinator
+
+
+async def _listen_until_stopped(
+    server: Server,
+    coordinator: Coordinator | None,
+    settings: Settings,
+    ready: asyncio.Event | None,
+) -> None:
+    """Start the metrics and dashboard listeners, then the port; at a signal,
+    stop them in this order: the dashboard (its streams and bulk jobs end), the
+    server (its deliveries get their grace), the coordinator (then it hands the
+    partitions back), the metrics last."""
+    async with contextlib.AsyncExitStack() as running:
         metrics = await _start_metrics(server, settings)
-        try:
-            dashboard = await _start_dashboard(server, settings)
-        except BaseException:
-            if metrics is not None:
-                await metrics.stop()
-            raise
+        if metrics is not None:
+            running.push_async_callback(metrics.stop)
+        dashboard = await _start_dashboard(server, settings)
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
         stop = _stop_on_signal()
@@ -124,30 +145,22 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             host, port = await server.start()
         except OSError as exc:  # the port is taken, or the address is not ours
             _remove_signal_handlers()
-            if metrics is not None:
-                await metrics.stop()
             if dashboard is not None:
                 await dashboard.stop()
             raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
+        if coordinator is not None:
+            running.push_async_callback(coordinator.stop)
+        running.push_async_callback(server.stop)
+        if dashboard is not None:
+            running.push_async_callback(dashboard.stop)
+        running.callback(log.info, "shutting down")
+        running.callback(_remove_signal_handlers)
         # Tests and scripts read this line to learn the port when given port 0
         # (tests/serverproc.py); what follows the port is free text.
         log.info("delaywheel listening on %s:%d%s", host, port, _tls_note(settings))
         if ready is not None:
             ready.set()
-        try:
-            await stop.wait()
-        finally:
-            _remove_signal_handlers()
-            log.info("shutting down")
-            if dashboard is not None:  # first: its streams and bulk jobs end
-                await dashboard.stop()
-            await server.stop()
-            if coordinator is not None:  # after the deliveries' grace: then hand back
-                await coordinator.stop()
-            if metrics is not None:
-                await metrics.stop()
-    finally:
-        await store.close()
+        await stop.wait()
 
 
 def shared_store(settings: Settings) -> Store:
@@ -187,7 +200,7 @@ def _sharing(settings: Settings, store: Store) -> Sharing | None:
     )
 
 
-async def _take_partitions(coordinator: Coordinator, store: SharedKeyspace) -> None:
+async def _take_partitions(coordinator: Coordinator) -> None:
     """Join the keyspace: take this node's partitions and load them, before serving."""
     started = time.perf_counter()
     gc.disable()
@@ -198,11 +211,11 @@ async def _take_partitions(coordinator: Coordinator, store: SharedKeyspace) -> N
         gc.set_threshold(*GC_THRESHOLDS)
         gc.enable()
     took_s = time.perf_counter() - started
-    loaded = len(coordinator.engine.table.index)
+    loaded, url = len(coordinator.engine.table.index), coordinator.keyspace.url
     log.info(
         "loaded %d tasks from %s in %.2f s",
-        *(loaded, store.url, took_s),
-        extra={"tasks": loaded, "store": store.url, "duration_s": round(took_s, 3)},
+        *(loaded, url, took_s),
+        extra={"tasks": loaded, "store": url, "duration_s": round(took_s, 3)},
     )
 
 

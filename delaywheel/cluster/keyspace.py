@@ -48,6 +48,12 @@ from delaywheel.store.fenced import FencedWriter, FlushOutcome, PartitionWrite
 from delaywheel.store.redis import RedisStore
 from delaywheel.store.redis_client import replicas_warning
 
+# How long a flush's WAIT waits for --replicas N confirmations before the
+# change is answered unavailable. Replicas on a LAN confirm in milliseconds;
+# a second rides out a busy replica or a short stall. The journal sends one
+# flush at a time, so while replicas are missing every change waits this long.
+REPLICAS_WAIT_S = 1.0
+
 # (fenced partitions, partitions written in the same flush)
 OnFenced = Callable[[set[int], set[int]], None]
 
@@ -99,7 +105,9 @@ class SharedKeyspace(Store):
             await record_partitions(self.client, self.layout)
             migrated = await migrate(self.client, self.layout, node=self.node_name)
             self.migrated = 0 if migrated is None else migrated.moved
-            self._writer = self.redis.fenced_writer(replicas=self.replicas)
+            self._writer = self.redis.fenced_writer(
+                replicas=self.replicas, wait_timeout_s=REPLICAS_WAIT_S
+            )
             warning = await replicas_warning(self.client, self.layout.meta, self.replicas)
             if warning is not None:
                 self._replicas_warning = [warning]

@@ -125,14 +125,18 @@ def first_fire_ms(state: ScheduleState) -> int | None:
     return state.next_ms + jitter_ms(state.schedule, state.next_ms)
 
 
-def plan_fire(state: ScheduleState, now_ms: int, previous_in_flight: bool) -> FireStep | None:
+def plan_fire(
+    state: ScheduleState, now_ms: int, previous_in_flight: bool, on_time_ms: int = 0
+) -> FireStep | None:
     """The pending occurrence (and any it stood for during downtime) at ``now_ms``.
 
     None when nothing is due: paused, ended, or the wall clock is before the
     pending occurrence's firing time (a clock stepped back never fires early;
     the engine re-arms). Otherwise the catch-up policy picks what fires of
     everything due, the overlap policy decides what the previous occurrence
-    still in flight allows, and ``max_runs`` ends the schedule.
+    still in flight allows, and ``max_runs`` ends the schedule. The pending
+    occurrence alone due, at most ``on_time_ms`` late, is on time, not a
+    catch-up (``plan_catchup``).
     """
     due_ms = first_fire_ms(state)
     if state.paused or due_ms is None or now_ms < due_ms:
@@ -140,7 +144,7 @@ def plan_fire(state: ScheduleState, now_ms: int, previous_in_flight: bool) -> Fi
     schedule = state.schedule
     pending = state.next_ms
     assert pending is not None
-    catchup = plan_catchup(schedule, pending, now_ms)
+    catchup = plan_catchup(schedule, pending, now_ms, on_time_ms)
     fire = list(catchup.fire)
     counts = dict(state.counts)
     counts["missed"] += catchup.missed

@@ -1,0 +1,160 @@
+"""``--replicas N`` and the start-up warnings about Redis's settings (issue 16, item 7),
+with real servers: private redis-servers (a primary and its replica) and
+``delaywheel serve`` processes on them.
+
+- At start a node warns, one log line each, when AOF is off, when the
+  eviction policy is not ``noeviction`` and when ``--replicas`` exceeds the
+  replicas connected.
+- With ``--replicas 1`` a change is answered only once the replica has it
+  (read from the replica right after the reply); with the replica stopped, an
+  add answers ``unavailable`` after WAIT's timeout, and the node keeps serving
+  the requests that write nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RedisServer
+from delaywheel_client import Client
+from delaywheel_client.errors import Unavailable
+from test_fenced_flush import primary_with_replica
+
+from delaywheel.cluster.keyspace import REPLICAS_WAIT_S
+from delaywheel.cluster.partitions import Layout
+from tests.serverproc import ServerProcess
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
+
+LEASE = "3"  # L = 3 s, as the issue's tests
+PARTITIONS = 16
+# An add with the replica stopped waits out WAIT's timeout; the bound leaves
+# room for a loaded 2-core machine.
+UNAVAILABLE_BOUND_S = REPLICAS_WAIT_S + 4.0
+
+
+def _warnings(log: str, phrase: str) -> list[str]:
+    return [line for line in log.splitlines() if "WARNING" in line and phrase in line]
+
+
+def test_each_unsafe_redis_setting_is_one_warning_line_at_start(tmp_path: Path) -> None:
+    """AOF off, allkeys-lru and --replicas 1 with no replica: three lines, once each."""
+    unsafe = RedisServer(tmp_path, ["--appendonly", "no", "--maxmemory-policy", "allkeys-lru"])
+    unsafe.start()
+    try:
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=unsafe.url)
+        try:
+            wait_until(lambda: "loaded" in node.log_text(), what="the node to load")
+            log = node.log_text()
+        finally:
+            node.stop()
+    finally:
+        unsafe.kill()
+    for phrase in (
+        "Redis has AOF off (appendonly no)",
+        "Redis maxmemory-policy is allkeys-lru",
+        "--replicas 1 but the Redis primary has 0 replica(s) connected",
+    ):
+        assert len(_warnings(log, phrase)) == 1, f"{phrase!r} in:\n{log}"
+
+
+def test_safe_settings_and_enough_replicas_start_without_a_warning(tmp_path: Path) -> None:
+    with primary_with_replica(tmp_path) as (primary, _replica):
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=primary.url)
+        try:
+            log = node.log_text()
+        finally:
+            node.stop()
+    assert not [line for line in log.splitlines() if "WARNING" in line], log
+
+
+def _on_replica(replica: RedisServer, task_id: str) -> bytes | None:
+    key = Layout("delaywheel", PARTITIONS).of(task_id).tasks
+    with replica.client() as client:
+        value: bytes | None = client.hget(key, task_id)
+        return value
+
+
+def test_replicas_one_answers_after_the_replica_has_it_and_unavailable_without_it(
+    tmp_path: Path,
+) -> None:
+    with primary_with_replica(tmp_path) as (primary, replica):
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=primary.url)
+        try:
+            with Client(*node.address, timeout_s=30) as dw:
+                # Up: each reply comes after WAIT 1, so the replica has the change.
+                for n in range(20):
+                    dw.add("t", {"n": n}, id=f"up-{n}", delay=3600)
+                    assert _on_replica(replica, f"up-{n}") is not None, f"up-{n}"
+                assert dw.delete("up-0") is True
+                assert _on_replica(replica, "up-0") is None
+
+                # Stopped: WAIT 1 times out; the add is answered unavailable.
+                assert replica.proc is not None
+                replica.proc.send_signal(signal.SIGSTOP)
+                try:
+                    reads = _Reads(node.address)
+                    started_s = time.monotonic()
+                    with pytest.raises(Unavailable, match="WAIT 1: 0 replica"):
+                        dw.add("t", {}, id="down-1", delay=3600)
+                    took_s = time.monotonic() - started_s
+                    assert REPLICAS_WAIT_S * 0.9 <= took_s < UNAVAILABLE_BOUND_S, took_s
+                    reads.stop()
+                    with pytest.raises(Unavailable):
+                        dw.delete("up-1")
+                    # The node still serves what writes nothing, at once.
+                    assert dw.ping() == "pong"
+                    assert dw.get("up-1") is not None
+                    assert reads.answered > 0 and reads.worst_s < 1.0, reads
+                finally:
+                    replica.proc.send_signal(signal.SIGCONT)
+                # Back: the next change is acknowledged (the client retries with the id).
+                wait_until(lambda: _added(dw, "down-1"), 20, "an add with the replica back")
+                assert _on_replica(replica, "down-1") is not None
+                print(f"--replicas 1, replica stopped: add answered unavailable in {took_s:.2f} s")
+        finally:
+            node.stop()
+
+
+def _added(dw: Client, task_id: str) -> bool:
+    try:
+        dw.add("t", {}, id=task_id, delay=3600)
+    except Unavailable:
+        return False
+    except Exception as exc:  # exists: the earlier unknown add had landed after all
+        return "exists" in str(exc).lower()
+    return True
+
+
+class _Reads:
+    """``get`` and ``stats`` from a thread of their own, timed, until ``stop()``."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+        self.answered = 0
+        self.worst_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with Client(*self.address, timeout_s=10) as dw:
+            while not self._stop.is_set():
+                started_s = time.monotonic()
+                dw.get("up-2")
+                dw.stats()
+                self.worst_s = max(self.worst_s, time.monotonic() - started_s)
+                self.answered += 1
+                self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __repr__(self) -> str:
+        return f"{self.answered} reads answered, worst {self.worst_s:.3f} s"
