@@ -24,22 +24,16 @@ from delaywheel_client.calls import (
     task_fields,
     topic_list,
 )
-from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.retry import Pause, Plan, Send, add_many_call, needs_resend, routed_call
 from delaywheel_client.routing import (
-    MAX_MOVED_FOLLOWS,
     ClusterBase,
     PartitionMap,
-    added_result,
-    error_data,
     group_by_owner,
     list_page,
     list_start,
-    may_resend,
-    needs_resend,
-    retry_after_s,
     route,
-    same_task,
     stats_by_node,
     with_id,
 )
@@ -93,42 +87,33 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     # -- routed calls ----------------------------------------------------------
 
-    async def _routed(self, method: str, params: Sequence[Any], task_id: str | None) -> Any:
-        """``method`` on the owner of ``task_id`` (any node when None); see ClusterClient."""
-        deadline = time.monotonic() + self.failover_timeout_s
-        moved = waits = 0
-        resent = False
+    async def _routed(
+        self, method: str, params: Sequence[Any], task_id: str | None, resent: bool = False
+    ) -> Any:
+        """``method`` on the owner of ``task_id`` (any node when None); retry.py's rules."""
+        return await self._run(routed_call(self, method, params, task_id, resent))
+
+    async def _run(self, plan: Plan) -> Any:
+        """Carry out a retry.py plan with asyncio I/O; its return value."""
+        answer: Any = None
         while True:
-            pmap = await self.partition_map()
-            owner = pmap.owner_of(task_id) if task_id is not None else None
-            address = owner or self._rotate(pmap)[0]
             try:
-                return await self.node(address).call(method, *params)
-            except ConnectionFailed as exc:
-                if not may_resend(method, exc) or time.monotonic() >= deadline:
-                    raise
-                error: DelaywheelError = exc
-                resent = resent or exc.maybe_applied
-            except Exists:
-                if not (method == "add" and resent and task_id is not None):
-                    raise
-                stored = await self.node(address).call("get", task_id)
-                if not same_task(params[0], stored):
-                    raise
-                return added_result(task_id, stored)
-            except DelaywheelError as exc:
-                if exc.code == "moved" and moved < MAX_MOVED_FOLLOWS:
-                    moved += 1
-                    pmap.follow(error_data(exc))
-                    await self._refresh_quietly()
-                    continue
-                if exc.code != "tryagain" or time.monotonic() >= deadline:
-                    raise
-                error = exc
-            wait_s = min(retry_after_s(error, waits), max(deadline - time.monotonic(), 0))
-            await asyncio.sleep(wait_s)
-            waits += 1
-            await self._refresh_quietly()
+                op = plan.send(answer)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, Send):
+                try:
+                    answer = await self.node(op.address).call(op.method, *op.params)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, Pause):
+                self._follow(op.step.hint)
+                if op.step.wait_s > 0:
+                    await asyncio.sleep(op.step.wait_s)
+                await self._refresh_quietly()
+                answer = None
+            else:  # FETCH_MAP
+                answer = await self.partition_map()
 
     async def _refresh_quietly(self) -> None:
         # Every node unreachable: the call's own retry says so.
@@ -169,10 +154,15 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def call(self, method: str, *params: Any) -> Any:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        params = with_id(method, params)
+        return await self._resend(method, with_id(method, params), False)
+
+    async def _resend(self, method: str, params: Sequence[Any], resent: bool) -> Any:
+        """``call``, and a pipeline's call that goes again on its own (``resent``)."""
         if method == "reserve":
             return await self.reserve(*params)
-        return await self._routed(method, params, route(method, params))
+        if method == "add_many" and len(params) == 1 and isinstance(params[0], list):
+            return await self._add_many(params[0], resent)
+        return await self._routed(method, params, route(method, params), resent)
 
     async def ping(self) -> str:
         """``"pong"``."""
@@ -202,16 +192,12 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
     async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        pmap = await self.partition_map()
-        as_adds = [("add", (task,)) for task in given]
-        by_owner = group_by_owner(as_adds, pmap, lambda: self._rotate(pmap)[0])
-        results: list[Any] = [None] * len(given)
-        for indexes in by_owner.values():
-            batch = [given[i] for i in indexes]
-            # One add_many per owner: all or nothing on each node, not across nodes.
-            answered = await self._routed("add_many", (batch,), batch[0]["id"])
-            for i, result in zip(indexes, answered, strict=True):
-                results[i] = result
+        return await self._add_many(given, False)
+
+    async def _add_many(self, given: list[Mapping[str, Any]], resent: bool) -> TaskList:
+        pmap = await self.partition_map()  # fetched before the plan's any_node asks
+        plan = add_many_call(self, given, lambda: self._rotate(self._map or pmap)[0], resent)
+        results: TaskList = await self._run(plan)
         return results
 
     async def update(self, id: str, **changes: Any) -> Task:
@@ -304,7 +290,7 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
     async def cluster(self) -> dict[str, Any]:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        return (await self.refresh()).raw
+        return (await self.refresh()).answer()
 
     def pipeline(self) -> AsyncClusterPipeline:
         """Queue calls and send them together, one batch per owner::
@@ -447,8 +433,9 @@ class AsyncClusterPipeline(QueuedCalls):
         first_error: DelaywheelError | None = None
         for (method, params), reply in zip(calls, outcomes, strict=True):
             try:
-                if needs_resend(reply):
-                    result = await client.call(method, *params)
+                if needs_resend(method, reply):
+                    # Sent again on its own: an exists then may be this batch's send.
+                    result = await client._resend(method, params, True)
                 else:
                     result = self._collect([reply], True)[0]
             except DelaywheelError as exc:

@@ -37,22 +37,16 @@ from delaywheel_client.calls import (
     topic_list,
 )
 from delaywheel_client.client import Client
-from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.retry import Pause, Plan, Send, add_many_call, needs_resend, routed_call
 from delaywheel_client.routing import (
-    MAX_MOVED_FOLLOWS,
     ClusterBase,
     PartitionMap,
-    added_result,
-    error_data,
     group_by_owner,
     list_page,
     list_start,
-    may_resend,
-    needs_resend,
-    retry_after_s,
     route,
-    same_task,
     stats_by_node,
     with_id,
 )
@@ -103,43 +97,33 @@ class ClusterClient(ClusterBase[Client]):
 
     # -- routed calls ----------------------------------------------------------
 
-    def _routed(self, method: str, params: Sequence[Any], task_id: str | None) -> Any:
-        """``method`` on the owner of ``task_id`` (any node when None), following ``moved``
-        and waiting out ``tryagain`` and an unreachable owner (see the module docstring)."""
-        deadline = time.monotonic() + self.failover_timeout_s
-        moved = waits = 0
-        resent = False
+    def _routed(
+        self, method: str, params: Sequence[Any], task_id: str | None, resent: bool = False
+    ) -> Any:
+        """``method`` on the owner of ``task_id`` (any node when None); retry.py's rules."""
+        return self._run(routed_call(self, method, params, task_id, resent))
+
+    def _run(self, plan: Plan) -> Any:
+        """Carry out a retry.py plan with blocking I/O; its return value."""
+        answer: Any = None
         while True:
-            pmap = self.partition_map()
-            address = (pmap.owner_of(task_id) if task_id is not None else None) or (
-                self._any_node()
-            )
             try:
-                return self.node(address).call(method, *params)
-            except ConnectionFailed as exc:
-                if not may_resend(method, exc) or time.monotonic() >= deadline:
-                    raise
-                error: DelaywheelError = exc
-                resent = resent or exc.maybe_applied
-            except Exists:
-                if not (method == "add" and resent and task_id is not None):
-                    raise
-                stored = self.node(address).call("get", task_id)
-                if not same_task(params[0], stored):
-                    raise
-                return added_result(task_id, stored)
-            except DelaywheelError as exc:
-                if exc.code == "moved" and moved < MAX_MOVED_FOLLOWS:
-                    moved += 1
-                    pmap.follow(error_data(exc))
-                    self._refresh_quietly()
-                    continue
-                if exc.code != "tryagain" or time.monotonic() >= deadline:
-                    raise
-                error = exc
-            time.sleep(min(retry_after_s(error, waits), max(deadline - time.monotonic(), 0)))
-            waits += 1
-            self._refresh_quietly()
+                op = plan.send(answer)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, Send):
+                try:
+                    answer = self.node(op.address).call(op.method, *op.params)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, Pause):
+                self._follow(op.step.hint)
+                if op.step.wait_s > 0:
+                    time.sleep(op.step.wait_s)
+                self._refresh_quietly()
+                answer = None
+            else:  # FETCH_MAP
+                answer = self.partition_map()
 
     def _refresh_quietly(self) -> None:
         # Every node unreachable: the call's own retry says so.
@@ -175,10 +159,15 @@ class ClusterClient(ClusterBase[Client]):
 
     def call(self, method: str, *params: Any) -> Any:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        params = with_id(method, params)
+        return self._resend(method, with_id(method, params), False)
+
+    def _resend(self, method: str, params: Sequence[Any], resent: bool) -> Any:
+        """``call``, and a pipeline's call that goes again on its own (``resent``)."""
         if method == "reserve":
             return self.reserve(*params)
-        return self._routed(method, params, route(method, params))
+        if method == "add_many" and len(params) == 1 and isinstance(params[0], list):
+            return self._add_many(params[0], resent)
+        return self._routed(method, params, route(method, params), resent)
 
     def ping(self) -> str:
         """``"pong"``."""
@@ -208,15 +197,10 @@ class ClusterClient(ClusterBase[Client]):
     def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        as_adds = [("add", (task,)) for task in given]
-        by_owner = group_by_owner(as_adds, self.partition_map(), self._any_node)
-        results: list[Any] = [None] * len(given)
-        for indexes in by_owner.values():
-            batch = [given[i] for i in indexes]
-            # One add_many per owner: all or nothing on each node, not across nodes.
-            answered = self._routed("add_many", (batch,), batch[0]["id"])
-            for i, result in zip(indexes, answered, strict=True):
-                results[i] = result
+        return self._add_many(given, False)
+
+    def _add_many(self, given: list[Mapping[str, Any]], resent: bool) -> TaskList:
+        results: TaskList = self._run(add_many_call(self, given, self._any_node, resent))
         return results
 
     def update(self, id: str, **changes: Any) -> Task:
@@ -310,7 +294,7 @@ class ClusterClient(ClusterBase[Client]):
     def cluster(self) -> dict[str, Any]:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        return self.refresh().raw
+        return self.refresh().answer()
 
     def pipeline(self) -> ClusterPipeline:
         """A batch: queue calls, then send them in one write and read every reply.
@@ -460,10 +444,10 @@ class ClusterPipeline(QueuedCalls):
         results: list[Any] = []
         first_error: DelaywheelError | None = None
         for (method, params), reply in zip(calls, outcomes, strict=True):
-            redo = needs_resend(reply)
             try:
-                if redo:
-                    result = self._client.call(method, *params)
+                if needs_resend(method, reply):
+                    # Sent again on its own: an exists then may be this batch's send.
+                    result = self._client._resend(method, params, True)
                 else:
                     result = self._collect([reply], True)[0]
             except DelaywheelError as exc:
