@@ -87,7 +87,45 @@ class ServerCollector:
         yield from self._store(snapshot)
         yield from self._requests()
         yield from self._deliveries()
+        yield from self._schedules()
         yield from self._cluster()
+
+    def _schedules(self) -> Iterator[Metric]:
+        """Recurring schedules (docs/schedules.md): those this node serves, and
+        what their occurrences did since the start."""
+        table = self._server.engine.schedules
+        held = table.stats()
+        by_paused = GaugeMetricFamily(
+            "delaywheel_schedules", "Schedules this node serves, by paused.", labels=["paused"]
+        )
+        by_paused.add_metric(["false"], held["count"] - held["paused"])
+        by_paused.add_metric(["true"], held["paused"])
+        yield by_paused
+        yield CounterMetricFamily(
+            "delaywheel_schedule_occurrences_fired_total",
+            "Schedule occurrences fired: their task put (trigger and backfill not counted).",
+            value=table.fired,
+        )
+        skipped = CounterMetricFamily(
+            "delaywheel_schedule_occurrences_skipped_total",
+            "Schedule occurrences skipped, by reason (overlap: the previous one in flight).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(table.skipped.items()):
+            skipped.add_metric([reason], n)
+        yield skipped
+        yield CounterMetricFamily(
+            "delaywheel_schedule_occurrences_missed_total",
+            "Schedule occurrences dropped by the catch-up policy after downtime or a forward "
+            "clock jump.",
+            value=table.missed,
+        )
+        yield _histogram(
+            "delaywheel_schedule_fire_lateness_seconds",
+            "How late each fired occurrence was put after its firing time (nominal plus "
+            "jitter): a tick when up, the downtime for a catch-up.",
+            [((), table.lateness)],
+        )
 
     def _cluster(self) -> Iterator[Metric]:
         """A node in a shared keyspace (docs/ha.md); nothing on a single-node store."""

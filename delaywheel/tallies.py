@@ -26,6 +26,12 @@ from collections.abc import Sequence
 LATENESS_BOUNDS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+# Seconds a schedule's occurrence was put after its firing time (nominal plus
+# jitter): a tick's wait when the server was up; up to a catch-up window
+# (24 h by default) for one fired after downtime.
+SCHEDULE_LATENESS_BOUNDS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0, 3600.0, 86400.0,
+)  # fmt: skip
 # Seconds from a store write's submit to its completion.
 FLUSH_BOUNDS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

@@ -96,11 +96,15 @@ def test_the_map_from_cluster_and_the_moved_hint() -> None:
         ],
     }
     pmap = PartitionMap.from_cluster(result, "h1:1")
-    assert pmap.owners == ["h1:1", None, "h2:2"] and pmap.nodes() == ["h1:1", "h2:2"]
-    pmap.follow({"partition": 1, "owner": "h3:3", "epoch": 3})
-    assert pmap.owners[1] == "h3:3"
-    pmap.follow({"partition": 9, "owner": "h4:4"})  # out of range: ignored
-    assert pmap.nodes() == ["h1:1", "h2:2", "h3:3"]
+    assert pmap.owners == ("h1:1", None, "h2:2") and pmap.nodes() == ["h1:1", "h2:2"]
+    followed = pmap.followed({"partition": 1, "owner": "h3:3", "epoch": 3})
+    assert followed.owners[1] == "h3:3"
+    assert pmap.owners[1] is None  # a snapshot: the hint makes a new map
+    assert followed.followed({"partition": 9, "owner": "h4:4"}) is followed  # out of range
+    assert followed.nodes() == ["h1:1", "h2:2", "h3:3"]
+    answer = pmap.answer()
+    answer["owners"][0]["address"] = "changed by the caller"
+    assert pmap.answer()["owners"][0]["address"] == "h1:1"
     with pytest.raises(Exception, match="partitions 0"):
         PartitionMap.from_cluster({"partitions": 0}, "h1:1")
 

@@ -15,9 +15,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -548,3 +550,89 @@ def test_stats_and_the_metrics_read_one_snapshot(monkeypatch: pytest.MonkeyPatch
         assert stats["store"] == "x://"
 
     asyncio.run(main())
+
+
+# -- schedules ---------------------------------------------------------------------------
+
+
+def test_schedule_metrics_count_fired_skipped_missed_and_lateness() -> None:
+    """An in-process engine on a manual clock, for exact figures: one schedule
+    fires on time twice (30 ms late each: its lateness), one is held by its
+    reserved previous occurrence (overlap skip), one every second is looked at
+    only every 10 s (catchup skip: all missed), and a paused one is counted."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        t0 = 1_800_000_000.0  # a multiple of 10: occurrences at t0 + 10 k
+        engine = Engine(store, now_s=t0, tick_s=0.01)
+        server = Server(Settings(store_url="memory://"), engine)
+        engine.schedule_add({"id": "on", "every": 10, "topic": "on", "ttr": 0}, t0)
+        engine.schedule_add({"id": "held", "every": 10, "topic": "held", "ttr": 60}, t0)
+        engine.schedule_add({"id": "down", "every": 1, "topic": "d", "catchup": "skip"}, t0)
+        engine.schedule_add({"id": "p", "every": 10, "topic": "p"}, t0)
+        engine.schedule_pause("p", "quiet")
+        engine.advance(t0 + 10.03)  # on, held: fired; down: 1..10 missed
+        assert engine.try_reserve("held", t0 + 10.03) is not None  # reserved, never acked
+        assert engine.try_reserve("on", t0 + 10.03) is not None  # ttr 0: gone
+        engine.advance(t0 + 20.03)  # on: fired; held: skipped; down: 11..20 missed
+        await engine.journal.drain()
+        got = Scrape(generate_latest(registry_for(server, topics=20)).decode())
+
+        states = [engine.schedule_get(sid) for sid in ("on", "held", "p", "down")]
+        totals = {name: sum(s["counts"][name] for s in states) for name in COUNTS}  # type: ignore[index]
+        assert totals == {"fired": 3, "skipped": 1, "missed": 20}
+        assert got("delaywheel_schedules", paused="false") == 3
+        assert got("delaywheel_schedules", paused="true") == 1
+        assert got("delaywheel_schedule_occurrences_fired_total") == 3
+        assert got("delaywheel_schedule_occurrences_skipped_total", reason="overlap") == 1
+        assert got("delaywheel_schedule_occurrences_missed_total") == 20
+        lateness = "delaywheel_schedule_fire_lateness_seconds"
+        assert got(f"{lateness}_count") == 3
+        assert got(f"{lateness}_bucket", le="0.025") == 0
+        assert got(f"{lateness}_bucket", le="0.05") == 3
+        assert got(f"{lateness}_sum") == pytest.approx(0.09)
+        assert server.stats(t0 + 21)["schedules"] == {"count": 4, "paused": 1}
+
+    asyncio.run(main())
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_servers_schedule_metrics_match_the_schedules_counts() -> None:
+    """A real server, stopped (SIGSTOP) for 2.5 s across the occurrences of
+    two schedules firing every second: the metrics agree with what
+    schedule_get counts, and the stop shows as missed and skipped."""
+    proc = ServerProcess("--metrics-port", "0")
+    try:
+        with Client(*proc.address) as dw:
+            assert scrape(proc)("delaywheel_schedule_occurrences_fired_total") == 0
+            dw.schedule_add({"id": "held", "every": 1, "topic": "held", "ttr": 60})
+            dw.schedule_add({"id": "gap", "every": 1, "topic": "gap", "ttr": 0, "catchup": "skip"})
+            dw.schedule_add({"id": "quiet", "every": 60, "topic": "q"})
+            dw.schedule_pause("quiet")
+            assert dw.reserve("held", timeout=3) is not None  # held past the stop
+            assert proc.proc is not None
+            proc.proc.send_signal(signal.SIGSTOP)
+            time.sleep(2.5)  # the time passing is what is tested
+            proc.proc.send_signal(signal.SIGCONT)
+
+            def after_the_stop() -> bool:
+                counts = dw.schedule_get("gap")["counts"]  # type: ignore[index]
+                return bool(counts["missed"] >= 2 and counts["fired"] >= 1)
+
+            wait_for(after_the_stop, what="the stop counted as missed, then a fire")
+            counts = [dw.schedule_pause(sid)["counts"] for sid in ("held", "gap")]
+        got = scrape(proc)
+    finally:
+        proc.stop()
+    fired, skipped, missed = (sum(c[name] for c in counts) for name in COUNTS)
+    assert got("delaywheel_schedules", paused="true") == 3
+    assert got("delaywheel_schedules", paused="false") == 0
+    assert got("delaywheel_schedule_occurrences_fired_total") == fired >= 2  # held's, gap's
+    assert got("delaywheel_schedule_occurrences_skipped_total", reason="overlap") == skipped >= 1
+    assert got("delaywheel_schedule_occurrences_missed_total") == missed >= 2
+    assert got("delaywheel_schedule_fire_lateness_seconds_count") == fired
+
+
+COUNTS = ("fired", "skipped", "missed")

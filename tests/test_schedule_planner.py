@@ -213,6 +213,20 @@ def test_catchup_fires_0_1_or_min_n_100(policy: str, missed_n: int, fired: int) 
         assert plan.fire == sorted(plan.fire)
 
 
+@pytest.mark.parametrize(
+    ("late_ms", "fired", "missed"),
+    [(0, 1, 0), (10_000, 1, 0), (10_001, 0, 1), (MINUTE_MS, 0, 2)],
+)
+def test_skip_fires_the_pending_one_on_time(late_ms: int, fired: int, missed: int) -> None:
+    """On time (alone due, at most on_time_ms late, its jitter not counted) is
+    not downtime: skip fires it. Later, or with a second one due, it is missed."""
+    made = schedule(every=60, catchup="skip", jitter=20)
+    pending = NOW_MS
+    fire_at = pending + planner.jitter_ms(made, pending)
+    plan = planner.plan_catchup(made, pending, fire_at + late_ms, on_time_ms=10_000)
+    assert (plan.fire, plan.missed) == ([pending] * fired, missed)
+
+
 def test_latest_outside_the_window_fires_nothing() -> None:
     made = schedule(cron="0 3 * * *", catchup="latest", catchup_window=3600)
     pending = NOW_MS + 3 * 3600_000  # 03:00

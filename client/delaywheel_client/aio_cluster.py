@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -22,24 +21,26 @@ from delaywheel_client.calls import (
     list_query,
     schedule_query,
     task_fields,
-    topic_list,
 )
-from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.retry import (
+    Pause,
+    Plan,
+    Send,
+    SendMany,
+    add_many_call,
+    call_plan,
+    pipeline_call,
+    refresh_call,
+    reserve_call,
+    routed_call,
+)
 from delaywheel_client.routing import (
-    MAX_MOVED_FOLLOWS,
     ClusterBase,
     PartitionMap,
-    added_result,
-    error_data,
-    group_by_owner,
     list_page,
     list_start,
-    may_resend,
-    needs_resend,
-    retry_after_s,
-    route,
-    same_task,
     stats_by_node,
     with_id,
 )
@@ -72,63 +73,47 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def refresh(self) -> PartitionMap:
         """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
-        failures: list[str] = []
-        for address in self._refresh_order():
-            try:
-                result = await self.node(address).call("cluster")
-            except ConnectionFailed as exc:
-                failures.append(str(exc))
-                continue
-            except DelaywheelError as exc:
-                return self._take_map(address, exc)
-            return self._take_map(address, result)
-        raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
+        pmap: PartitionMap = await self._run(refresh_call(self))
+        return pmap
 
     async def partition_map(self) -> PartitionMap:
         """The map as last fetched (fetched now if it never was)."""
         return self._map if self._map is not None else await self.refresh()
 
-    async def _nodes_in_turn(self) -> list[str]:
-        return self._rotate(await self.partition_map())
-
     # -- routed calls ----------------------------------------------------------
 
-    async def _routed(self, method: str, params: Sequence[Any], task_id: str | None) -> Any:
-        """``method`` on the owner of ``task_id`` (any node when None); see ClusterClient."""
-        deadline = time.monotonic() + self.failover_timeout_s
-        moved = waits = 0
-        resent = False
+    async def _routed(
+        self, method: str, params: Sequence[Any], task_id: str | None, resent: bool = False
+    ) -> Any:
+        """``method`` on the owner of ``task_id`` (any node when None); retry.py's rules."""
+        return await self._run(routed_call(self, method, params, task_id, resent))
+
+    async def _run(self, plan: Plan) -> Any:
+        """Carry out a retry.py plan with asyncio I/O; its return value."""
+        answer: Any = None
         while True:
-            pmap = await self.partition_map()
-            owner = pmap.owner_of(task_id) if task_id is not None else None
-            address = owner or self._rotate(pmap)[0]
             try:
-                return await self.node(address).call(method, *params)
-            except ConnectionFailed as exc:
-                if not may_resend(method, exc) or time.monotonic() >= deadline:
-                    raise
-                error: DelaywheelError = exc
-                resent = resent or exc.maybe_applied
-            except Exists:
-                if not (method == "add" and resent and task_id is not None):
-                    raise
-                stored = await self.node(address).call("get", task_id)
-                if not same_task(params[0], stored):
-                    raise
-                return added_result(task_id, stored)
-            except DelaywheelError as exc:
-                if exc.code == "moved" and moved < MAX_MOVED_FOLLOWS:
-                    moved += 1
-                    pmap.follow(error_data(exc))
-                    await self._refresh_quietly()
-                    continue
-                if exc.code != "tryagain" or time.monotonic() >= deadline:
-                    raise
-                error = exc
-            wait_s = min(retry_after_s(error, waits), max(deadline - time.monotonic(), 0))
-            await asyncio.sleep(wait_s)
-            waits += 1
-            await self._refresh_quietly()
+                op = plan.send(answer)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, Send):
+                try:
+                    answer = await self.node(op.address).call(op.method, *op.params)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, SendMany):
+                try:
+                    answer = await self.node(op.address)._call_many(op.calls, op.timeout_s)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, Pause):
+                self._follow(op.step.hint)
+                if op.step.wait_s > 0:
+                    await asyncio.sleep(op.step.wait_s)
+                await self._refresh_quietly()
+                answer = None
+            else:  # FETCH_MAP
+                answer = await self.partition_map()
 
     async def _refresh_quietly(self) -> None:
         # Every node unreachable: the call's own retry says so.
@@ -169,10 +154,7 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def call(self, method: str, *params: Any) -> Any:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        params = with_id(method, params)
-        if method == "reserve":
-            return await self.reserve(*params)
-        return await self._routed(method, params, route(method, params))
+        return await self._run(call_plan(self, method, with_id(method, params), False))
 
     async def ping(self) -> str:
         """``"pong"``."""
@@ -202,16 +184,7 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
     async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        pmap = await self.partition_map()
-        as_adds = [("add", (task,)) for task in given]
-        by_owner = group_by_owner(as_adds, pmap, lambda: self._rotate(pmap)[0])
-        results: list[Any] = [None] * len(given)
-        for indexes in by_owner.values():
-            batch = [given[i] for i in indexes]
-            # One add_many per owner: all or nothing on each node, not across nodes.
-            answered = await self._routed("add_many", (batch,), batch[0]["id"])
-            for i, result in zip(indexes, answered, strict=True):
-                results[i] = result
+        results: TaskList = await self._run(add_many_call(self, given))
         return results
 
     async def update(self, id: str, **changes: Any) -> Task:
@@ -231,34 +204,8 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
         """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        wanted = topic_list(topics)
-        deadline = time.monotonic() + max(float(timeout), 0.0)
-        while True:
-            nodes = await self._nodes_in_turn()
-            failures: list[ConnectionFailed] = []
-            for address in nodes:  # every node once, without waiting
-                try:
-                    task: Task | None = await self.node(address).reserve(wanted, 0)
-                except ConnectionFailed as exc:
-                    failures.append(exc)
-                    continue
-                if task is not None:
-                    return task
-            if failures:
-                await self._refresh_quietly()  # a node is down: its partitions move
-                if len(failures) == len(nodes):
-                    raise failures[0]
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                return None
-            # Then wait on one node (the first of this turn) for a slice.
-            try:
-                wait_s = min(remaining_s, self.reserve_slice_s)
-                task = await self.node(nodes[0]).reserve(wanted, wait_s)
-            except ConnectionFailed:
-                continue
-            if task is not None:
-                return task
+        task: Task | None = await self._run(reserve_call(self, topics, timeout))
+        return task
 
     async def ack(self, id: str) -> bool:
         """The reserved task is done and removed."""
@@ -304,7 +251,7 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
     async def cluster(self) -> dict[str, Any]:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        return (await self.refresh()).raw
+        return (await self.refresh()).answer()
 
     def pipeline(self) -> AsyncClusterPipeline:
         """Queue calls and send them together, one batch per owner::
@@ -428,37 +375,8 @@ class AsyncClusterPipeline(QueuedCalls):
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         calls, timeout_s = self._take()
-        calls = [(method, with_id(method, params)) for method, params in calls]
-        client = self._client
-        pmap = await client.partition_map()
-        groups = group_by_owner(calls, pmap, lambda: client._rotate(pmap)[0])
-        outcomes: list[Any] = [None] * len(calls)
-        for address, indexes in groups.items():
-            batch = [calls[i] for i in indexes]
-            try:
-                replies: Sequence[Any] = await client.node(address)._call_many(batch, timeout_s)
-            except ConnectionFailed as exc:
-                if exc.maybe_applied:
-                    raise
-                replies = [None] * len(batch)  # nothing sent: each goes again on its own
-            for i, reply in zip(indexes, replies, strict=True):
-                outcomes[i] = reply
-        results: list[Any] = []
-        first_error: DelaywheelError | None = None
-        for (method, params), reply in zip(calls, outcomes, strict=True):
-            try:
-                if needs_resend(reply):
-                    result = await client.call(method, *params)
-                else:
-                    result = self._collect([reply], True)[0]
-            except DelaywheelError as exc:
-                first_error = first_error or exc
-                result = exc
-            results.append(result)
-        self.results = results
-        if raise_on_error and first_error is not None:
-            raise first_error
-        return results
+        results = await self._client._run(pipeline_call(self._client, calls, timeout_s))
+        return self._settled(results, raise_on_error)
 
     async def __aenter__(self) -> AsyncClusterPipeline:
         return self

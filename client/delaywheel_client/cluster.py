@@ -2,15 +2,20 @@
 
 How it works. It asks a seed for the partition map (``cluster``), keeps one ``Client`` per
 node, and sends each call about a task to the node that owns the task's partition
-(``zlib.crc32(id) % partitions``). The rules (see routing.py and docs/protocol.md,
-"Several nodes"):
+(``zlib.crc32(id) % partitions``). The rules (retry.py, written once for this client and
+``AsyncClusterClient``, which run its plans with their own I/O; docs/protocol.md,
+"Several nodes: the clients"):
 
-- ``moved``: the hint is taken, the map fetched again, and the call resent, at most 3 times.
-- ``tryagain`` (no owner yet): sleep ``retry_after_ms``, then resend, for up to
-  ``failover_timeout_s``; so is an owner that cannot be reached (it is being replaced).
+- ``moved``: the hint is taken, the map fetched again, and the call resent, at most 3
+  times in a row. An ``add_many`` refused so is grouped again by the fetched map.
+- ``tryagain`` (no owner yet), an owner that cannot be reached, or one that closed the
+  connection saying ``unavailable``: sleep ``retry_after_ms`` (or back off), fetch the
+  map, resend, for up to ``failover_timeout_s``.
+- Outcome unknown (``unavailable``, a reply lost after sending): ``add``, ``add_many``
+  and reads are resent at most 3 times; other writes raise.
 - ``add`` always sends an id (``uuid4().hex`` unless given), so a resend is safe: when a
-  resent add answers ``exists`` and the stored task has the same topic and body, the first
-  send landed and the add succeeds; otherwise ``Exists`` is raised.
+  resent add answers ``exists`` and the stored task has the same id, topic and body, the
+  first send landed and the add succeeds; otherwise ``Exists`` is raised.
 - ``reserve`` polls every node in turn, starting one node further on each call, so none is
   starved; a blocking one waits on one node at a time for at most ``reserve_slice_s``,
   polling the others in between.
@@ -34,25 +39,27 @@ from delaywheel_client.calls import (
     list_query,
     schedule_query,
     task_fields,
-    topic_list,
 )
 from delaywheel_client.client import Client
-from delaywheel_client.errors import ConnectionFailed, DelaywheelError, Exists
+from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.retry import (
+    Pause,
+    Plan,
+    Send,
+    SendMany,
+    add_many_call,
+    call_plan,
+    pipeline_call,
+    refresh_call,
+    reserve_call,
+    routed_call,
+)
 from delaywheel_client.routing import (
-    MAX_MOVED_FOLLOWS,
     ClusterBase,
     PartitionMap,
-    added_result,
-    error_data,
-    group_by_owner,
     list_page,
     list_start,
-    may_resend,
-    needs_resend,
-    retry_after_s,
-    route,
-    same_task,
     stats_by_node,
     with_id,
 )
@@ -79,67 +86,47 @@ class ClusterClient(ClusterBase[Client]):
 
     def refresh(self) -> PartitionMap:
         """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
-        failures: list[str] = []
-        for address in self._refresh_order():
-            try:
-                result = self.node(address).call("cluster")
-            except ConnectionFailed as exc:
-                failures.append(str(exc))
-                continue
-            except DelaywheelError as exc:
-                return self._take_map(address, exc)
-            return self._take_map(address, result)
-        raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
+        pmap: PartitionMap = self._run(refresh_call(self))
+        return pmap
 
     def partition_map(self) -> PartitionMap:
         """The map as last fetched (fetched now if it never was)."""
         return self._map if self._map is not None else self.refresh()
 
-    def _nodes_in_turn(self) -> list[str]:
-        return self._rotate(self.partition_map())
-
-    def _any_node(self) -> str:
-        return self._nodes_in_turn()[0]
-
     # -- routed calls ----------------------------------------------------------
 
-    def _routed(self, method: str, params: Sequence[Any], task_id: str | None) -> Any:
-        """``method`` on the owner of ``task_id`` (any node when None), following ``moved``
-        and waiting out ``tryagain`` and an unreachable owner (see the module docstring)."""
-        deadline = time.monotonic() + self.failover_timeout_s
-        moved = waits = 0
-        resent = False
+    def _routed(
+        self, method: str, params: Sequence[Any], task_id: str | None, resent: bool = False
+    ) -> Any:
+        """``method`` on the owner of ``task_id`` (any node when None); retry.py's rules."""
+        return self._run(routed_call(self, method, params, task_id, resent))
+
+    def _run(self, plan: Plan) -> Any:
+        """Carry out a retry.py plan with blocking I/O; its return value."""
+        answer: Any = None
         while True:
-            pmap = self.partition_map()
-            address = (pmap.owner_of(task_id) if task_id is not None else None) or (
-                self._any_node()
-            )
             try:
-                return self.node(address).call(method, *params)
-            except ConnectionFailed as exc:
-                if not may_resend(method, exc) or time.monotonic() >= deadline:
-                    raise
-                error: DelaywheelError = exc
-                resent = resent or exc.maybe_applied
-            except Exists:
-                if not (method == "add" and resent and task_id is not None):
-                    raise
-                stored = self.node(address).call("get", task_id)
-                if not same_task(params[0], stored):
-                    raise
-                return added_result(task_id, stored)
-            except DelaywheelError as exc:
-                if exc.code == "moved" and moved < MAX_MOVED_FOLLOWS:
-                    moved += 1
-                    pmap.follow(error_data(exc))
-                    self._refresh_quietly()
-                    continue
-                if exc.code != "tryagain" or time.monotonic() >= deadline:
-                    raise
-                error = exc
-            time.sleep(min(retry_after_s(error, waits), max(deadline - time.monotonic(), 0)))
-            waits += 1
-            self._refresh_quietly()
+                op = plan.send(answer)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, Send):
+                try:
+                    answer = self.node(op.address).call(op.method, *op.params)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, SendMany):
+                try:
+                    answer = self.node(op.address)._call_many(op.calls, op.timeout_s)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, Pause):
+                self._follow(op.step.hint)
+                if op.step.wait_s > 0:
+                    time.sleep(op.step.wait_s)
+                self._refresh_quietly()
+                answer = None
+            else:  # FETCH_MAP
+                answer = self.partition_map()
 
     def _refresh_quietly(self) -> None:
         # Every node unreachable: the call's own retry says so.
@@ -175,10 +162,7 @@ class ClusterClient(ClusterBase[Client]):
 
     def call(self, method: str, *params: Any) -> Any:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        params = with_id(method, params)
-        if method == "reserve":
-            return self.reserve(*params)
-        return self._routed(method, params, route(method, params))
+        return self._run(call_plan(self, method, with_id(method, params), False))
 
     def ping(self) -> str:
         """``"pong"``."""
@@ -208,15 +192,7 @@ class ClusterClient(ClusterBase[Client]):
     def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        as_adds = [("add", (task,)) for task in given]
-        by_owner = group_by_owner(as_adds, self.partition_map(), self._any_node)
-        results: list[Any] = [None] * len(given)
-        for indexes in by_owner.values():
-            batch = [given[i] for i in indexes]
-            # One add_many per owner: all or nothing on each node, not across nodes.
-            answered = self._routed("add_many", (batch,), batch[0]["id"])
-            for i, result in zip(indexes, answered, strict=True):
-                results[i] = result
+        results: TaskList = self._run(add_many_call(self, given))
         return results
 
     def update(self, id: str, **changes: Any) -> Task:
@@ -236,35 +212,8 @@ class ClusterClient(ClusterBase[Client]):
 
     def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
         """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        wanted = topic_list(topics)
-        deadline = time.monotonic() + max(float(timeout), 0.0)
-        while True:
-            nodes = self._nodes_in_turn()
-            failures: list[ConnectionFailed] = []
-            for address in nodes:  # every node once, without waiting
-                try:
-                    task: Task | None = self.node(address).reserve(wanted, 0)
-                except ConnectionFailed as exc:
-                    failures.append(exc)
-                    continue
-                if task is not None:
-                    return task
-            if len(failures) == len(nodes):
-                self._refresh_quietly()
-                raise failures[0]
-            if failures:
-                self._refresh_quietly()  # a node is down: its partitions move
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                return None
-            # Then wait on one node (the first of this turn) for a slice.
-            try:
-                wait_s = min(remaining_s, self.reserve_slice_s)
-                task = self.node(nodes[0]).reserve(wanted, wait_s)
-            except ConnectionFailed:
-                continue
-            if task is not None:
-                return task
+        task: Task | None = self._run(reserve_call(self, topics, timeout))
+        return task
 
     def ack(self, id: str) -> bool:
         """The reserved task is done and removed."""
@@ -310,7 +259,7 @@ class ClusterClient(ClusterBase[Client]):
     def cluster(self) -> dict[str, Any]:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        return self.refresh().raw
+        return self.refresh().answer()
 
     def pipeline(self) -> ClusterPipeline:
         """A batch: queue calls, then send them in one write and read every reply.
@@ -438,42 +387,8 @@ class ClusterPipeline(QueuedCalls):
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         calls, timeout_s = self._take()
-        calls = [(method, with_id(method, params)) for method, params in calls]
-        client = self._client
-        groups = group_by_owner(calls, client.partition_map(), client._any_node)
-        outcomes: list[Any] = [None] * len(calls)
-        for address, indexes in groups.items():
-            batch = [calls[i] for i in indexes]
-            try:
-                replies = client.node(address)._call_many(batch, timeout_s)
-            except ConnectionFailed as exc:
-                if exc.maybe_applied:
-                    raise
-                replies = [None] * len(batch)  # nothing sent: each goes again on its own
-            for i, reply in zip(indexes, replies, strict=True):
-                outcomes[i] = reply
-        return self._finish(calls, outcomes, raise_on_error)
-
-    def _finish(
-        self, calls: list[tuple[str, Sequence[Any]]], outcomes: list[Any], raise_on_error: bool
-    ) -> list[Any]:
-        results: list[Any] = []
-        first_error: DelaywheelError | None = None
-        for (method, params), reply in zip(calls, outcomes, strict=True):
-            redo = needs_resend(reply)
-            try:
-                if redo:
-                    result = self._client.call(method, *params)
-                else:
-                    result = self._collect([reply], True)[0]
-            except DelaywheelError as exc:
-                first_error = first_error or exc
-                result = exc
-            results.append(result)
-        self.results = results
-        if raise_on_error and first_error is not None:
-            raise first_error
-        return results
+        results = self._client._run(pipeline_call(self._client, calls, timeout_s))
+        return self._settled(results, raise_on_error)
 
     def __enter__(self) -> ClusterPipeline:
         return self

@@ -10,6 +10,7 @@ map is one partition owned by that server.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 import uuid
@@ -20,7 +21,6 @@ from delaywheel_client._tls import PathLike
 from delaywheel_client.connection import ClientBase, parse_url
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.partitions import partition_of
-from delaywheel_client.protocol import Response
 
 # ``moved`` is followed this many times per call (each time with a fresh map) before the
 # call raises it: more means the nodes disagree about ownership for longer than a refresh.
@@ -65,14 +65,22 @@ def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
     return addresses
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PartitionMap:
     """Who owns which partition, as one node described it. ``owners[p]`` is the address of
-    partition ``p``'s owner, or None while it has none."""
+    partition ``p``'s owner, or None while it has none.
+
+    Immutable: a client replaces its map whole (``ClusterBase._map``, one reference), so a
+    thread or task that took it goes on reading one consistent snapshot while another
+    follows a ``moved`` hint or fetches the map anew."""
 
     partitions: int
-    owners: list[str | None]
-    raw: dict[str, Any]
+    owners: tuple[str | None, ...]
+    raw: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        # A list given by hand (tests, a caller's own map) is frozen too.
+        object.__setattr__(self, "owners", tuple(self.owners))
 
     @classmethod
     def from_cluster(cls, result: Any, asked: str) -> PartitionMap:
@@ -89,7 +97,7 @@ class PartitionMap:
             partition, address = entry.get("partition"), entry.get("address")
             if type(partition) is int and 0 <= partition < partitions:
                 owners[partition] = address if isinstance(address, str) and address else None
-        return cls(partitions, owners, dict(result))
+        return cls(partitions, tuple(owners), copy.deepcopy(dict(result)))
 
     @classmethod
     def single(cls, address: str) -> PartitionMap:
@@ -100,7 +108,7 @@ class PartitionMap:
             "lease_s": None,
             "owners": [{"partition": 0, "node": address, "address": address, "epoch": None}],
         }
-        return cls(1, [address], raw)
+        return cls(1, (address,), raw)
 
     def owner_of(self, task_id: str) -> str | None:
         return self.owners[partition_of(task_id, self.partitions)]
@@ -109,13 +117,23 @@ class PartitionMap:
         """The owners' addresses, each once, sorted (the order ``reserve`` rotates through)."""
         return sorted({address for address in self.owners if address is not None})
 
-    def follow(self, data: Any) -> None:
-        """Take a ``moved`` error's hint: ``data["owner"]`` owns ``data["partition"]``."""
+    def followed(self, data: Any) -> PartitionMap:
+        """This map with a ``moved`` error's hint taken: ``data["owner"]`` owns
+        ``data["partition"]``. A hint that names no partition of this map changes nothing."""
         if not isinstance(data, Mapping):
-            return
+            return self
         partition, owner = data.get("partition"), data.get("owner")
-        if type(partition) is int and 0 <= partition < self.partitions and isinstance(owner, str):
-            self.owners[partition] = owner
+        if type(partition) is not int or not 0 <= partition < self.partitions:
+            return self
+        if not isinstance(owner, str) or self.owners[partition] == owner:
+            return self
+        owners = list(self.owners)
+        owners[partition] = owner
+        return dataclasses.replace(self, owners=tuple(owners))
+
+    def answer(self) -> dict[str, Any]:
+        """The ``cluster`` result this map came from, a copy the caller may change."""
+        return copy.deepcopy(dict(self.raw))
 
 
 def error_data(exc: DelaywheelError) -> Any:
@@ -132,38 +150,6 @@ def retry_after_s(exc: DelaywheelError, attempt: int) -> float:
         if isinstance(wait_ms, (int, float)) and wait_ms >= 0:
             return float(min(max(wait_ms / 1000, RETRY_MIN_S), FAILOVER_TIMEOUT_S))
     return float(min(RETRY_MIN_S * 2 ** min(attempt, 8), RETRY_MAX_S))
-
-
-def may_resend(method: str, exc: ConnectionFailed) -> bool:
-    """Whether a call that failed with ``exc`` may go to the (new) owner again: when it was
-    never sent, when it is read-only, or when it is ``add`` (it always carries an id, so an
-    add that did land answers ``exists``, which the caller checks)."""
-    from delaywheel_client.methods import READ_ONLY_METHODS
-
-    if getattr(exc, "closed_by", None) is not None:
-        return False
-    sent_maybe_applied = bool(getattr(exc, "maybe_applied", False))
-    return not sent_maybe_applied or method in READ_ONLY_METHODS or method == "add"
-
-
-def same_task(fields: Mapping[str, Any], stored: Any) -> bool:
-    """Whether ``stored`` (``get``'s task) is the task ``fields`` (an ``add``'s map) added:
-    same topic and body. An ``exists`` that answers a resent add of the same task is the
-    first send having landed; anything else is another task with that id."""
-    return (
-        isinstance(stored, Mapping)
-        and stored.get("topic") == fields.get("topic")
-        and stored.get("body") == fields.get("body")
-    )
-
-
-def added_result(task_id: str, stored: Mapping[str, Any]) -> dict[str, Any]:
-    """``add``'s result for a task that was already there: its id and time."""
-    result = {"id": task_id, "at": stored.get("at")}
-    for key in ("cycle", "slot"):
-        if key in stored:
-            result[key] = stored[key]
-    return result
 
 
 def route(method: str, params: Sequence[Any]) -> str | None:
@@ -200,15 +186,6 @@ def group_by_owner(
         owner = pmap.owner_of(task_id) if task_id is not None else None
         groups.setdefault(owner or any_node(), []).append(index)
     return groups
-
-
-def needs_resend(reply: Response | None) -> bool:
-    """Whether a pipelined call goes again on its own: it was never sent (None), or its
-    partition was elsewhere (``moved``) or had no owner (``tryagain``)."""
-    if reply is None:
-        return True
-    error = reply.error
-    return isinstance(error, list) and bool(error) and error[0] in ("moved", "tryagain")
 
 
 def list_start(nodes: Sequence[str], cursor: Any) -> tuple[str, Any]:
@@ -310,7 +287,8 @@ class ClusterBase(Generic[_N]):
 
     def _refresh_order(self) -> list[str]:
         """Where to ask for the map: the nodes of the last map, then the seeds."""
-        known = self._map.nodes() if self._map is not None else []
+        pmap = self._map
+        known = pmap.nodes() if pmap is not None else []
         return list(dict.fromkeys([*known, *self.seeds]))
 
     def _take_map(self, address: str, answer: Any) -> PartitionMap:
@@ -319,10 +297,30 @@ class ClusterBase(Generic[_N]):
         if isinstance(answer, DelaywheelError):
             if answer.code != "no_method":
                 raise answer
-            self._map = PartitionMap.single(address)
+            pmap = PartitionMap.single(address)
         else:
-            self._map = PartitionMap.from_cluster(answer, address)
-        return self._map
+            pmap = PartitionMap.from_cluster(answer, address)
+        self._map = pmap  # replaced whole: readers keep the snapshot they took
+        return pmap
+
+    def _follow(self, hint: Any) -> None:
+        """Take a ``moved`` hint into the map (a new snapshot, made under the lock so that
+        two threads' hints do not undo each other)."""
+        if hint is None:
+            return
+        with self._lock:
+            if self._map is not None:
+                self._map = self._map.followed(hint)
+
+    def _address_in(self, pmap: PartitionMap, task_id: str | None) -> str:
+        """Where a call about ``task_id`` goes: its owner, or (no id, or no owner just
+        now) the next node in turn."""
+        owner = pmap.owner_of(task_id) if task_id is not None else None
+        return owner or self._next_in_turn(pmap)
+
+    def _next_in_turn(self, pmap: PartitionMap) -> str:
+        """One node for a call that any node answers: a different one each time."""
+        return self._rotate(pmap)[0]
 
     def _all_nodes(self, pmap: PartitionMap) -> list[str]:
         return pmap.nodes() or self.seeds[:1]

@@ -32,10 +32,13 @@ from typing import Any
 
 from delaywheel.checks import bad, known_fields, number, show
 from delaywheel.errors import RequestError
+from delaywheel.schedules import occurrence as occurrences
+from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.schedules.planner import (
     after_edit,
     after_resume,
     backfill,
+    jitter_ms,
     occurrence_id,
     render_next,
 )
@@ -48,6 +51,7 @@ from delaywheel.schedules.state import (
     read_record,
     to_record,
 )
+from delaywheel.tallies import SCHEDULE_LATENESS_BOUNDS_S, Histogram
 
 log = logging.getLogger("delaywheel.schedules")
 
@@ -55,6 +59,12 @@ DEFAULT_NEXT_N = 5
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 1000
 LIST_FIELDS = frozenset({"topic", "paused", "limit", "cursor"})
+# How late the pending occurrence may fire and still be on time rather than a
+# catch-up (plan_catchup): what `skip` drops is downtime, not a busy loop or a
+# burst of schedules due at one instant that takes seconds to put.
+ON_TIME_MS = 10_000
+# Why an occurrence is skipped (state.plan_fire): the previous one still in flight.
+SKIP_REASONS = ("overlap",)
 RECORD_SUFFIX = ":00"
 
 
@@ -91,11 +101,19 @@ class ScheduleTable:
         # ``_armed[id]`` any more is stale and skipped when it comes up.
         self._timers: list[tuple[int, str]] = []
         self._armed: dict[str, int] = {}
-        # For metrics: occurrences fired, skipped by reason, missed, since start.
+        # The ids of the paused ones, kept with ``states`` (``_keep``, ``_forget``)
+        # so that stats and metrics count them without a walk over every schedule.
+        self._paused: set[str] = set()
+        # buffer_one: the occurrence each schedule holds now (its pending one,
+        # due, waiting for the previous to end); in memory only, so an edit
+        # that moves ``next`` or a restart ends the hold.
+        self._holding: dict[str, int] = {}
+        # For metrics: occurrences fired, skipped by reason, missed, since start,
+        # and how late each fired occurrence was put (docs/metrics.md).
         self.fired = 0
-        self.skipped: dict[str, int] = {}
+        self.skipped: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
         self.missed = 0
-        self.lateness_s_total = 0.0
+        self.lateness = Histogram(SCHEDULE_LATENESS_BOUNDS_S)
 
     # -- requests --------------------------------------------------------------
 
@@ -262,8 +280,12 @@ class ScheduleTable:
         in_flight = previous is not None and self._hooks.in_flight(
             occurrence_id(state.schedule.id, previous)
         )
-        step = plan_fire(state, now_ms, in_flight)
+        schedule_id = state.schedule.id
+        holding = self._holding.pop(schedule_id, None) == state.next_ms
+        step = plan_fire(state, now_ms, in_flight, ON_TIME_MS, holding)
         if step is None:  # early by the wall clock (stepped back): wait for it
+            if holding and state.next_ms is not None:
+                self._holding[schedule_id] = state.next_ms
             self._arm(state)
             return
         now_s = now_ms / 1000
@@ -271,7 +293,10 @@ class ScheduleTable:
             self._hooks.put_occurrence(
                 occurrence.id, state.schedule.template, occurrence.fire_at_ms / 1000, now_s
             )
-            self.lateness_s_total += max(0, now_ms - occurrence.nominal_ms) / 1000
+            # Late from its own firing time (nominal plus jitter): a tick's wait,
+            # or the downtime a catch-up one stood through.
+            due_ms = occurrence.nominal_ms + jitter_ms(state.schedule, occurrence.nominal_ms)
+            self.lateness.observe(max(0, now_ms - due_ms) / 1000)
         self.fired += len(step.fire)
         for reason, n in step.skipped.items():
             self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -280,6 +305,8 @@ class ScheduleTable:
             self._write(step.state, state)
         if step.held:
             # buffer_one: look again each tick until the previous one ends.
+            assert step.state.next_ms is not None
+            self._holding[schedule_id] = step.state.next_ms
             self._arm(step.state, now_ms + max(1, round(self.tick_s * 1000)))
         else:
             self._arm(step.state)
@@ -296,9 +323,23 @@ class ScheduleTable:
 
     # -- the store -----------------------------------------------------------------
 
-    def _write(self, state: ScheduleState, before: ScheduleState | None) -> None:
+    def _keep(self, state: ScheduleState) -> None:
         schedule_id = state.schedule.id
         self.states[schedule_id] = state
+        if state.paused:
+            self._paused.add(schedule_id)
+        else:
+            self._paused.discard(schedule_id)
+
+    def _forget(self, schedule_id: str) -> None:
+        self.states.pop(schedule_id, None)
+        self._paused.discard(schedule_id)
+        self._holding.pop(schedule_id, None)
+        self._armed.pop(schedule_id, None)
+
+    def _write(self, state: ScheduleState, before: ScheduleState | None) -> None:
+        schedule_id = state.schedule.id
+        self._keep(state)
         self._arm(state)
         self._journal.record_other(
             record_key(schedule_id), to_record(state), lambda: self._undo(schedule_id, before)
@@ -306,8 +347,7 @@ class ScheduleTable:
 
     def _remove(self, state: ScheduleState) -> None:
         schedule_id = state.schedule.id
-        del self.states[schedule_id]
-        self._armed.pop(schedule_id, None)
+        self._forget(schedule_id)
         self._journal.record_other(
             record_key(schedule_id), None, lambda: self._undo(schedule_id, state)
         )
@@ -315,10 +355,9 @@ class ScheduleTable:
     def _undo(self, schedule_id: str, before: ScheduleState | None) -> None:
         """A write failed: put back the state it replaced (None: there was none)."""
         if before is None:
-            self.states.pop(schedule_id, None)
-            self._armed.pop(schedule_id, None)
+            self._forget(schedule_id)
         else:
-            self.states[schedule_id] = before
+            self._keep(before)
             self._arm(before)
 
     def load_record(self, key: str, record: bytes) -> None:
@@ -327,15 +366,14 @@ class ScheduleTable:
         except ValueError as exc:
             log.error("skipping corrupt schedule record %r: %s", key, exc)
             return
-        self.states[state.schedule.id] = state
+        self._keep(state)
         self._arm(state)  # one overdue fires (catch-up) at the first advance
 
     def drop(self, leaving: Callable[[str], bool]) -> int:
         """Forget the schedules of a partition handed back or lost (no write)."""
         gone = [schedule_id for schedule_id in self.states if leaving(record_key(schedule_id))]
         for schedule_id in gone:
-            del self.states[schedule_id]
-            self._armed.pop(schedule_id, None)
+            self._forget(schedule_id)
         return len(gone)
 
     async def split(
@@ -355,9 +393,18 @@ class ScheduleTable:
 
     # -- reading -------------------------------------------------------------------
 
+    def occurrence(self, task_id: str) -> Occurrence | None:
+        """What ``task_id`` is as an occurrence, with its local time in its
+        schedule's zone (UTC for one whose schedule this node does not hold:
+        deleted); None when it is no occurrence's id."""
+        parsed = occurrences.parse(task_id)
+        if parsed is None:
+            return None
+        state = self.states.get(parsed[0])
+        return occurrences.make(*parsed, None if state is None else state.schedule.spec)
+
     def stats(self) -> dict[str, int]:
-        paused = sum(1 for state in self.states.values() if state.paused)
-        return {"count": len(self.states), "paused": paused}
+        return {"count": len(self.states), "paused": len(self._paused)}
 
     def counts(self) -> dict[str, int]:
         """The schedules' stored counts, summed (for metrics)."""

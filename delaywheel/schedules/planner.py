@@ -102,14 +102,21 @@ class Catchup:
     next_ms: int | None  # the next occurrence after now (None: the schedule has ended)
 
 
-def plan_catchup(schedule: Schedule, pending_ms: int, now_ms: int) -> Catchup:
+def plan_catchup(schedule: Schedule, pending_ms: int, now_ms: int, on_time_ms: int = 0) -> Catchup:
     """After downtime or a forward clock jump: the due occurrences are those in
     ``[pending_ms, now_ms]``; the policy says which fire and which are missed.
-    Only occurrences within ``catchup_window`` of now may fire (``skip`` fires none)."""
+    Only occurrences within ``catchup_window`` of now may fire (``skip`` fires none).
+
+    The on-time case is not downtime: the pending occurrence alone is due, at
+    most ``on_time_ms`` after its firing time (nominal plus jitter). It fires
+    under every policy, ``skip`` too (which would otherwise drop every one)."""
     next_ms = schedule.first_after(now_ms)
     window_low = now_ms - schedule.catchup_window_ms
     if schedule.catchup == "skip":
         _, count = between(schedule, pending_ms, now_ms, 0)
+        late_ms = now_ms - pending_ms - jitter_ms(schedule, pending_ms)
+        if count == 1 and late_ms <= on_time_ms:
+            return Catchup([pending_ms], 0, next_ms)
         return Catchup([], count, next_ms)
     limit = 1 if schedule.catchup == "latest" else CATCHUP_CAP
     due, older = between(schedule, pending_ms, now_ms, limit)
