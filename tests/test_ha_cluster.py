@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
-from hacheck import LoadGenerator, RequestLog, check, sink
+from hacheck import Delivery, LoadGenerator, RequestLog, check, sink
 from serverproc import ServerProcess
 from test_store import run
 from waiting import wait_until
@@ -397,11 +397,15 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
                 finally:
                     load.stop()
             acknowledged = _expected(log)
-            wait_until(
-                lambda: acknowledged <= {d.task_id for d in received.received()},
-                30,
-                "every acknowledged task delivered",
-            )
+            try:
+                wait_until(
+                    lambda: acknowledged <= {d.task_id for d in received.received()},
+                    30,
+                    "every acknowledged task delivered",
+                )
+            except AssertionError:
+                _explain(acknowledged, log, received.received(), nodes, fault_s)
+                raise
             time.sleep(1.0)  # time passing is the test: no late duplicate comes
             report = check(log.snapshot(), received.received(), faults=[fault_s])
     finally:
@@ -418,6 +422,27 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
     # 2 L, and a margin for a loaded machine: the failover itself takes
     # cluster-node-timeout (1 s) and an election.
     assert report.takeover_s is not None and report.takeover_s < 2 * LEASE_S + 2.0
+
+
+def _explain(
+    acknowledged: set[str],
+    log: RequestLog,
+    deliveries: list[Delivery],
+    nodes: list[ServerProcess],
+    fault_s: float,
+) -> None:
+    """What a test that waited in vain for deliveries prints: the missing ids,
+    their requests (times from the fault), and the nodes' logs about partitions."""
+    missing = acknowledged - {d.task_id for d in deliveries}
+    print(f"missing {len(missing)}:")
+    for r in log.snapshot():
+        if r.task_id in missing:
+            at = f"{r.sent_s - fault_s:+.2f}..{r.done_s - fault_s:+.2f} s"
+            partition = partition_of(r.task_id, PARTITIONS)
+            print(f"  {r.op} {r.task_id} p{partition} {at} {r.outcome} {r.detail[:200]}")
+    for node in nodes:
+        print(f"--- node log: {node.args}")
+        print("\n".join(line for line in node.log if "INFO delaywheel: " not in line)[-8000:])
 
 
 def _promoted(farm: ClusterFarm, layout: Layout, dead_port: int) -> bool:
