@@ -7,8 +7,10 @@ released partition is taken over in well under a second) the coordinator:
 2. reads the live members and every partition's lease (the owner map that
    ``cluster`` answers and ``moved`` names),
 3. claims the free partitions it ranks first by rendezvous hashing among
-   the live nodes, and those whose lease names this node but another epoch
-   (this node's previous process, killed: its name is its own), and
+   the live nodes (not one it still holds: a lease key deleted under it is
+   dropped by the keeper first, then claimed anew), and those whose lease
+   names this node but another epoch (this node's previous process, killed:
+   its name is its own), and
 4. hands back a partition whose first-ranked node is another live,
    registered node.
 
@@ -132,8 +134,8 @@ class Coordinator:
             )
         if self._stopping:
             return
-        todo = plan(sharing.node, live, sharing.partitions, owners)
         held = self.keeper.held
+        todo = plan(sharing.node, live, sharing.partitions, owners, held)
         stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
         for partition in sorted(todo.claim | stale):
             if partition not in self._busy:

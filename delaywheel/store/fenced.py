@@ -209,6 +209,10 @@ def outcome_of(
     return outcome
 
 
+def _called(exc: Exception | None) -> None:
+    """A finished flush's ``done``: it has been called once already."""
+
+
 class FencedWriter:
     """Fenced flushes over one journal link (see the module docstring)."""
 
@@ -243,6 +247,10 @@ class FencedWriter:
         link = self.link
 
         def finished(exc: Exception | None) -> None:
+            # The flush holds this closure and the closure the flush: a cycle
+            # that only the collector would free, with the batch and its tasks
+            # hanging off it (docs/performance.md, "Measurements behind the code").
+            flush.done = _called
             where = f"{link.address[0]}:{link.address[1]}"
             done(
                 outcome_of(
