@@ -277,6 +277,39 @@ def test_a_single_slot_keyspace_is_spread_over_the_primaries_at_first_start(
     assert len({owner_port(farm, keys.tasks) for keys in new}) > 1
 
 
+def test_a_spread_cut_off_mid_way_is_finished_by_the_next_start(
+    cluster6_redis: ClusterFarm,
+) -> None:
+    """As a kill -9 mid-spread leaves it: the dead node's lock still held, some
+    partitions sealed, some records copied but not yet deleted from the old hash."""
+    farm = cluster6_redis
+    partitions = 4
+    tasks = _old_release_keyspace(farm, "cutoff", partitions)
+    old = Layout("cutoff", partitions, single_slot=True)
+    new = Layout("cutoff", partitions)
+    copied = dict(list(tasks.items())[:100])
+    with redis.RedisCluster(host="127.0.0.1", port=farm.primaries()[0].port) as client:
+        client.delete(old.partition(2).lease)
+        client.set(old.partition(0).lease, SEALED)
+        for task_id, record in copied.items():
+            client.hset(new.of(task_id).tasks, task_id, record)
+        client.set("{cutoff}:migrating", "dead-node 0123", px=500)
+
+    async def scenario() -> None:
+        async with keyspace(farm.url, "cutoff", partitions) as shared:
+            relaid = shared.relaid
+            assert relaid is not None and relaid.waited  # for the dead node's lock to expire
+            assert (relaid.moved, relaid.kept) == (len(tasks) - 100, 100)
+            found = {}
+            for keys in new:
+                found.update(await shared.client.hgetall(keys.tasks))
+            assert found == {i.encode(): r for i, r in tasks.items()}
+            for keys in old:
+                assert not await shared.client.exists(keys.tasks)
+
+    run(scenario)
+
+
 def test_a_new_keyspace_is_recorded_spread_and_sealed_against_the_old_release(
     cluster6_redis: ClusterFarm,
 ) -> None:
