@@ -33,7 +33,7 @@ from delaywheel.cluster.lease import Holder, Leases
 from delaywheel.cluster.partitions import Layout, partition_of
 from delaywheel.cluster.spread import SEALED, SPREAD
 from delaywheel.store.base import Changes
-from delaywheel.store.fenced_cluster import ClusterFencedWriter
+from delaywheel.store.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
 from delaywheel.store.redis import RedisStore
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, below: not before
@@ -412,7 +412,11 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
         with sink() as received:
             wait_until(lambda: _settled(nodes), 20, "the two nodes to share the partitions")
             with ClusterClient(_seeds(nodes)) as dw:
-                load = LoadGenerator(dw, received, log, rate=40, delay_s=(0.3, 2.0)).start()
+                # A short target timeout: an attempt journaled as delivering on
+                # a partition that changes hands is held by its new owner for it.
+                load = LoadGenerator(
+                    dw, received, log, rate=40, delay_s=(0.3, 2.0), target_timeout_s=1.0
+                ).start()
                 try:
                     time.sleep(3.0)  # load before the fault
                     victim_port = owner_port(farm, layout.partition(0).tasks)
@@ -452,9 +456,11 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
     # Duplicates only of attempts that were in flight about the fault.
     first_s = {d.task_id: d.at_s for d in sorted(received.received(), key=lambda d: -d.at_s)}
     assert all(first_s[i] >= fault_s - 1.0 for i in report.duplicates), report.duplicates
-    # 2 L, and a margin for a loaded machine: the failover itself takes
-    # cluster-node-timeout (1 s) and an election.
-    assert report.takeover_s is not None and report.takeover_s < 2 * LEASE_S + 2.0
+    # 2 L, a held attempt's target timeout (1 s), and a flush held while it
+    # retries the dead primary (at most RETRY_FOR_S): the failover itself takes
+    # cluster-node-timeout (1 s) and an election. Measured 3.3-7.5 s.
+    bound_s = 2 * LEASE_S + 1.0 + RETRY_FOR_S
+    assert report.takeover_s is not None and report.takeover_s < bound_s, report.summary()
 
 
 def _explain(

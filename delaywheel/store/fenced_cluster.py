@@ -21,7 +21,9 @@ new owner by then is refused ``FENCED`` like any other. Flushes go one at a
 time (the journal has only one in flight: engine/journal.py), so a write
 sent again is never overtaken by a newer write of its partition. The retries
 back off from ``RETRY_FIRST_S``, doubling up to ``RETRY_MAX_S``, for at
-most ``RETRY_FOR_S``; what is still unwritten then fails the whole flush
+most ``RETRY_FOR_S``. A write whose partition this node dropped meanwhile
+(``held`` says no: self-fenced at 0.8 L) is not sent again but reported
+fenced. What is still unwritten after ``RETRY_FOR_S`` fails the whole flush
 with ``StoreUnavailable`` (outcome unknown: its requests are answered
 ``unavailable`` and clients retry with the same id).
 """
