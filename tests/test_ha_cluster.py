@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
-from hacheck import Delivery, LoadGenerator, RequestLog, check, sink
+from hacheck import Delivery, Fault, LoadGenerator, RequestLog, check, sink
 from serverproc import ServerProcess
 from test_store import run
 from waiting import wait_until
@@ -444,7 +444,10 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
                 _explain(acknowledged, log, received.received(), nodes, fault_s)
                 raise
             time.sleep(1.0)  # time passing is the test: no late duplicate comes
-            report = check(log.snapshot(), received.received(), faults=[fault_s])
+            # The fault lasts until the replica is promoted: an outcome journaled
+            # meanwhile waits on the dead primary, and its attempt may be sent again.
+            outage = Fault(fault_s, fault_s + promoted_s)
+            report = check(log.snapshot(), received.received(), faults=[outage])
     finally:
         for node in nodes:
             node.kill()
@@ -453,9 +456,7 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
     print(f"scenario 6: {len(log.snapshot())} requests, {unknown} unknown")
     assert report.ok, report.summary()
     assert report.acknowledged > 200
-    # Duplicates only of attempts that were in flight about the fault.
-    first_s = {d.task_id: d.at_s for d in sorted(received.received(), key=lambda d: -d.at_s)}
-    assert all(first_s[i] >= fault_s - 1.0 for i in report.duplicates), report.duplicates
+    assert not report.unexplained, report.summary()  # duplicates only of attempts in flight
     # 2 L, a held attempt's target timeout (1 s), and a flush held while it
     # retries the dead primary (at most RETRY_FOR_S): the failover itself takes
     # cluster-node-timeout (1 s) and an election. Measured 3.3-7.5 s.
