@@ -21,8 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import clusternodes
 import pytest
-from conftest import RedisServer, free_port
+from clusternodes import two_nodes as two_nodes
+from conftest import RedisServer
 from delaywheel_client import (
     AsyncClusterClient,
     Client,
@@ -52,51 +54,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
 from waiting import wait_until
 
-PARTITIONS = 16
-LEASE_S = 3.0  # long enough that a loaded machine does not make a node lose a lease
-
-
-def _node(store: str, name: str, *args: str) -> ServerProcess:
-    # A real port (the later --port wins over ServerProcess's --port 0): a node's
-    # address is what the others send clients to.
-    return ServerProcess(
-        "--port", str(free_port()), "--node", name, "--lease", str(LEASE_S), *args, store=store
-    )  # fmt: skip
-
-
-def _address(proc: ServerProcess) -> str:
-    return f"{proc.host}:{proc.port}"
-
-
-def _served(proc: ServerProcess) -> set[int]:
-    with Client(*proc.address) as dw:
-        return {entry["partition"] for entry in dw.stats()["partitions"]}
-
-
-def _settled(nodes: list[ServerProcess]) -> bool:
-    """Every partition served by exactly one node, each node serving some, and every
-    node's map saying so (``cluster`` is what the client reads)."""
-    seen = [_served(node) for node in nodes]
-    if not all(seen) or sum(map(len, seen)) != PARTITIONS:
-        return False
-    addresses = {_address(node) for node in nodes}
-    for node in nodes:
-        with Client(*node.address) as dw:
-            owners = {entry["address"] for entry in dw.call("cluster")["owners"]}
-        if owners != addresses:
-            return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def two_nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
-    nodes = [_node(module_redis_url, "a"), _node(module_redis_url, "b")]
-    try:
-        wait_until(lambda: _settled(nodes), 20, "two nodes sharing the partitions")
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
+PARTITIONS = clusternodes.PARTITIONS
+_node, _address = clusternodes.node, clusternodes.address
 
 
 def _owners(nodes: list[ServerProcess]) -> dict[str, ServerProcess]:
@@ -302,7 +261,8 @@ def test_unavailable_is_resent_a_bounded_number_of_times(
 def test_an_exists_that_answers_a_resent_add_is_the_first_send(
     private_redis: RedisServer, topic: str
 ) -> None:
-    node = _node(private_redis.url, "w", "--metrics-port", "0")
+    # A 10 s lease (the later --lease wins): Redis frozen for 3 s is no reason to fence.
+    node = _node(private_redis.url, "w", "--metrics-port", "0", "--lease", "10")
     try:
         with ClusterClient(_address(node), timeout_s=2.0) as dw:
             dw.refresh()
@@ -522,3 +482,52 @@ def test_a_pipeline_resends_unavailable_only_for_safe_methods() -> None:
     assert needs_resend("ack", Response(0, ["moved", "m", {}], None))
     assert not needs_resend("ack", Response(0, None, True))
     assert needs_resend("ack", None)
+
+
+# -- a node going away ----------------------------------------------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.process
+@pytest.mark.slow
+def test_calls_go_on_at_the_new_owner_while_a_node_stops(redis_url: str, topic: str) -> None:
+    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    try:
+        wait_until(lambda: clusternodes.settled(nodes), 20, "two nodes sharing the partitions")
+        leaving, staying = nodes
+        errors: list[BaseException] = []
+        added: list[str] = []
+        stop = threading.Event()
+
+        def keep_adding(dw: ClusterClient) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    task_id = dw.add(topic, n, id=f"{topic}-{n}", delay=0.2)["id"]
+                    added.append(task_id)
+                    assert dw.get(task_id)["body"] == n  # read at the owner, as it is now
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+        with ClusterClient([_address(node) for node in nodes]) as dw:
+            adder = threading.Thread(target=keep_adding, args=(dw,))
+            adder.start()
+            wait_until(lambda: len(added) >= 50, 20, "adds to both nodes")
+            assert leaving.stop() == 0  # SIGTERM: it hands its partitions to b
+            wait_until(lambda: len(clusternodes.served(staying)) == PARTITIONS, 20, "b owns all")
+            count_at_stop = len(added)
+            wait_until(lambda: len(added) >= count_at_stop + 50, 20, "adds after the stop")
+            stop.set()
+            adder.join(30)
+            assert errors == []
+            # Every task added is there once: the worker drains them all from b.
+            seen: list[str] = []
+            worker = Worker(dw, reserve_timeout_s=0.2)
+            worker.register(topic, lambda task: seen.append(task["id"]))
+            assert worker.run(max_tasks=len(added)) == len(added)
+            assert sorted(seen) == sorted(added)
+            assert dw.reserve(topic, timeout=0.5) is None
+    finally:
+        for node in nodes:
+            node.kill()

@@ -207,6 +207,7 @@ def test_redis_list_and_stream_entries_carry_the_task(
                 "body": body,  # the body itself, not bytes of MessagePack
                 "attempt": 1,
                 "at": listed["at"],
+                "epoch": 1,  # its partition's, acquired once: the first epoch
             }
             # Both were due at once, so they were pushed in either order.
             stream = {f[b"id"].decode(): f for _entry_id, f in pushed.xrange(stream_key)}
@@ -216,6 +217,7 @@ def test_redis_list_and_stream_entries_carry_the_task(
                     b"id": task["id"].encode(),
                     b"topic": b"events",
                     b"attempt": b"1",
+                    b"epoch": b"1",
                     b"body": raw,
                 }
                 for task, raw in zip(streamed, stored, strict=True)
@@ -266,7 +268,11 @@ def test_amqp_message_carries_the_task(amqp_queue: str) -> None:
         message = got[task_id]
         assert message.body == payload
         assert message.content_type == content_type
-        assert message.headers == {"delaywheel-topic": "orders", "delaywheel-attempt": 1}
+        assert message.headers == {
+            "delaywheel-topic": "orders",
+            "delaywheel-attempt": 1,
+            "delaywheel-epoch": 0,  # a single-node store
+        }
         assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
         assert message.routing_key == amqp_queue
         assert message.exchange == ""
@@ -300,7 +306,11 @@ def test_amqp_unroutable_goes_dead_then_a_bound_queue_and_kick_deliver_it() -> N
         assert message.message_id == task_id
         assert message.exchange == exchange
         assert message.routing_key == routing_key
-        assert message.headers == {"delaywheel-topic": topic, "delaywheel-attempt": 1}
+        assert message.headers == {
+            "delaywheel-topic": topic,
+            "delaywheel-attempt": 1,
+            "delaywheel-epoch": 0,  # a single-node store
+        }
     finally:
         amqp(lambda channel: channel.queue_delete(queue_name))
         amqp(lambda channel: channel.exchange_delete(exchange))
@@ -319,9 +329,14 @@ def test_amqp_unroutable_tasks_due_with_routable_ones_fail_alone(amqp_queue: str
             for topic, target in (("good", good), ("bad", bad))
         ]
         ids = {task["id"] for task in client.add_many(tasks)[::2]}
+        # Both outcomes: the returns may all come back before the last confirms.
         stats = wait_for(
-            lambda: (s := client.stats())["states"]["dead"] == 100 and s,
-            what="the unroutable tasks to be dead",
+            lambda: (
+                (s := client.stats())["states"]["dead"] == 100
+                and s["deliveries"]["delivered"] == 100
+                and s
+            ),
+            what="the unroutable tasks to be dead and the others delivered",
         )
         assert stats["topics"] == {"bad": {"dead": 100}}
         assert (stats["deliveries"]["delivered"], stats["deliveries"]["failed"]) == (100, 100)
@@ -410,6 +425,7 @@ def test_nats_message_carries_the_task(nats_stream: tuple[str, str]) -> None:
                 "Content-Type": content_type,
                 "Delaywheel-Topic": "mail",
                 "Delaywheel-Attempt": "1",
+                "Delaywheel-Epoch": "0",
                 "Nats-Msg-Id": task_id,
             },
         )
@@ -465,7 +481,11 @@ def test_a_broker_that_is_down_fails_its_own_tasks_and_nothing_else(
             code = proc.stop()
     assert code == 0
     [message] = amqp_take(amqp_queue, wait_s=5)
-    assert message.headers == {"delaywheel-topic": "up", "delaywheel-attempt": 1}
+    assert message.headers == {
+        "delaywheel-topic": "up",
+        "delaywheel-attempt": 1,
+        "delaywheel-epoch": 0,  # a single-node store
+    }
     log = proc.log_text()
     assert "broker 'down'" in log and "unreachable" in log
     assert PASSWORD not in log

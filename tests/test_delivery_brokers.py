@@ -39,6 +39,7 @@ PASSWORD = "hunter2-secret"
 TEST_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
+AT_S = 1_700_000_000.25
 
 
 def run(work: Awaitable[T]) -> T:
@@ -57,7 +58,7 @@ def delivery(target: dict[str, Any], body: Any = None, **fields: Any) -> Deliver
         "task_id": "task-1",
         "topic": "emails",
         "attempt": 1,
-        "at_s": 1_700_000_000.25,
+        "at_s": AT_S,
         "body_packed": msgpack.packb(
             {"to": "a@example.com", "n": [1, 2]} if body is None else body
         ),
@@ -258,8 +259,8 @@ def test_redis_list_pushes_the_packed_map(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url) as client:
         entries = [msgpack.unpackb(raw) for raw in client.lrange("jobs", 0, -1)]
     assert entries == [  # LPUSH: the newest first
-        {"id": "task-1", "topic": "emails", "body": "plain", "attempt": 3, "at": 1_700_000_000.25},
-        {"id": "task-1", "topic": "emails", "body": body, "attempt": 1, "at": 1_700_000_000.25},
+        {"id": "task-1", "topic": "emails", "body": "plain", "attempt": 3, "at": AT_S, "epoch": 0},
+        {"id": "task-1", "topic": "emails", "body": body, "attempt": 1, "at": AT_S, "epoch": 0},
     ]
 
 
@@ -281,7 +282,10 @@ def test_redis_stream_adds_the_fields(redis_url: str, body: Any, stored: bytes) 
     run(scenario())
     with redis.Redis.from_url(redis_url) as client:
         [(_entry_id, fields)] = client.xrange("events")
-    assert fields == {b"id": b"task-1", b"topic": b"emails", b"attempt": b"1", b"body": stored}
+    assert fields == {
+        **{b"id": b"task-1", b"topic": b"emails", b"attempt": b"1", b"epoch": b"0"},
+        b"body": stored,
+    }
 
 
 def test_redis_refusal_fails_the_attempt_only(redis_url: str) -> None:
@@ -433,7 +437,11 @@ def test_amqp_publishes_to_the_default_exchange(
             assert got.body == payload
             assert got.content_type == content_type
             assert got.message_id == "t-42"
-            assert got.headers == {"delaywheel-topic": "emails", "delaywheel-attempt": 2}
+            assert got.headers == {
+                "delaywheel-topic": "emails",
+                "delaywheel-attempt": 2,
+                "delaywheel-epoch": 0,
+            }
             assert got.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
 
     run(scenario())
@@ -665,6 +673,7 @@ def test_nats_publishes_to_jetstream_once_per_task() -> None:
                 "Content-Type": "text/plain; charset=utf-8",
                 "Delaywheel-Topic": "emails",
                 "Delaywheel-Attempt": "1",
+                "Delaywheel-Epoch": "0",
                 "Nats-Msg-Id": "t-7",
             }
             assert (await js.stream_info(stream)).state.messages == 1

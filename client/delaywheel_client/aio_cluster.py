@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -22,18 +21,26 @@ from delaywheel_client.calls import (
     list_query,
     schedule_query,
     task_fields,
-    topic_list,
 )
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
-from delaywheel_client.retry import Pause, Plan, Send, add_many_call, needs_resend, routed_call
+from delaywheel_client.retry import (
+    Pause,
+    Plan,
+    Send,
+    SendMany,
+    add_many_call,
+    call_plan,
+    pipeline_call,
+    refresh_call,
+    reserve_call,
+    routed_call,
+)
 from delaywheel_client.routing import (
     ClusterBase,
     PartitionMap,
-    group_by_owner,
     list_page,
     list_start,
-    route,
     stats_by_node,
     with_id,
 )
@@ -66,24 +73,12 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def refresh(self) -> PartitionMap:
         """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
-        failures: list[str] = []
-        for address in self._refresh_order():
-            try:
-                result = await self.node(address).call("cluster")
-            except ConnectionFailed as exc:
-                failures.append(str(exc))
-                continue
-            except DelaywheelError as exc:
-                return self._take_map(address, exc)
-            return self._take_map(address, result)
-        raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
+        pmap: PartitionMap = await self._run(refresh_call(self))
+        return pmap
 
     async def partition_map(self) -> PartitionMap:
         """The map as last fetched (fetched now if it never was)."""
         return self._map if self._map is not None else await self.refresh()
-
-    async def _nodes_in_turn(self) -> list[str]:
-        return self._rotate(await self.partition_map())
 
     # -- routed calls ----------------------------------------------------------
 
@@ -104,6 +99,11 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
             if isinstance(op, Send):
                 try:
                     answer = await self.node(op.address).call(op.method, *op.params)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, SendMany):
+                try:
+                    answer = await self.node(op.address)._call_many(op.calls, op.timeout_s)
                 except DelaywheelError as exc:
                     answer = exc
             elif isinstance(op, Pause):
@@ -154,15 +154,7 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def call(self, method: str, *params: Any) -> Any:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        return await self._resend(method, with_id(method, params), False)
-
-    async def _resend(self, method: str, params: Sequence[Any], resent: bool) -> Any:
-        """``call``, and a pipeline's call that goes again on its own (``resent``)."""
-        if method == "reserve":
-            return await self.reserve(*params)
-        if method == "add_many" and len(params) == 1 and isinstance(params[0], list):
-            return await self._add_many(params[0], resent)
-        return await self._routed(method, params, route(method, params), resent)
+        return await self._run(call_plan(self, method, with_id(method, params), False))
 
     async def ping(self) -> str:
         """``"pong"``."""
@@ -192,12 +184,7 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
     async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        return await self._add_many(given, False)
-
-    async def _add_many(self, given: list[Mapping[str, Any]], resent: bool) -> TaskList:
-        pmap = await self.partition_map()  # fetched before the plan's any_node asks
-        plan = add_many_call(self, given, lambda: self._rotate(self._map or pmap)[0], resent)
-        results: TaskList = await self._run(plan)
+        results: TaskList = await self._run(add_many_call(self, given))
         return results
 
     async def update(self, id: str, **changes: Any) -> Task:
@@ -217,34 +204,8 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
 
     async def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
         """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        wanted = topic_list(topics)
-        deadline = time.monotonic() + max(float(timeout), 0.0)
-        while True:
-            nodes = await self._nodes_in_turn()
-            failures: list[ConnectionFailed] = []
-            for address in nodes:  # every node once, without waiting
-                try:
-                    task: Task | None = await self.node(address).reserve(wanted, 0)
-                except ConnectionFailed as exc:
-                    failures.append(exc)
-                    continue
-                if task is not None:
-                    return task
-            if failures:
-                await self._refresh_quietly()  # a node is down: its partitions move
-                if len(failures) == len(nodes):
-                    raise failures[0]
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                return None
-            # Then wait on one node (the first of this turn) for a slice.
-            try:
-                wait_s = min(remaining_s, self.reserve_slice_s)
-                task = await self.node(nodes[0]).reserve(wanted, wait_s)
-            except ConnectionFailed:
-                continue
-            if task is not None:
-                return task
+        task: Task | None = await self._run(reserve_call(self, topics, timeout))
+        return task
 
     async def ack(self, id: str) -> bool:
         """The reserved task is done and removed."""
@@ -414,38 +375,8 @@ class AsyncClusterPipeline(QueuedCalls):
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         calls, timeout_s = self._take()
-        calls = [(method, with_id(method, params)) for method, params in calls]
-        client = self._client
-        pmap = await client.partition_map()
-        groups = group_by_owner(calls, pmap, lambda: client._rotate(pmap)[0])
-        outcomes: list[Any] = [None] * len(calls)
-        for address, indexes in groups.items():
-            batch = [calls[i] for i in indexes]
-            try:
-                replies: Sequence[Any] = await client.node(address)._call_many(batch, timeout_s)
-            except ConnectionFailed as exc:
-                if exc.maybe_applied:
-                    raise
-                replies = [None] * len(batch)  # nothing sent: each goes again on its own
-            for i, reply in zip(indexes, replies, strict=True):
-                outcomes[i] = reply
-        results: list[Any] = []
-        first_error: DelaywheelError | None = None
-        for (method, params), reply in zip(calls, outcomes, strict=True):
-            try:
-                if needs_resend(method, reply):
-                    # Sent again on its own: an exists then may be this batch's send.
-                    result = await client._resend(method, params, True)
-                else:
-                    result = self._collect([reply], True)[0]
-            except DelaywheelError as exc:
-                first_error = first_error or exc
-                result = exc
-            results.append(result)
-        self.results = results
-        if raise_on_error and first_error is not None:
-            raise first_error
-        return results
+        results = await self._client._run(pipeline_call(self._client, calls, timeout_s))
+        return self._settled(results, raise_on_error)
 
     async def __aenter__(self) -> AsyncClusterPipeline:
         return self

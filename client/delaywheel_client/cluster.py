@@ -2,15 +2,20 @@
 
 How it works. It asks a seed for the partition map (``cluster``), keeps one ``Client`` per
 node, and sends each call about a task to the node that owns the task's partition
-(``zlib.crc32(id) % partitions``). The rules (see routing.py and docs/protocol.md,
-"Several nodes"):
+(``zlib.crc32(id) % partitions``). The rules (retry.py, written once for this client and
+``AsyncClusterClient``, which run its plans with their own I/O; docs/protocol.md,
+"Several nodes: the clients"):
 
-- ``moved``: the hint is taken, the map fetched again, and the call resent, at most 3 times.
-- ``tryagain`` (no owner yet): sleep ``retry_after_ms``, then resend, for up to
-  ``failover_timeout_s``; so is an owner that cannot be reached (it is being replaced).
+- ``moved``: the hint is taken, the map fetched again, and the call resent, at most 3
+  times in a row. An ``add_many`` refused so is grouped again by the fetched map.
+- ``tryagain`` (no owner yet), an owner that cannot be reached, or one that closed the
+  connection saying ``unavailable``: sleep ``retry_after_ms`` (or back off), fetch the
+  map, resend, for up to ``failover_timeout_s``.
+- Outcome unknown (``unavailable``, a reply lost after sending): ``add``, ``add_many``
+  and reads are resent at most 3 times; other writes raise.
 - ``add`` always sends an id (``uuid4().hex`` unless given), so a resend is safe: when a
-  resent add answers ``exists`` and the stored task has the same topic and body, the first
-  send landed and the add succeeds; otherwise ``Exists`` is raised.
+  resent add answers ``exists`` and the stored task has the same id, topic and body, the
+  first send landed and the add succeeds; otherwise ``Exists`` is raised.
 - ``reserve`` polls every node in turn, starting one node further on each call, so none is
   starved; a blocking one waits on one node at a time for at most ``reserve_slice_s``,
   polling the others in between.
@@ -34,19 +39,27 @@ from delaywheel_client.calls import (
     list_query,
     schedule_query,
     task_fields,
-    topic_list,
 )
 from delaywheel_client.client import Client
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
-from delaywheel_client.retry import Pause, Plan, Send, add_many_call, needs_resend, routed_call
+from delaywheel_client.retry import (
+    Pause,
+    Plan,
+    Send,
+    SendMany,
+    add_many_call,
+    call_plan,
+    pipeline_call,
+    refresh_call,
+    reserve_call,
+    routed_call,
+)
 from delaywheel_client.routing import (
     ClusterBase,
     PartitionMap,
-    group_by_owner,
     list_page,
     list_start,
-    route,
     stats_by_node,
     with_id,
 )
@@ -73,27 +86,12 @@ class ClusterClient(ClusterBase[Client]):
 
     def refresh(self) -> PartitionMap:
         """Fetch the map again, from the known nodes and then the seeds, first answer wins."""
-        failures: list[str] = []
-        for address in self._refresh_order():
-            try:
-                result = self.node(address).call("cluster")
-            except ConnectionFailed as exc:
-                failures.append(str(exc))
-                continue
-            except DelaywheelError as exc:
-                return self._take_map(address, exc)
-            return self._take_map(address, result)
-        raise ConnectionFailed(f"no node answered cluster: {'; '.join(failures)}")
+        pmap: PartitionMap = self._run(refresh_call(self))
+        return pmap
 
     def partition_map(self) -> PartitionMap:
         """The map as last fetched (fetched now if it never was)."""
         return self._map if self._map is not None else self.refresh()
-
-    def _nodes_in_turn(self) -> list[str]:
-        return self._rotate(self.partition_map())
-
-    def _any_node(self) -> str:
-        return self._nodes_in_turn()[0]
 
     # -- routed calls ----------------------------------------------------------
 
@@ -114,6 +112,11 @@ class ClusterClient(ClusterBase[Client]):
             if isinstance(op, Send):
                 try:
                     answer = self.node(op.address).call(op.method, *op.params)
+                except DelaywheelError as exc:
+                    answer = exc
+            elif isinstance(op, SendMany):
+                try:
+                    answer = self.node(op.address)._call_many(op.calls, op.timeout_s)
                 except DelaywheelError as exc:
                     answer = exc
             elif isinstance(op, Pause):
@@ -159,15 +162,7 @@ class ClusterClient(ClusterBase[Client]):
 
     def call(self, method: str, *params: Any) -> Any:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        return self._resend(method, with_id(method, params), False)
-
-    def _resend(self, method: str, params: Sequence[Any], resent: bool) -> Any:
-        """``call``, and a pipeline's call that goes again on its own (``resent``)."""
-        if method == "reserve":
-            return self.reserve(*params)
-        if method == "add_many" and len(params) == 1 and isinstance(params[0], list):
-            return self._add_many(params[0], resent)
-        return self._routed(method, params, route(method, params), resent)
+        return self._run(call_plan(self, method, with_id(method, params), False))
 
     def ping(self) -> str:
         """``"pong"``."""
@@ -197,10 +192,7 @@ class ClusterClient(ClusterBase[Client]):
     def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        return self._add_many(given, False)
-
-    def _add_many(self, given: list[Mapping[str, Any]], resent: bool) -> TaskList:
-        results: TaskList = self._run(add_many_call(self, given, self._any_node, resent))
+        results: TaskList = self._run(add_many_call(self, given))
         return results
 
     def update(self, id: str, **changes: Any) -> Task:
@@ -220,35 +212,8 @@ class ClusterClient(ClusterBase[Client]):
 
     def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
         """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        wanted = topic_list(topics)
-        deadline = time.monotonic() + max(float(timeout), 0.0)
-        while True:
-            nodes = self._nodes_in_turn()
-            failures: list[ConnectionFailed] = []
-            for address in nodes:  # every node once, without waiting
-                try:
-                    task: Task | None = self.node(address).reserve(wanted, 0)
-                except ConnectionFailed as exc:
-                    failures.append(exc)
-                    continue
-                if task is not None:
-                    return task
-            if len(failures) == len(nodes):
-                self._refresh_quietly()
-                raise failures[0]
-            if failures:
-                self._refresh_quietly()  # a node is down: its partitions move
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                return None
-            # Then wait on one node (the first of this turn) for a slice.
-            try:
-                wait_s = min(remaining_s, self.reserve_slice_s)
-                task = self.node(nodes[0]).reserve(wanted, wait_s)
-            except ConnectionFailed:
-                continue
-            if task is not None:
-                return task
+        task: Task | None = self._run(reserve_call(self, topics, timeout))
+        return task
 
     def ack(self, id: str) -> bool:
         """The reserved task is done and removed."""
@@ -422,42 +387,8 @@ class ClusterPipeline(QueuedCalls):
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         calls, timeout_s = self._take()
-        calls = [(method, with_id(method, params)) for method, params in calls]
-        client = self._client
-        groups = group_by_owner(calls, client.partition_map(), client._any_node)
-        outcomes: list[Any] = [None] * len(calls)
-        for address, indexes in groups.items():
-            batch = [calls[i] for i in indexes]
-            try:
-                replies = client.node(address)._call_many(batch, timeout_s)
-            except ConnectionFailed as exc:
-                if exc.maybe_applied:
-                    raise
-                replies = [None] * len(batch)  # nothing sent: each goes again on its own
-            for i, reply in zip(indexes, replies, strict=True):
-                outcomes[i] = reply
-        return self._finish(calls, outcomes, raise_on_error)
-
-    def _finish(
-        self, calls: list[tuple[str, Sequence[Any]]], outcomes: list[Any], raise_on_error: bool
-    ) -> list[Any]:
-        results: list[Any] = []
-        first_error: DelaywheelError | None = None
-        for (method, params), reply in zip(calls, outcomes, strict=True):
-            try:
-                if needs_resend(method, reply):
-                    # Sent again on its own: an exists then may be this batch's send.
-                    result = self._client._resend(method, params, True)
-                else:
-                    result = self._collect([reply], True)[0]
-            except DelaywheelError as exc:
-                first_error = first_error or exc
-                result = exc
-            results.append(result)
-        self.results = results
-        if raise_on_error and first_error is not None:
-            raise first_error
-        return results
+        results = self._client._run(pipeline_call(self._client, calls, timeout_s))
+        return self._settled(results, raise_on_error)
 
     def __enter__(self) -> ClusterPipeline:
         return self

@@ -59,6 +59,15 @@ class QueuedCalls:
             raise first_error
         return results
 
+    def _settled(self, results: list[Any], raise_on_error: bool) -> list[Any]:
+        """Results already made (a cluster pipeline's: values, or the ``DelaywheelError``
+        of each call that failed) kept as ``results``; the first error raised if asked."""
+        self.results = results
+        errors = [result for result in results if isinstance(result, DelaywheelError)]
+        if raise_on_error and errors:
+            raise errors[0]
+        return results
+
     def _queue(self, method: str, params: Sequence[Any]) -> None:
         self._calls.append((method, params))
 

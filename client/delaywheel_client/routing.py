@@ -316,7 +316,11 @@ class ClusterBase(Generic[_N]):
         """Where a call about ``task_id`` goes: its owner, or (no id, or no owner just
         now) the next node in turn."""
         owner = pmap.owner_of(task_id) if task_id is not None else None
-        return owner or self._rotate(pmap)[0]
+        return owner or self._next_in_turn(pmap)
+
+    def _next_in_turn(self, pmap: PartitionMap) -> str:
+        """One node for a call that any node answers: a different one each time."""
+        return self._rotate(pmap)[0]
 
     def _all_nodes(self, pmap: PartitionMap) -> list[str]:
         return pmap.nodes() or self.seeds[:1]

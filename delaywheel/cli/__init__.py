@@ -20,7 +20,10 @@ for the method it calls. Bytes (a bin ``body``) are written as ``{"$bin": "<base
 and the same wrapper is read back by ``--json-body`` and ``import``.
 
 This module holds the group, its global options and the one place failures are
-printed; the commands live in ``serve``, ``tasks``, ``consume`` and ``importer``.
+printed; the commands live in ``serve``, ``tasks``, ``consume``, ``cluster`` and
+``importer``. ``--server`` takes one address or the comma-separated nodes of one
+keyspace; with several, the commands use ``ClusterClient`` (each task's call goes to
+its owner).
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from typing import Any
 import click
 
 from delaywheel import __version__
-from delaywheel.cli import backup, consume, importer, schedules, serve, tasks
+from delaywheel.cli import backup, cluster, consume, importer, schedules, serve, tasks
 from delaywheel.cli.env import DEFAULT_TIMEOUT_S, Env
 from delaywheel.cli.errors import EXIT_FAILED
-from delaywheel.cli.params import DURATION, ServerAddress
+from delaywheel.cli.params import DURATION, ServerList
 from delaywheel.config import DEFAULT_PORT
 
 __all__ = ["main"]
@@ -103,12 +106,13 @@ def _command_name(ctx: click.Context | None) -> str:
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
 @click.option(
     "--server",
-    type=ServerAddress(),
+    type=ServerList(),
     default=DEFAULT_SERVER,
     show_default=True,
     envvar="DELAYWHEEL_SERVER",
     show_envvar=True,
-    help="Server to talk to, HOST:PORT.",
+    help="Server to talk to, HOST:PORT; or the nodes of one keyspace, comma-separated "
+    "(each task's call then goes to its owner; see `delaywheel cluster`).",
 )
 @click.option(
     "--token",
@@ -166,7 +170,7 @@ def _command_name(ctx: click.Context | None) -> str:
 @click.pass_context
 def main(
     ctx: click.Context,
-    server: tuple[str, int],
+    server: tuple[tuple[str, int], ...],
     token: str | None,
     as_json: bool,
     timeout_s: float,
@@ -183,7 +187,7 @@ def main(
         raise click.BadParameter(
             f"must be more than 0, got {timeout_s:g}", param_hint="'--timeout'"
         )
-    env = Env(host=server[0], port=server[1], token=token or None, as_json=as_json,
+    env = Env(servers=server, token=token or None, as_json=as_json,
               timeout_s=timeout_s, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
               tls_key=tls_key)  # fmt: skip
     ctx.obj = env
@@ -204,6 +208,7 @@ for _command in (
     consume.kick,
     consume.ping,
     consume.stats,
+    cluster.cluster,
     importer.import_,
     backup.backup,
     schedules.schedule,

@@ -95,7 +95,7 @@ def ping(env: Env) -> None:
     started = time.perf_counter()
     result = client.ping()
     elapsed_ms = (time.perf_counter() - started) * 1000
-    env.emit(result, f"{result} from {env.host}:{env.port} in {elapsed_ms:.1f} ms")
+    env.emit(result, f"{result} from {', '.join(env.addresses)} in {elapsed_ms:.1f} ms")
 
 
 @click.command()

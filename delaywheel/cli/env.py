@@ -13,10 +13,11 @@ import click
 
 from delaywheel.cli.errors import EXIT_USAGE, cli_error, server_error
 from delaywheel.cli.output import dumps
+from delaywheel.cli.params import address_text
 from delaywheel.config import DEFAULT_HOST, DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from delaywheel_client import Client
+    from delaywheel_client import Client, ClusterClient
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -25,8 +26,8 @@ DEFAULT_TIMEOUT_S = 10.0
 class Env:
     """The global options, and the client made from them on first use."""
 
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
+    # ``--server``: one address, or the nodes of one keyspace (then a ClusterClient).
+    servers: tuple[tuple[str, int], ...] = ((DEFAULT_HOST, DEFAULT_PORT),)
     token: str | None = None
     as_json: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -34,25 +35,35 @@ class Env:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
-    _clients: list[Client] = field(default_factory=list)
+    _clients: list[Client | ClusterClient] = field(default_factory=list)
 
-    def client(self) -> Client:
-        """A ``delaywheel_client.Client`` for the global options (it connects on first use).
-        A TLS file it cannot load is a usage error naming it."""
-        from delaywheel_client import Client
+    @property
+    def addresses(self) -> list[str]:
+        """``--server``'s addresses as ``host:port`` text."""
+        return [address_text(host, port) for host, port in self.servers]
 
+    def client(self) -> Client | ClusterClient:
+        """A ``delaywheel_client.Client`` for the global options (it connects on first use),
+        or a ``ClusterClient`` when ``--server`` lists several nodes: it then sends each
+        call about a task to the task's owner. A TLS file it cannot load is a usage error
+        naming it."""
+        from delaywheel_client import Client, ClusterClient
+
+        settings: dict[str, Any] = {
+            "token": self.token,
+            "timeout_s": self.timeout_s,
+            "connect_timeout_s": min(5.0, self.timeout_s),
+            "tls": self.tls,
+            "tls_ca": self.tls_ca,
+            "tls_cert": self.tls_cert,
+            "tls_key": self.tls_key,
+        }
         try:
-            made = Client(
-                self.host,
-                self.port,
-                token=self.token,
-                timeout_s=self.timeout_s,
-                connect_timeout_s=min(5.0, self.timeout_s),
-                tls=self.tls,
-                tls_ca=self.tls_ca,
-                tls_cert=self.tls_cert,
-                tls_key=self.tls_key,
-            )
+            made: Client | ClusterClient
+            if len(self.servers) == 1:
+                made = Client(*self.servers[0], **settings)
+            else:
+                made = ClusterClient(self.addresses, **settings)
         except ValueError as exc:  # the client names the file: tls_ca 'ca.pem': ...
             message = re.sub(r"(^|, |needs )tls_(ca|cert|key)\b", r"\1--tls-\2", str(exc))
             raise cli_error(message, EXIT_USAGE) from None

@@ -25,7 +25,7 @@ from delaywheel.cli.errors import EXIT_USAGE, CliError, cli_error, failure
 from delaywheel.cli.output import from_json, plural
 
 if TYPE_CHECKING:
-    from delaywheel_client import Client
+    from delaywheel_client import Client, ClusterClient
 
 # The server names the bad task by its index in the batch: "task 12: ...".
 _TASK_INDEX = re.compile(r"^task (\d+): (.*)$", re.DOTALL)
@@ -96,7 +96,7 @@ def _batches(stream: IO[bytes], batch_size: int) -> Iterator[_Batch | tuple[int,
         yield batch
 
 
-def _send(client: Client, batch: _Batch, added: _Added) -> None:
+def _send(client: Client | ClusterClient, batch: _Batch, added: _Added) -> None:
     """Add the batch's tasks, or fail naming the line the server refused."""
     try:
         results = client.add_many(batch.tasks)
@@ -104,15 +104,19 @@ def _send(client: Client, batch: _Batch, added: _Added) -> None:
         code = getattr(exc, "code", None)
         if code is None:
             raise
-        raise _refused(str(code), str(getattr(exc, "message", exc)), batch, added) from None
+        message = str(getattr(exc, "message", exc))
+        # Several nodes: the batch went as one add_many per owner, so the server's
+        # "task N" counts in that node's share, not in the batch: name the batch's lines.
+        exact = type(client).__name__ != "ClusterClient"
+        raise _refused(str(code), message, batch, added, exact) from None
     added.ids.extend(str(result["id"]) for result in results)
     added.last_line = batch.lines[-1]
     added.batches += 1
 
 
-def _refused(code: str, message: str, batch: _Batch, added: _Added) -> CliError:
+def _refused(code: str, message: str, batch: _Batch, added: _Added, exact: bool = True) -> CliError:
     where = f"lines {batch.lines[0]}-{batch.lines[-1]}: "
-    match = _TASK_INDEX.match(message)
+    match = _TASK_INDEX.match(message) if exact else None
     if match and int(match.group(1)) < len(batch.lines):
         where = f"line {batch.lines[int(match.group(1))]}: "
         message = match.group(2)

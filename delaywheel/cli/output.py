@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from delaywheel.cli.durations import format_duration, format_relative, format_time
@@ -196,6 +197,15 @@ def value_text(name: str, value: Any) -> str:
     return dumps(value)
 
 
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, the header first."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
 def task_table(tasks: list[dict[str, Any]]) -> str:
     header = ("ID", "TOPIC", "STATE", "DUE", "ATTEMPTS")
     rows = [
@@ -208,11 +218,7 @@ def task_table(tasks: list[dict[str, Any]]) -> str:
         )
         for t in tasks
     ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    )
+    return table(header, rows)
 
 
 def stats_text(stats: Any, indent: int = 0) -> str:

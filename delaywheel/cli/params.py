@@ -15,8 +15,9 @@ from delaywheel.config import DEFAULT_PORT
 if TYPE_CHECKING:
     _FloatType = click.ParamType[float]
     _AddressType = click.ParamType[tuple[str, int]]
+    _ServersType = click.ParamType[tuple[tuple[str, int], ...]]
 else:
-    _FloatType = _AddressType = click.ParamType
+    _FloatType = _AddressType = _ServersType = click.ParamType
 
 
 class _Seconds(_FloatType):
@@ -74,6 +75,32 @@ class ServerAddress(_AddressType):
         if not 1 <= port <= 65535:
             self.fail(f"port must be 1 to 65535, got {port} in {text!r}", param, ctx)
         return host, port
+
+
+class ServerList(_ServersType):
+    """``--server``: one address as ``ServerAddress`` takes it, or several nodes of one
+    keyspace, comma-separated (``10.0.0.1:3450,10.0.0.2:3450``)."""
+
+    name = "host:port[,host:port...]"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[tuple[str, int], ...]:
+        if isinstance(value, tuple):
+            return cast(tuple[tuple[str, int], ...], value)
+        text = str(value)
+        items = [item.strip() for item in text.split(",")]
+        if not any(items):
+            self.fail(f"expected HOST:PORT or a comma-separated list, got {text!r}", param, ctx)
+        if not all(items):
+            self.fail(f"an empty address in the list {text!r}", param, ctx)
+        one = ServerAddress()
+        return tuple(dict.fromkeys(one.convert(item, param, ctx) for item in items))
+
+
+def address_text(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 DURATION = Duration()

@@ -207,7 +207,13 @@ def get(env: Env, task_id: str) -> None:
 @click.option("--topic", help="Only tasks of this topic.")
 @click.option("--state", type=click.Choice(STATES), help="Only tasks in this state.")
 @click.option("--limit", type=click.IntRange(1, 1000), help="Tasks per page (server default 100).")
-@click.option("--cursor", type=int, help="Start after this cursor (a previous page's next).")
+@click.option(
+    "--cursor",
+    "cursor_text",
+    metavar="CURSOR",
+    help="Start after this cursor (a previous page's next: a number, or with several "
+    'servers the JSON ["host:port", number]).',
+)
 @click.option("--all", "follow", is_flag=True, help="Follow cursors to the last page.")
 @client_command
 def list_(
@@ -215,7 +221,7 @@ def list_(
     topic: str | None,
     state: str | None,
     limit: int | None,
-    cursor: int | None,
+    cursor_text: str | None,
     follow: bool,
 ) -> None:
     """List tasks, oldest first, one page unless --all.
@@ -224,6 +230,7 @@ def list_(
     {"tasks": [...], "next": cursor or null}.
     """
     client = env.client()
+    cursor = _cursor(cursor_text)
     tasks: list[dict[str, Any]] = []
     while True:
         page = client.list(topic=topic, state=state, limit=limit, cursor=cursor)
@@ -236,4 +243,22 @@ def list_(
         return
     click.echo(task_table(tasks) if tasks else "no tasks")
     if cursor is not None:
-        click.echo(f"more tasks: use --all, or --cursor {cursor} for the next page", err=True)
+        shown = cursor if isinstance(cursor, int) else f"'{json.dumps(cursor)}'"
+        click.echo(f"more tasks: use --all, or --cursor {shown} for the next page", err=True)
+
+
+def _cursor(text: str | None) -> Any:
+    """``--cursor``: a node's cursor (a number) or a cluster's (``["host:port", n]``)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if type(value) is int or (
+        type(value) is list and len(value) == 2 and isinstance(value[0], str)
+    ):
+        return value
+    raise click.BadParameter(
+        f'expected a number or ["host:port", number], got {text!r}', param_hint="'--cursor'"
+    )

@@ -18,11 +18,20 @@ fenced partitions and the ones written all the same (the flush's other
 scripts ran): the journal rolls the batch back and answers ``moved``, and
 ``on_fenced`` tells the coordinator, which drops the fenced partitions and
 reloads the written ones (its memory was rolled back over a durable write).
+A batch holding a change of a partition not in ``epochs`` is refused whole,
+before anything is written (see ``submit``).
+
+On a Redis Cluster each partition's keys are in a slot of their own, so the
+partitions spread over the primaries, and the writer keeps one link per
+primary (store/fenced_cluster.py): a flush sends each primary one pipeline of
+its partitions' scripts, all at once, and is done when all have answered.
 
 At ``open``: P is recorded in the meta key at first use, and a keyspace made
-with another P is refused naming both values; a keyspace written by the
-single-node release (one hash ``{<prefix>}:tasks``) is migrated
-(cluster/migrate.py) before anything is loaded.
+with another P is refused naming both values; so is the layout (``spread``).
+On a Cluster, a keyspace of the release that kept every partition in one
+slot is spread over the primaries first (cluster/spread.py); a keyspace
+written by the single-node release (one hash ``{<prefix>}:tasks``) is
+migrated (cluster/migrate.py). Both before anything is loaded.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from redis.asyncio import RedisCluster
 
 from delaywheel.cluster.migrate import migrate
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
+from delaywheel.cluster.spread import SPREAD, Spread, spread
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
@@ -45,6 +55,7 @@ from delaywheel.store.base import (
     check_batch_size,
 )
 from delaywheel.store.fenced import FencedWriter, FlushOutcome, PartitionWrite
+from delaywheel.store.fenced_cluster import ClusterFencedWriter
 from delaywheel.store.redis import RedisStore
 from delaywheel.store.redis_client import replicas_warning
 
@@ -82,8 +93,9 @@ class SharedKeyspace(Store):
         self.replicas = replicas
         self.epochs: dict[int, int] = {}  # partition -> epoch this node may write with
         self.on_fenced: OnFenced | None = None
-        self._writer: FencedWriter | None = None
+        self._writer: FencedWriter | ClusterFencedWriter | None = None
         self.migrated = 0  # records moved from the single-node layout at open
+        self.relaid: Spread | None = None  # the single-slot layout spread, at open
         self._replicas_warning: list[str] = []
         self.node_name = "delaywheel"  # who migrates, for the lock (app.py sets it)
 
@@ -97,17 +109,22 @@ class SharedKeyspace(Store):
     async def open(self) -> None:
         self._start_open()
         await self.redis.open()
-        if isinstance(self.client, RedisCluster):
-            self.layout = Layout(self.redis.prefix, self.partitions, single_slot=True)
         # Each partition's key names, made once: a flush names them per partition.
         self._keys = list(self.layout)
         try:
             await record_partitions(self.client, self.layout)
+            if isinstance(self.client, RedisCluster):
+                # A keyspace of the release that kept a Cluster's partitions in one slot.
+                self.relaid = await spread(self.client, self.layout, node=self.node_name)
+            else:  # plain Redis (or Sentinel) only ever had the spread key names
+                await self.client.hsetnx(self.layout.meta, "layout", SPREAD)
             migrated = await migrate(self.client, self.layout, node=self.node_name)
             self.migrated = 0 if migrated is None else migrated.moved
             self._writer = self.redis.fenced_writer(
                 replicas=self.replicas, wait_timeout_s=REPLICAS_WAIT_S
             )
+            if isinstance(self._writer, ClusterFencedWriter):
+                self._writer.held = self._holds
             warning = await replicas_warning(self.client, self.layout.meta, self.replicas)
             if warning is not None:
                 self._replicas_warning = [warning]
@@ -184,6 +201,16 @@ class SharedKeyspace(Store):
                     writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part))
                 else:
                     unowned.add(p)
+        if unowned:
+            # Changes of partitions this node dropped (self-fenced, lost) while
+            # they gathered: nothing of the batch is written. Had the owned
+            # partitions' share been written, the rolled-back batch would make
+            # the coordinator reload them, and an attempt journaled as
+            # delivering there would wait out its deadline (the HTTP timeout)
+            # before it is sent; rolled back unwritten, it fires at the next
+            # tick. Their requests are answered moved and retried.
+            self._refuse(unowned, set(), done)
+            return
 
         def finished(outcome: FlushOutcome) -> None:
             if outcome.error is not None:
@@ -195,26 +222,39 @@ class SharedKeyspace(Store):
                 )
                 done(kind(f"store {self.url}: write failed: {outcome.error}"))
                 return
-            if not unowned and not outcome.fenced:  # the commonest: all written
+            if not outcome.fenced:  # the commonest: all written
                 done(None)
                 return
-            fenced = unowned | set(outcome.fenced)
-            if fenced:
-                written = set(outcome.written)
-                if self.on_fenced is not None:
-                    self.on_fenced(fenced, written)
-                done(
-                    FencedWrite(
-                        f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
-                        " this node's: the write was refused there",
-                        fenced,
-                        written,
-                    )
-                )
-                return
-            done(None)
+            # A partition dropped while its write was out, and acquired again
+            # since (a new epoch), is not the coordinator's to drop now.
+            epoch_of = {write.partition: write.epoch for write in writes}
+            fenced = set(outcome.fenced)
+            self._refuse(
+                fenced,
+                set(outcome.written),
+                done,
+                tell={p for p in fenced if self.epochs.get(p, epoch_of[p]) == epoch_of[p]},
+            )
 
         writer.submit(writes, finished)
+
+    def _holds(self, partition: int, epoch: int) -> bool:
+        return self.epochs.get(partition) == epoch
+
+    def _refuse(
+        self, fenced: set[int], written: set[int], done: Done, *, tell: set[int] | None = None
+    ) -> None:
+        """Fail a batch ``FencedWrite``; ``tell`` the coordinator of these (all by default)."""
+        if self.on_fenced is not None:
+            self.on_fenced(fenced if tell is None else tell, written)
+        done(
+            FencedWrite(
+                f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
+                " this node's: the write was refused there",
+                fenced,
+                written,
+            )
+        )
 
     async def close(self) -> None:
         if self._state == "closed":

@@ -14,7 +14,7 @@ computed from the tag alone. Each partition gets a tag of its own, so all of
 a partition's keys sit in one slot and every script over them is legal on
 Redis Cluster, while the partitions spread over the cluster's primaries::
 
-    {<prefix>}:meta            hash: "partitions" -> P (written once, at first use)
+    {<prefix>}:meta            hash: "partitions" -> P, "layout" -> "spread" (at first use)
     {<prefix>}:members         zset: node -> expiry, ms on Redis's clock (membership.py)
     {<prefix>}:nodes           hash: node -> "host:port" it serves on
     {<prefix>}:tasks           today's hash, single-node layout (migrated from)
@@ -95,9 +95,9 @@ class Layout:
         self.members = f"{{{prefix}}}:members"
         self.nodes = f"{{{prefix}}}:nodes"
         self.single_node_tasks = f"{{{prefix}}}:tasks"
-        # Every partition under the keyspace's own tag, in one slot: what a
-        # Redis Cluster store uses until the journal writes to several
-        # primaries (docs/ha.md, "Not done yet"). Still one slot per script.
+        # Every partition under the keyspace's own tag, in one slot: what the
+        # previous release used on a Redis Cluster. Only read now, by the
+        # move to the spread layout at first start (spread.py).
         self.single_slot = single_slot
 
     def partition(self, partition: int) -> PartitionKeys:

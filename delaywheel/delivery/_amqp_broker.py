@@ -33,6 +33,7 @@ closes the whole connection, 504, and aio-pika makes it again 2 s later.)
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aio_pika
@@ -65,12 +66,23 @@ class LookupFailed(Exception):
 
 def message(delivery: Delivery) -> aio_pika.Message:
     payload, content_type = body.encode(delivery.body_packed)
+    headers: dict[str, Any] = {
+        "delaywheel-topic": delivery.topic,
+        "delaywheel-attempt": delivery.attempt,
+        "delaywheel-epoch": delivery.epoch,
+    }
+    occurrence = delivery.occurrence
+    if occurrence is not None:  # AMQP's header values are typed: no text encoding needed
+        headers["delaywheel-schedule"] = occurrence.schedule_id
+        headers["delaywheel-nominal"] = occurrence.nominal_utc
+        headers["delaywheel-nominal-local"] = occurrence.nominal_local
+        headers["delaywheel-late-by"] = occurrence.late_by_s(time.time())
     return aio_pika.Message(
         payload,
         content_type=content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=delivery.task_id,
-        headers={"delaywheel-topic": delivery.topic, "delaywheel-attempt": delivery.attempt},
+        headers=headers,
     )
 
 

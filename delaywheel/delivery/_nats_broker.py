@@ -15,6 +15,7 @@ again. That counts as delivered: the stream has the task.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import nats.errors
@@ -25,16 +26,20 @@ from nats.js import JetStreamContext
 from delaywheel.checks import show
 from delaywheel.delivery import body
 from delaywheel.delivery._broker_link import RECONNECT_MAX_S, BrokerLink, log
-from delaywheel.delivery.base import Delivery, header_value
+from delaywheel.delivery.base import Delivery, header_value, occurrence_headers
 
 
 def headers(delivery: Delivery, content_type: str) -> dict[str, str]:
-    return {
+    sent = {
         "Content-Type": content_type,
         "Delaywheel-Topic": header_value(delivery.topic),
         "Delaywheel-Attempt": str(delivery.attempt),
+        "Delaywheel-Epoch": str(delivery.epoch),
         "Nats-Msg-Id": header_value(delivery.task_id),
     }
+    if delivery.occurrence is not None:
+        sent.update(occurrence_headers(delivery.occurrence, time.time()))
+    return sent
 
 
 class NatsSender(BrokerLink):

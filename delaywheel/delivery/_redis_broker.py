@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -34,36 +35,55 @@ from delaywheel.delivery._broker_link import BrokerLink
 from delaywheel.delivery.base import Delivery
 from delaywheel.store.redis_client import CLIENT_ERRORS, Client, close_quietly, connect
 
-# Five keys follow; the body goes in as the packed bytes it already is.
-_MAP5_HEADER = b"\x85"
+# A MessagePack fixmap's first byte holds its size (up to 15 keys).
+_FIXMAP = 0x80
 
 
 def list_entry(delivery: Delivery) -> bytes:
-    """The packed map ``{"id", "topic", "body", "attempt", "at"}`` that ``LPUSH`` pushes.
+    """The packed map ``{"id", "topic", "body", "attempt", "at", "epoch"}`` that
+    ``LPUSH`` pushes, and for a schedule's occurrence ``schedule``, ``nominal``,
+    ``nominal_local`` and ``late_by`` (``occurrence_fields``) too.
 
     The body is spliced in as the task holds it, already MessagePack: the
     map's ``body`` is the body itself, not bytes of MessagePack, and nothing
     is lost to a round trip through Python values (a float32 stays one).
     """
     pack = msgpack.Packer(use_bin_type=True).pack
-    return b"".join(
-        (
-            _MAP5_HEADER,
-            pack("id"),
-            pack(delivery.task_id),
-            pack("topic"),
-            pack(delivery.topic),
-            pack("body"),
-            delivery.body_packed,
-            pack("attempt"),
-            pack(delivery.attempt),
-            pack("at"),
-            pack(delivery.at_s),
-        )
-    )
+    parts = [
+        pack("id"),
+        pack(delivery.task_id),
+        pack("topic"),
+        pack(delivery.topic),
+        pack("body"),
+        delivery.body_packed,
+        pack("attempt"),
+        pack(delivery.attempt),
+        pack("at"),
+        pack(delivery.at_s),
+        pack("epoch"),
+        pack(delivery.epoch),
+    ]
+    extra = occurrence_fields(delivery)
+    for name, value in extra.items():
+        parts += (pack(name), pack(value))
+    return bytes((_FIXMAP | (6 + len(extra)),)) + b"".join(parts)
 
 
-def stream_fields(delivery: Delivery) -> dict[str, bytes | str | int]:
+def occurrence_fields(delivery: Delivery) -> dict[str, Any]:
+    """A schedule occurrence's fields, as the task map of ``reserve`` has them
+    (docs/protocol.md); none for any other task."""
+    occurrence = delivery.occurrence
+    if occurrence is None:
+        return {}
+    return {
+        "schedule": occurrence.schedule_id,
+        "nominal": occurrence.nominal_s,
+        "nominal_local": occurrence.nominal_local,
+        "late_by": occurrence.late_by_s(time.time()),
+    }
+
+
+def stream_fields(delivery: Delivery) -> dict[str, bytes | str | int | float]:
     """The fields that ``XADD`` adds: the body raw when it is bin or str, else packed."""
     value = msgpack.unpackb(delivery.body_packed, raw=False, strict_map_key=False)
     body: bytes
@@ -77,7 +97,9 @@ def stream_fields(delivery: Delivery) -> dict[str, bytes | str | int]:
         "id": delivery.task_id,
         "topic": delivery.topic,
         "attempt": delivery.attempt,
+        "epoch": delivery.epoch,
         "body": body,
+        **occurrence_fields(delivery),
     }
 
 

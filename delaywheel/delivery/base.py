@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from delaywheel.schedules.occurrence import Occurrence
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
@@ -14,7 +16,11 @@ class Delivery:
 
     ``target`` is the checked target map (``targets.check``): its ``type``
     says which sender takes it. ``attempt`` counts from 1; a receiver sees it,
-    and may drop a repeat of a task id it has already handled.
+    and may drop a repeat of a task id it has already handled. ``epoch`` is
+    the partition's epoch at the node that journaled the attempt (0 on a
+    single-node store, which has no epochs): a receiver seeing a lower epoch
+    than it has seen for the id is hearing from a deposed owner.
+    ``occurrence`` is set for a schedule's occurrence only.
     """
 
     task_id: str
@@ -23,6 +29,8 @@ class Delivery:
     at_s: float  # the task's due time (Unix s)
     body_packed: bytes  # the body as MessagePack, as the task holds it
     target: dict[str, Any]
+    epoch: int = 0
+    occurrence: Occurrence | None = None
 
 
 # A task's id and topic in a header (HTTP's Delaywheel-Id and -Topic, NATS's
@@ -45,6 +53,17 @@ def header_value(text: str) -> str:
         quote(char, safe="") if _QUOTED_INSIDE.match(char) or not start <= i < end else char
         for i, char in enumerate(text)
     )
+
+
+def occurrence_headers(occurrence: Occurrence, now_s: float) -> dict[str, str]:
+    """An occurrence's HTTP and NATS headers (docs/delivery.md), ``Delaywheel-Late-By``
+    counted to ``now_s``, when the attempt goes out."""
+    return {
+        "Delaywheel-Schedule": header_value(occurrence.schedule_id),
+        "Delaywheel-Nominal": occurrence.nominal_utc,
+        "Delaywheel-Nominal-Local": occurrence.nominal_local,
+        "Delaywheel-Late-By": f"{occurrence.late_by_s(now_s):.3f}",
+    }
 
 
 class DeliveryFailed(Exception):

@@ -23,7 +23,9 @@
 - The body goes out with every method but GET: a GET with content has no
   defined meaning (RFC 9110, 9.3.1) and some servers and proxies refuse it.
   A GET carries no Content-Type, and its signature covers the empty body.
-  A task's own ``Content-Type`` header wins over the body's default one.
+  A task's own ``Content-Type`` header wins over the body's default one;
+  a schedule's occurrence gets ``Idempotency-Key`` = its id over a
+  template's own (docs/delivery.md lists every header the server sets).
 - The status decides the attempt. The answer's body is then read up to
   ``DRAIN_BYTES`` and discarded, so that the connection goes back to the
   pool; a longer, failing or stalling one only costs its connection.
@@ -47,7 +49,7 @@ from delaywheel import __version__
 from delaywheel.delivery import body
 from delaywheel.delivery._resolver import CheckedResolver, DestinationRefused
 from delaywheel.delivery.allow import AllowList
-from delaywheel.delivery.base import Delivery, DeliveryFailed, header_value
+from delaywheel.delivery.base import Delivery, DeliveryFailed, header_value, occurrence_headers
 from delaywheel.delivery.http_target import shown_url
 
 DEFAULT_CONCURRENCY = 64
@@ -108,8 +110,11 @@ class HttpSender:
             self._waiting -= 1
         self._in_flight += 1
         try:
-            if self._secret is not None:  # signed once it has a slot, so t is when it goes
-                signed = signature(self._secret, payload or b"", int(time.time()))
+            now_s = time.time()  # once it has a slot: when it goes
+            if delivery.occurrence is not None:
+                headers.update(occurrence_headers(delivery.occurrence, now_s))
+            if self._secret is not None:
+                signed = signature(self._secret, payload or b"", int(now_s))
                 headers["Delaywheel-Signature"] = signed
             await self._attempt(method, url, headers, payload, float(delivery.target["timeout"]))
         finally:
@@ -141,6 +146,11 @@ class HttpSender:
         headers["Delaywheel-Id"] = header_value(delivery.task_id)
         headers["Delaywheel-Topic"] = header_value(delivery.topic)
         headers["Delaywheel-Attempt"] = str(delivery.attempt)
+        headers["Delaywheel-Epoch"] = str(delivery.epoch)
+        if delivery.occurrence is not None:
+            # The server's, over a template's own: one key for every occurrence
+            # would make a receiver drop all but the first.
+            headers["Idempotency-Key"] = header_value(delivery.task_id)
         return url, method, headers, (None if method == "GET" else payload)
 
     async def _attempt(

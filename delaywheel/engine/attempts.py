@@ -115,7 +115,7 @@ class Attempts:
             task = self._table.delivering.get(task_id)
             if task is None:
                 return False
-            ready(_delivery(task))
+            ready(self._delivery(task))
             return True
         task = self._table.waiting.get(task_id)
         if task is None:
@@ -132,7 +132,7 @@ class Attempts:
     def _durable(self, task: Task, attempt: int, ready: Ready, error: StoreError | None) -> None:
         if error is None:
             if task.state == DELIVERING and task.attempts == attempt:  # not deleted since
-                ready(_delivery(task))
+                ready(self._delivery(task))
                 return
         elif task.state == DELAYED and task.scheduled:
             # Undone (the table's rollback): due again, in the past. Try again
@@ -140,6 +140,19 @@ class Attempts:
             # fast would spin.
             self._table.retime(task, self._table.wheel.now_s + self.retry.base_s)
         ready(None)
+
+    def _delivery(self, task: Task) -> Delivery:
+        """The attempt to send: with its partition's epoch here (0 on a
+        single-node store), and for a schedule's occurrence, what it is."""
+        assert task.target is not None
+        table = self._table
+        sharing = table.sharing
+        epoch = 0 if sharing is None else sharing.serving.get(sharing.partition_of(task.id), 0)
+        found = table.occurrence_of(task.id) if task.id.startswith("s:") else None
+        return Delivery(
+            task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target,
+            epoch, found,
+        )  # fmt: skip
 
     def outcome(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
         """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
@@ -180,11 +193,6 @@ def attempt_bound_s(target: dict[str, Any] | None) -> float:
     if target["type"] == "http":
         return float(target["timeout"])
     return CONNECT_TIMEOUT_S + SEND_TIMEOUT_S
-
-
-def _delivery(task: Task) -> Delivery:
-    assert task.target is not None
-    return Delivery(task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target)
 
 
 def _log_death(task: Task) -> None:

@@ -32,7 +32,7 @@ from delaywheel.engine.schedules import Hooks, ScheduleTable, is_record_key
 from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
-from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, describe, place_of
+from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
 from delaywheel.store.base import Store
@@ -78,6 +78,7 @@ class Engine:
             ),
             tick_s,
         )
+        table.occurrence_of = self.schedules.occurrence
 
     # -- requests ------------------------------------------------------------
 
@@ -367,7 +368,7 @@ class Engine:
         return task
 
     def describe(self, task: Task) -> dict[str, Any]:
-        return describe(task, self.wheel)
+        return self.table.describe(task)
 
     # -- recovery ----------------------------------------------------------------
 

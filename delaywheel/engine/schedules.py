@@ -32,6 +32,8 @@ from typing import Any
 
 from delaywheel.checks import bad, known_fields, number, show
 from delaywheel.errors import RequestError
+from delaywheel.schedules import occurrence as occurrences
+from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.schedules.planner import (
     after_edit,
     after_resume,
@@ -102,6 +104,10 @@ class ScheduleTable:
         # The ids of the paused ones, kept with ``states`` (``_keep``, ``_forget``)
         # so that stats and metrics count them without a walk over every schedule.
         self._paused: set[str] = set()
+        # buffer_one: the occurrence each schedule holds now (its pending one,
+        # due, waiting for the previous to end); in memory only, so an edit
+        # that moves ``next`` or a restart ends the hold.
+        self._holding: dict[str, int] = {}
         # For metrics: occurrences fired, skipped by reason, missed, since start,
         # and how late each fired occurrence was put (docs/metrics.md).
         self.fired = 0
@@ -274,8 +280,12 @@ class ScheduleTable:
         in_flight = previous is not None and self._hooks.in_flight(
             occurrence_id(state.schedule.id, previous)
         )
-        step = plan_fire(state, now_ms, in_flight, ON_TIME_MS)
+        schedule_id = state.schedule.id
+        holding = self._holding.pop(schedule_id, None) == state.next_ms
+        step = plan_fire(state, now_ms, in_flight, ON_TIME_MS, holding)
         if step is None:  # early by the wall clock (stepped back): wait for it
+            if holding and state.next_ms is not None:
+                self._holding[schedule_id] = state.next_ms
             self._arm(state)
             return
         now_s = now_ms / 1000
@@ -295,6 +305,8 @@ class ScheduleTable:
             self._write(step.state, state)
         if step.held:
             # buffer_one: look again each tick until the previous one ends.
+            assert step.state.next_ms is not None
+            self._holding[schedule_id] = step.state.next_ms
             self._arm(step.state, now_ms + max(1, round(self.tick_s * 1000)))
         else:
             self._arm(step.state)
@@ -322,6 +334,7 @@ class ScheduleTable:
     def _forget(self, schedule_id: str) -> None:
         self.states.pop(schedule_id, None)
         self._paused.discard(schedule_id)
+        self._holding.pop(schedule_id, None)
         self._armed.pop(schedule_id, None)
 
     def _write(self, state: ScheduleState, before: ScheduleState | None) -> None:
@@ -379,6 +392,16 @@ class ScheduleTable:
             yield batch
 
     # -- reading -------------------------------------------------------------------
+
+    def occurrence(self, task_id: str) -> Occurrence | None:
+        """What ``task_id`` is as an occurrence, with its local time in its
+        schedule's zone (UTC for one whose schedule this node does not hold:
+        deleted); None when it is no occurrence's id."""
+        parsed = occurrences.parse(task_id)
+        if parsed is None:
+            return None
+        state = self.states.get(parsed[0])
+        return occurrences.make(*parsed, None if state is None else state.schedule.spec)
 
     def stats(self) -> dict[str, int]:
         return {"count": len(self.states), "paused": len(self._paused)}

@@ -57,12 +57,17 @@ from delaywheel.engine.task import (
 )
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
+from delaywheel.schedules.occurrence import Occurrence, occurrence
 from delaywheel.store.base import Store
 from delaywheel.tallies import EventCounts
 from delaywheel.wheel import TimingWheel
 
 if TYPE_CHECKING:
     from delaywheel.engine.sharing import Sharing
+
+
+def _occurrence_in_utc(task_id: str) -> Occurrence | None:
+    return occurrence(task_id, None)
 
 
 class TaskTable:
@@ -91,6 +96,9 @@ class TaskTable:
         # Set when the keyspace is shared (engine/sharing.py): which partitions
         # this node serves, so that server-made ids fall in one of them.
         self.sharing: Sharing | None = None
+        # A schedule's occurrence as its deliveries and task maps show it; the
+        # engine sets its schedules' look-up, which knows each one's zone.
+        self.occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc
 
     # -- where a task lives --------------------------------------------------
 
@@ -227,9 +235,15 @@ class TaskTable:
     def rollback(self, undo: Undo) -> None:
         """Put back the tasks of batches the store failed to write (the journal's)."""
         sharing = self.sharing
+        by_id = self.index.by_id
         for task, snap in undo:
             if sharing is not None and not sharing.owns(task.id):
                 continue  # its partition was dropped: the store has its truth
+            current = by_id.get(task.id)
+            if current is not task and not (current is None and task.state == GONE):
+                # Dropped since (a self-fence), and maybe loaded again (a new
+                # object): the store's truth replaced it, as above.
+                continue
             self.unplace(task)
             if snap[0] == NEW:
                 task.state = GONE
@@ -272,7 +286,22 @@ class TaskTable:
         else:
             self.move(task, "reserve", RESERVED, attempts=attempts, deadline_s=now_s + task.ttr_s)
         self.events.reserved += 1
-        return describe(task, self.wheel)
+        return self.describe(task, now_s)
+
+    def describe(self, task: Task, reserved_s: float | None = None) -> dict[str, Any]:
+        """The task map (task.describe); an occurrence's has ``schedule``,
+        ``nominal`` and ``nominal_local`` too, and, handed out by a reserve at
+        ``reserved_s``, ``late_by`` (docs/protocol.md)."""
+        info = describe(task, self.wheel)
+        if task.id.startswith("s:"):  # the only cost to any other task
+            found = self.occurrence_of(task.id)
+            if found is not None:
+                info["schedule"] = found.schedule_id
+                info["nominal"] = found.nominal_s
+                info["nominal_local"] = found.nominal_local
+                if reserved_s is not None:
+                    info["late_by"] = found.late_by_s(reserved_s)
+        return info
 
     def serve_waiters(self, now_s: float) -> None:
         """Hand ready tasks to blocked reserves, first come first served."""

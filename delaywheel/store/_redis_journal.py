@@ -146,8 +146,13 @@ class JournalLink(asyncio.Protocol):
         connect_timeout_s: float = DEFAULT_TIMEOUT_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         resolve: Resolve | None = None,
+        follow_moved: bool = True,
     ) -> None:
         self.address = (host, port)
+        # False for a link that serves one Cluster primary among several
+        # (fenced_cluster.py): MOVED is then a reply its caller routes, and the
+        # link stays on its node.
+        self._follow_moved = follow_moved
         # Asked for the address before each connect (a Sentinel's primary), and
         # then READONLY (a primary demoted under us) reconnects and resends too.
         self._resolve = resolve
@@ -278,7 +283,7 @@ class JournalLink(asyncio.Protocol):
         """On MOVED, send the flush again to the node named, on NOSCRIPT to the
         same node on a new connection (whose handshake loads the script);
         False otherwise."""
-        moved = _moved_to(flush.error)
+        moved = _moved_to(flush.error) if self._follow_moved else None
         if moved is None and (
             _is_noscript(flush.error) or (self._resolve is not None and _is_readonly(flush.error))
         ):

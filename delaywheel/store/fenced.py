@@ -27,9 +27,11 @@ Atomicity: Redis checks for out-of-memory at a script's first write, so a
 refused script writes nothing; the HSETs are cut into chunks of
 ``CHUNK_FIELDS`` fields because Lua's ``unpack`` has a stack limit.
 
-Not yet wired: the engine still writes through ``RedisStore.submit``. On a
-Redis Cluster a fenced flush must carry only partitions whose slots one node
-serves (one writer per node), which the wiring will arrange.
+On a Redis Cluster a flush may only carry partitions whose slots one node
+serves: ``ClusterFencedWriter`` (fenced_cluster.py) keeps one ``FencedWriter``
+per primary, whose link does not follow MOVED itself; a script answered with
+a redirect (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) ran nothing, and its outcome
+lists it in ``redirected`` for that writer to route again.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ return tonumber(ARGV[2])
 """
 FLUSH_SHA = hashlib.sha1(FLUSH_SCRIPT.encode()).hexdigest()
 LOAD_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_SCRIPT)
+# Replies of a Redis Cluster node that ran nothing of the command: the slot is
+# elsewhere (MOVED), moving (ASK, TRYAGAIN), or the cluster is down.
+REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+_ASKING = hiredis.pack_command(("ASKING",))
 
 
 class Fenced(StoreError):
@@ -96,20 +102,36 @@ class FlushOutcome:
     fenced: dict[int, Fenced] = field(default_factory=dict)
     replicas: int | None = None  # confirmed by WAIT; None when none were asked for
     error: StoreError | None = None  # the whole flush: unreachable, refused, too few replicas
+    # Partitions a Cluster node redirected (nothing ran), with its reply; only
+    # when the writer was asked to keep them (``keep_redirects``), else an error.
+    redirected: dict[int, str] = field(default_factory=dict)
+    reached: bool = True  # False: the link failed before every reply came
 
 
 OnOutcome = Callable[[FlushOutcome], None]
 
 
 def fenced_flush(
-    writes: Sequence[PartitionWrite], *, replicas: int = 0, wait_timeout_ms: int = 1000
+    writes: Sequence[PartitionWrite],
+    *,
+    replicas: int = 0,
+    wait_timeout_ms: int = 1000,
+    asking: bool = False,
 ) -> Flush:
-    """One EVALSHA per partition, then ``WAIT`` when ``replicas`` > 0: one flush."""
+    """One EVALSHA per partition, then ``WAIT`` when ``replicas`` > 0: one flush.
+
+    ``asking``: each EVALSHA follows an ``ASKING`` (a Cluster node importing
+    the slot serves it only so), whose ``+OK`` replies ``outcome_of`` skips."""
     if replicas < 0 or wait_timeout_ms < 1:  # WAIT 0 ms would block for ever
         raise ValueError(f"replicas {replicas!r}, wait {wait_timeout_ms!r} ms: must be >= 0, >= 1")
     pack = hiredis.pack_command
-    if len(writes) == 1 and not replicas:  # the commonest flush: one request's change
+    if len(writes) == 1 and not replicas and not asking:  # the commonest: one request's change
         return Flush(pack(_evalsha(writes[0])), 1, keep_replies=True)
+    if asking:
+        packed = [_ASKING + pack(_evalsha(write)) for write in writes]
+        if replicas:
+            packed.append(pack(cast(Any, ("WAIT", replicas, wait_timeout_ms))))
+        return Flush(b"".join(packed), 2 * len(writes) + bool(replicas), keep_replies=True)
     packed = [pack(_evalsha(write)) for write in writes]
     if replicas:
         packed.append(pack(cast(Any, ("WAIT", replicas, wait_timeout_ms))))
@@ -143,13 +165,19 @@ def outcome_of(
     flush: Flush,
     exc: Exception | None,
     where: str,
+    *,
+    keep_redirects: bool = False,
+    asking: bool = False,
 ) -> FlushOutcome:
     """Read a finished fenced flush's replies into its outcome."""
     outcome = FlushOutcome()
     replies = flush.replies or []
     if len(replies) < flush.expected:  # the link failed before every reply came
         outcome.error = StoreUnavailable(f"store {where}: fenced write failed: {exc}")
+        outcome.reached = False
         return outcome
+    if asking:  # drop ASKING's +OK before each script's reply
+        replies = replies[1 : 2 * len(writes) : 2] + replies[2 * len(writes) :]
     if not replicas and len(writes) == 1 and type(replies[0]) is int:  # the commonest: written
         outcome.written.append(writes[0].partition)
         return outcome
@@ -159,6 +187,8 @@ def outcome_of(
                 outcome.fenced[write.partition] = Fenced(
                     f"partition {write.partition}: write refused, {str(reply)[7:]}"
                 )
+            elif keep_redirects and str(reply).startswith(REDIRECTS):
+                outcome.redirected[write.partition] = str(reply)
             elif outcome.error is None:
                 outcome.error = StoreError(f"store {where}: partition {write.partition}: {reply}")
         else:
@@ -179,31 +209,60 @@ def outcome_of(
     return outcome
 
 
+def _called(exc: Exception | None) -> None:
+    """A finished flush's ``done``: it has been called once already."""
+
+
 class FencedWriter:
     """Fenced flushes over one journal link (see the module docstring)."""
 
     def __init__(
-        self, link: JournalLink, *, replicas: int = 0, wait_timeout_ms: int = 1000
+        self,
+        link: JournalLink,
+        *,
+        replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+        keep_redirects: bool = False,
     ) -> None:
         self.link = link
         self.replicas = replicas
         self.wait_timeout_ms = wait_timeout_ms
+        # A Cluster primary's writer: redirects are routed by its caller.
+        self.keep_redirects = keep_redirects
 
     @staticmethod
     def handshake(before: Sequence[Command] = ()) -> list[Command]:
         """A link's handshake that also loads the flush script (AUTH, SELECT first)."""
         return [*before, LOAD_SCRIPT]
 
-    def submit(self, writes: Sequence[PartitionWrite], done: OnOutcome) -> None:
+    def submit(
+        self, writes: Sequence[PartitionWrite], done: OnOutcome, *, asking: bool = False
+    ) -> None:
         if not writes:
             done(FlushOutcome(replicas=None))
             return
-        flush = fenced_flush(writes, replicas=self.replicas, wait_timeout_ms=self.wait_timeout_ms)
+        flush = fenced_flush(
+            writes, replicas=self.replicas, wait_timeout_ms=self.wait_timeout_ms, asking=asking
+        )
         link = self.link
 
         def finished(exc: Exception | None) -> None:
+            # The flush holds this closure and the closure the flush: a cycle
+            # that only the collector would free, with the batch and its tasks
+            # hanging off it (docs/performance.md, "Measurements behind the code").
+            flush.done = _called
             where = f"{link.address[0]}:{link.address[1]}"
-            done(outcome_of(writes, self.replicas, flush, exc, where))
+            done(
+                outcome_of(
+                    writes,
+                    self.replicas,
+                    flush,
+                    exc,
+                    where,
+                    keep_redirects=self.keep_redirects,
+                    asking=asking,
+                )
+            )
 
         self.link.send(flush, finished)
 

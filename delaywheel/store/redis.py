@@ -85,6 +85,7 @@ from delaywheel.store.base import (
     url_secrets,
 )
 from delaywheel.store.fenced import LOAD_SCRIPT, FencedWriter
+from delaywheel.store.fenced_cluster import ClusterFencedWriter
 from delaywheel.store.redis_client import (
     CLIENT_ERRORS,
     Client,
@@ -199,23 +200,38 @@ class RedisStore(Store):
         """What the journal link asks for its address before each connect (None: the URL's)."""
         return None
 
-    def fenced_writer(self, *, replicas: int = 0, wait_timeout_s: float = 1.0) -> FencedWriter:
-        """Fenced flushes (store/fenced.py) on a link of their own, beside ``submit()``.
+    def fenced_writer(
+        self, *, replicas: int = 0, wait_timeout_s: float = 1.0
+    ) -> FencedWriter | ClusterFencedWriter:
+        """Fenced flushes (store/fenced.py) on a link of their own, beside ``submit()``;
+        on a Redis Cluster, one link per primary (store/fenced_cluster.py).
 
-        Not used by the engine yet (issue 16's wiring). The link's reply
-        timeout must outlast WAIT's, so it is at least ``wait_timeout_s`` + 1 s.
+        The keyspace of several nodes writes through it (cluster/keyspace.py).
+        The link's reply timeout must outlast WAIT's, so it is at least
+        ``wait_timeout_s`` + 1 s.
         """
         self._check_open("fenced writes")
-        assert self._client is not None
+        client = self._client
+        assert client is not None
+        wait_timeout_ms = max(1, round(wait_timeout_s * 1000))
+
+        def link_to(host: str, port: int) -> JournalLink:
+            return self._journal_link(
+                client,
+                name="delaywheel-fenced",
+                load=[LOAD_SCRIPT],
+                min_timeout_s=wait_timeout_s + 1.0,
+                address=(host, port),
+            )
+
+        if isinstance(client, RedisCluster):
+            return ClusterFencedWriter(
+                client, link_to, replicas=replicas, wait_timeout_ms=wait_timeout_ms
+            )
         link = self._journal_link(
-            self._client,
-            name="delaywheel-fenced",
-            load=[LOAD_SCRIPT],
-            min_timeout_s=wait_timeout_s + 1.0,
+            client, name="delaywheel-fenced", load=[LOAD_SCRIPT], min_timeout_s=wait_timeout_s + 1.0
         )
-        return FencedWriter(
-            link, replicas=replicas, wait_timeout_ms=max(1, round(wait_timeout_s * 1000))
-        )
+        return FencedWriter(link, replicas=replicas, wait_timeout_ms=wait_timeout_ms)
 
     def _journal_link(
         self,
@@ -224,12 +240,16 @@ class RedisStore(Store):
         name: str = "delaywheel-journal",
         load: Sequence[Command] = (),
         min_timeout_s: float = 0.0,
+        address: tuple[str, int] | None = None,
     ) -> JournalLink:
         """The write connection's settings, from the URL (and the Cluster's slot map);
-        ``load`` is sent last in each connection's handshake."""
+        ``load`` is sent last in each connection's handshake. ``address``: one
+        Cluster primary of several, whose link leaves MOVED to its caller."""
         options = cast("dict[str, Any]", parse_url(self._raw_url))
         host, port = options.get("host", "localhost"), int(options.get("port", 6379))
-        if isinstance(client, RedisCluster):  # the node that owns the store's slot
+        if address is not None:
+            host, port = address
+        elif isinstance(client, RedisCluster):  # the node that owns the store's slot
             node = client.get_node_from_key(self.key)
             if node is not None:
                 host, port = node.host, int(node.port)
@@ -250,6 +270,7 @@ class RedisStore(Store):
             connect_timeout_s=float(options.get("socket_connect_timeout", self._connect_timeout_s)),
             timeout_s=max(min_timeout_s, float(options.get("socket_timeout", self._timeout_s))),
             resolve=self._resolve_primary(),
+            follow_moved=address is None,
         )
 
     async def load(

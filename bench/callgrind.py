@@ -1,0 +1,146 @@
+"""Instructions per call of the server, counted by callgrind: ``python -m bench.callgrind``.
+
+Not a bench section: wall-clock rates on a shared 2-core machine move with
+the load, instruction counts do not (repeatable to about 0.1 %), so this is
+how two versions of the hot path are compared.
+
+``python -m bench.callgrind [--tree DIR ...] [--store redis|memory] [--calls N]
+[LOAD] [-- SERVE OPTIONS]``
+starts a private redis-server (AOF everysec, as the bench's) and
+``delaywheel serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH``
+set to each ``--tree`` (a source tree of another commit, e.g. made by
+``git archive COMMIT | tar -x -C DIR``; none given: this checkout), makes
+``WARMUP_CALLS`` calls of ``LOAD`` from a blocking client (``bench._loads``:
+``add``, ``ping``, ``get``, ...), zeroes the counters (``callgrind_control
+-z``), makes ``--calls`` more, dumps, and prints the server's instructions
+per call (every thread: the main loop and any helper). The server runs
+about 50 times slower under callgrind; start-up takes a minute or so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench._loads import LOADS
+from bench._procs import LISTENING, private_redis
+
+WARMUP_CALLS = 300
+DEFAULT_CALLS = 2_000
+START_TIMEOUT_S = 300.0
+SLOW_LEASE_S = 600
+STOP_TIMEOUT_S = 10.0
+TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+
+def _wait_listening(proc: subprocess.Popen[str]) -> tuple[str, int]:
+    assert proc.stderr is not None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for line in proc.stderr:
+        match = LISTENING.search(line)
+        if match:
+            return match.group(1), int(match.group(2))
+        if time.monotonic() > deadline:
+            break
+    raise RuntimeError("the server under callgrind did not start")
+
+
+def _instructions(directory: Path) -> int:
+    """The sum of the dump's totals (with --separate-threads, one file per thread)."""
+    total = 0
+    for dump in directory.glob("callgrind.out.*"):
+        found = TOTALS.findall(dump.read_text(errors="replace"))
+        total += int(found[-1]) if found else 0
+    return total
+
+
+def count(tree: Path | None, store_url: str, load: str, calls: int, args: list[str]) -> float:
+    """The server's instructions per call of ``load`` (see the module docstring)."""
+    out = Path(tempfile.mkdtemp(prefix="delaywheel-callgrind-"))
+    env = dict(os.environ)
+    # 50 times slower, a node would miss its lease renewals and fence itself
+    # (an older tree, with no leases, ignores the variable)
+    env.setdefault("DELAYWHEEL_LEASE", str(SLOW_LEASE_S))
+    if tree is not None:
+        env["PYTHONPATH"] = f"{tree}:{tree / 'client'}"
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--separate-threads=yes",
+        f"--callgrind-out-file={out}/callgrind.out.%p",
+        sys.executable,
+        "-m",
+        "delaywheel",
+        "serve",
+        "--port",
+        "0",
+        "--store",
+        store_url,
+        *args,
+    ]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=out)
+    drain: subprocess.Popen[bytes] | None = None
+    try:
+        address = _wait_listening(proc)
+        # the server's log goes on being read, so that it never blocks on a full pipe
+        drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+        with LOADS[load](address) as (step, per_step):
+            for _ in range(WARMUP_CALLS):
+                step()
+            subprocess.run(
+                ["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True
+            )
+            for _ in range(calls):
+                step()
+            subprocess.run(
+                ["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True
+            )
+        total = _instructions(out)
+        return total / (calls * per_step)
+    finally:
+        # under callgrind a graceful stop can take minutes: the dump is taken
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if drain is not None:
+            drain.wait()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__)
+    parser.add_argument("load", nargs="?", default="add", choices=sorted(LOADS))
+    parser.add_argument("--tree", type=Path, action="append", default=[])
+    parser.add_argument("--store", choices=("redis", "memory"), default="redis")
+    parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)
+    # anything else (after --) goes to serve, e.g. -- --replicas 1
+    args, serve_args = parser.parse_known_args(argv)
+    serve_args = [arg for arg in serve_args if arg != "--"]
+    trees: list[Path | None] = list(args.tree) or [None]
+    with tempfile.TemporaryDirectory(prefix="delaywheel-callgrind-redis-") as directory:
+        for tree in trees:
+            with private_redis(Path(directory)) as redis_url:
+                if args.store == "redis" and redis_url is None:
+                    sys.exit("no redis-server installed")
+                url = redis_url if args.store == "redis" else "memory://"
+                assert url is not None
+                per_call = count(tree, url, args.load, args.calls, serve_args)
+            name = "this checkout" if tree is None else str(tree)
+            print(
+                f"{name}: {args.load} on {args.store}: {per_call:,.0f} instructions/call",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

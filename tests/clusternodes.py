@@ -1,0 +1,65 @@
+"""Real nodes sharing one Redis keyspace, for the cluster client and CLI tests.
+
+``node`` starts ``delaywheel serve`` with a node name and a real port (a node's
+address is what the others send clients to); ``two_nodes`` is a module fixture of two
+of them on a database of the session's private redis-server, waited on until every
+partition has one owner and each node's ``cluster`` map says so. Import the fixture
+into a test module by name: ``from clusternodes import two_nodes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import free_port
+from delaywheel_client import Client
+from serverproc import ServerProcess
+from waiting import wait_until
+
+PARTITIONS = 16
+LEASE_S = 3.0  # long enough that a loaded machine does not make a node lose a lease
+SETTLE_TIMEOUT_S = 20.0
+
+
+def node(store: str, name: str, *args: str) -> ServerProcess:
+    # The later --port wins over ServerProcess's --port 0.
+    return ServerProcess(
+        "--port", str(free_port()), "--node", name, "--lease", str(LEASE_S), *args, store=store
+    )  # fmt: skip
+
+
+def address(proc: ServerProcess) -> str:
+    return f"{proc.host}:{proc.port}"
+
+
+def served(proc: ServerProcess) -> set[int]:
+    """The partitions ``proc`` serves now (its ``stats``)."""
+    with Client(*proc.address) as dw:
+        return {entry["partition"] for entry in dw.stats()["partitions"]}
+
+
+def settled(nodes: list[ServerProcess]) -> bool:
+    """Every partition served by exactly one node, each node serving some, and every
+    node's map saying so (``cluster`` is what the clients read)."""
+    seen = [served(proc) for proc in nodes]
+    if not all(seen) or sum(map(len, seen)) != PARTITIONS:
+        return False
+    addresses = {address(proc) for proc in nodes}
+    for proc in nodes:
+        with Client(*proc.address) as dw:
+            owners = {entry["address"] for entry in dw.call("cluster")["owners"]}
+        if owners != addresses:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def two_nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
+    nodes = [node(module_redis_url, "a"), node(module_redis_url, "b")]
+    try:
+        wait_until(lambda: settled(nodes), SETTLE_TIMEOUT_S, "two nodes sharing the partitions")
+        yield nodes
+    finally:
+        for proc in nodes:
+            proc.stop()
