@@ -177,7 +177,7 @@ def _serving_all(node: ServerProcess) -> bool:
 
 def _assert_clean(report: Report, *, graceful: bool) -> None:
     figures = explain(report)
-    assert report.acknowledged >= 50 and report.delivered >= 40, figures  # the load ran
+    assert report.acknowledged >= 30 and report.delivered >= 25, figures  # the load ran
     assert report.ok and report.pending == 0, figures
     if graceful:  # a handoff journals every outcome before it lets go: no duplicate at all
         assert not report.duplicates, figures
@@ -309,7 +309,7 @@ def _restart_every(nodes: list[ServerProcess]) -> list[float]:
         handoffs_s.append(time.monotonic() - started)
         node.start()
         wait_until(lambda: _settled(*nodes), 15, "the partitions shared again")
-        time.sleep(0.5)  # the load runs on the restarted node
+        time.sleep(1.0)  # the load runs on the restarted node
     return handoffs_s
 
 
