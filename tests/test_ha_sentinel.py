@@ -32,7 +32,7 @@ from test_fenced_flush import primary_with_replica
 from delaywheel.cluster.failover import stale_partitions
 from delaywheel.cluster.partitions import Layout
 from delaywheel.store.sentinel import RedisSentinelStore
-from tests.hacheck import LoadGenerator, Report, RequestLog, check, sink
+from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, check, sink
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until
 
@@ -135,7 +135,7 @@ def _settled(nodes: list[ServerProcess]) -> bool:
 
 
 def _under_load(
-    farm: SentinelFarm, nodes: list[ServerProcess], fault: Callable[[], list[float]]
+    farm: SentinelFarm, nodes: list[ServerProcess], fault: Callable[[], list[float | Fault]]
 ) -> Report:
     """Load through a ClusterClient, ``fault()`` (the times it injected), more load
     once the Sentinels name a new primary; then every task settled, and the check."""
@@ -183,7 +183,9 @@ def _failover_lines(nodes: list[ServerProcess]) -> list[list[tuple[int, int, int
 
 def _assert_scenario(report: Report, nodes: list[ServerProcess], farm: SentinelFarm) -> None:
     assert report.ok, report.summary()
-    assert report.acknowledged > 50, report.summary()
+    # The load ran through the fault (one add at a time: it stalls while
+    # the store is away, so how many depends on how long that was).
+    assert report.acknowledged >= 20, report.summary()
     new_port = farm.current_primary().port
     replicas = {server.port for server in farm.replicas}
     for node, lines in zip(nodes, _failover_lines(nodes), strict=True):
@@ -204,7 +206,7 @@ def test_scenario_3_kill_9_of_the_redis_primary_under_load(
 ) -> None:
     farm = redis_sentinels
 
-    def kill_primary() -> list[float]:
+    def kill_primary() -> list[float | Fault]:
         at_s = time.time()
         farm.primary.kill()
         return [at_s]
@@ -220,14 +222,14 @@ def test_scenario_4_sigstop_of_the_redis_primary_past_down_after(
     old = farm.primary
     assert old.proc is not None
 
-    def freeze_primary() -> list[float]:
+    def freeze_primary() -> list[float | Fault]:
         at_s = time.time()
         old.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         try:
             wait_until(lambda: _named_primary(farm) != old.port, 30, "the Sentinels to fail over")
         finally:
             old.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
-        return [at_s]
+        return [Fault(at_s, time.time())]  # a pause: attempts in flight until it ends
 
     report = _under_load(farm, sentinel_nodes, freeze_primary)
     _assert_scenario(report, sentinel_nodes, farm)
