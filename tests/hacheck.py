@@ -12,13 +12,15 @@
 - ``check(requests, deliveries, pending, faults=...)``: the ``Report``:
   lost (an acknowledged add never delivered, not pending, not deleted),
   resurrected (delivered after its delete was acknowledged), early
-  (delivered before it was due), duplicates per id, and the takeover time
-  (the worst lateness of a task first delivered after a fault).
+  (delivered before it was due), duplicates per id (and those no fault
+  explains), and the takeover time (the worst lateness of a task first
+  delivered after a fault).
 
 Times are ``time.time()`` of this machine: the servers under test run here
 too. A task's due time is its add's send time plus its delay, a lower bound
 of the server's (which starts the delay on receipt), so "early" never
-blames the client's latency on the server.
+blames the client's latency on the server; "late" counts from the reply's
+time plus the delay, the upper bound, so that it does not either.
 """
 
 from __future__ import annotations
@@ -113,6 +115,19 @@ def outcome_of(exc: BaseException) -> Outcome:
     return "unknown"  # a timeout or anything else after the send
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected at ``at_s`` whose victim was back (or gone for good) at
+    ``until_s``: a kill is an instant, a SIGSTOP lasts until its SIGCONT."""
+
+    at_s: float
+    until_s: float | None = None
+
+    @property
+    def end_s(self) -> float:
+        return self.at_s if self.until_s is None else self.until_s
+
+
 class RequestLog:
     """Every request a test's clients made, with its outcome."""
 
@@ -168,9 +183,13 @@ class LoadGenerator:
         delay_s: tuple[float, float] = (0.2, 1.5),
         delete_every: int = 10,
         name: str = "load",
+        target_timeout_s: float | None = None,
     ) -> None:
         self.client, self.sink, self.log = client, sink, log
         self.rate, self.delay_s, self.delete_every, self.name = rate, delay_s, delete_every, name
+        self.target: dict[str, Any] = {"type": "http", "url": sink.url}
+        if target_timeout_s is not None:  # bounds how long a taken-over attempt is held
+            self.target["timeout"] = target_timeout_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -180,7 +199,7 @@ class LoadGenerator:
 
     def _run(self) -> None:
         low, high = self.delay_s
-        target = {"type": "http", "url": self.sink.url}
+        target = self.target
         for n in itertools.count():
             if self._stop.is_set():
                 return
@@ -202,10 +221,14 @@ class Report:
     resurrected: list[str] = field(default_factory=list)
     early: list[str] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # id -> deliveries (> 1)
+    # The duplicates whose first delivery came before no fault's end (its
+    # attempt cannot have been in flight at a crash or pause): none is allowed.
+    unexplained: dict[str, int] = field(default_factory=dict)
     takeover_s: float | None = None  # worst lateness of a first delivery after a fault
     max_late_s: float = 0.0  # worst lateness of any first delivery
     acknowledged: int = 0
     delivered: int = 0
+    pending: int = 0
 
     @property
     def ok(self) -> bool:
@@ -215,10 +238,11 @@ class Report:
     def summary(self) -> str:
         takeover = "n/a" if self.takeover_s is None else f"{self.takeover_s:.2f} s"
         return (
-            f"{self.acknowledged} acknowledged, {self.delivered} delivered: "
+            f"{self.acknowledged} acknowledged, {self.delivered} delivered, "
+            f"{self.pending} pending: "
             f"{len(self.lost)} lost, {len(self.resurrected)} resurrected, {len(self.early)} early, "
-            f"{len(self.duplicates)} duplicated, takeover {takeover}, "
-            f"max late {self.max_late_s:.2f} s"
+            f"{len(self.duplicates)} duplicated ({len(self.unexplained)} unexplained), "
+            f"takeover {takeover}, max late {self.max_late_s:.2f} s"
         )
 
 
@@ -227,20 +251,23 @@ def check(
     deliveries: Iterable[Delivery],
     pending: Iterable[str] = (),
     *,
-    faults: Sequence[float] = (),
+    faults: Sequence[float | Fault] = (),
     early_margin_s: float = 0.005,
     inflight_s: float = 0.5,
 ) -> Report:
     """What went wrong. ``pending``: ids the servers still hold at the end.
-    ``faults``: when each fault was injected (time.time()). ``inflight_s``: a
-    delivery arriving this soon after a delete's reply may have been sent
-    before it, so it is not a resurrection."""
+    ``faults``: when each fault was injected (time.time(); a ``Fault`` for one
+    that lasted). ``inflight_s``: a delivery arriving this soon after a
+    delete's reply, or after a fault's end, may have been sent before it, so
+    it is neither a resurrection nor an unexplained duplicate."""
     report = Report()
+    spans = [f if isinstance(f, Fault) else Fault(f) for f in faults]
     by_id: dict[str, list[Delivery]] = {}
     for delivery in sorted(deliveries, key=lambda d: d.at_s):
         by_id.setdefault(delivery.task_id, []).append(delivery)
     report.delivered = len(by_id)
     pending_ids = set(pending)
+    report.pending = len(pending_ids)
     adds: dict[str, Request] = {}
     deletes: dict[str, list[Request]] = {}
     for request in requests:
@@ -249,7 +276,7 @@ def check(
         elif request.op == "delete":
             deletes.setdefault(request.task_id, []).append(request)
     report.acknowledged = len(adds)
-    first_fault_s = min(faults) if faults else None
+    first_fault_s = min(f.at_s for f in spans) if spans else None
     for task_id, add in adds.items():
         got = by_id.get(task_id, [])
         tried_delete = any(d.outcome != "error" for d in deletes.get(task_id, []))
@@ -259,7 +286,10 @@ def check(
             continue
         if got[0].at_s < add.due_s - early_margin_s:
             report.early.append(task_id)
-        late_s = got[0].at_s - add.due_s
+        # Late from the latest the server can have made it due: the reply's time
+        # plus the delay, so a client's own retries (to a stopped node, say)
+        # are not counted as the server's takeover time.
+        late_s = got[0].at_s - (add.done_s + add.due_s - add.sent_s)
         report.max_late_s = max(report.max_late_s, late_s)
         if first_fault_s is not None and got[0].at_s >= first_fault_s:
             report.takeover_s = max(report.takeover_s or 0.0, late_s)
@@ -271,7 +301,18 @@ def check(
             report.resurrected.append(task_id)
     counts = Counter(d.task_id for d in itertools.chain.from_iterable(by_id.values()))
     report.duplicates = {task_id: n for task_id, n in counts.items() if n > 1}
+    report.unexplained = {
+        task_id: n
+        for task_id, n in report.duplicates.items()
+        if not any(_in_flight_at(by_id[task_id], f, inflight_s) for f in spans)
+    }
     return report
+
+
+def _in_flight_at(got: list[Delivery], fault: Fault, inflight_s: float) -> bool:
+    """Whether a duplicate's deliveries straddle ``fault``: the first came before
+    its end (the attempt may have been in flight), a later one after its start."""
+    return got[0].at_s <= fault.end_s + inflight_s and got[-1].at_s >= fault.at_s
 
 
 @contextlib.contextmanager

@@ -261,7 +261,8 @@ def test_unavailable_is_resent_a_bounded_number_of_times(
 def test_an_exists_that_answers_a_resent_add_is_the_first_send(
     private_redis: RedisServer, topic: str
 ) -> None:
-    node = _node(private_redis.url, "w", "--metrics-port", "0")
+    # A 10 s lease (the later --lease wins): Redis frozen for 3 s is no reason to fence.
+    node = _node(private_redis.url, "w", "--metrics-port", "0", "--lease", "10")
     try:
         with ClusterClient(_address(node), timeout_s=2.0) as dw:
             dw.refresh()

@@ -164,3 +164,13 @@ def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
     # "a" keeps what it ranks first even when its own registration lapsed.
     lapsed = plan("a", ["b"], 32, dict.fromkeys(range(32), "a"))
     assert lapsed.hand_back == frozenset(p for p in range(32) if ranking(p, ["a", "b"])[0] == "b")
+
+
+def test_plan_never_claims_a_partition_it_still_holds() -> None:
+    # Every lease key deleted under a node serving all 8 (HA scenario 5): the
+    # free ones it holds are not claimed (loaded a second time, fired twice)
+    # until the keeper has dropped them.
+    gone = plan("a", ["a"], 8, {}, held={0, 1, 2, 3, 4, 5, 6, 7})
+    assert not gone.claim and not gone.hand_back
+    some = plan("a", ["a"], 8, {}, held={2, 5})
+    assert some.claim == frozenset({0, 1, 3, 4, 6, 7})

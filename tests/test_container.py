@@ -526,6 +526,11 @@ def test_the_ha_compose_sample_is_valid_and_wires_sentinel() -> None:
         environment = services[name]["environment"]
         assert environment["DELAYWHEEL_STORE"] == f"redis+sentinel://{seeds}/dwmaster/0"
         assert environment["DELAYWHEEL_TOKEN"] == COMPOSE_ENV["DELAYWHEEL_TOKEN"]
+        # The HA settings are real, not commented out: a name and an address
+        # of its own each, and the replica awaited before every reply.
+        assert environment["DELAYWHEEL_NODE"] == name
+        assert environment["DELAYWHEEL_ADVERTISE"] == f"{name}:3450"
+        assert environment["DELAYWHEEL_REPLICAS"] == "1"
         assert set(services[name]["depends_on"]) == set(sentinels)
     ports = [services[name]["ports"] for name in ("node-1", "node-2")]
     assert ports == [["127.0.0.1:3451:3450/tcp"], ["127.0.0.1:3452:3450/tcp"]]

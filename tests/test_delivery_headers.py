@@ -1,7 +1,9 @@
 """Delivery headers: the partition epoch on every delivery, and what a schedule's
 occurrence says of itself (docs/delivery.md, docs/protocol.md).
 
-- The occurrence's fields from its id and its schedule's zone (unit).
+- The occurrence's fields from its id and its schedule's zone, and in the
+  engine's task maps: the zone from the schedule's record, UTC once it is
+  deleted (unit).
 - A real server (memory store, a 50 ms tick) and a real HTTP endpoint: an
   ``every`` schedule's deliveries carry ``Delaywheel-Schedule``,
   ``Delaywheel-Nominal``, ``-Nominal-Local``, ``-Late-By`` and
@@ -16,6 +18,7 @@ occurrence says of itself (docs/delivery.md, docs/protocol.md).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Iterator
@@ -46,10 +49,13 @@ from test_ha import _node, _settled
 from waiting import wait_until
 
 from delaywheel.delivery.brokers import Brokers
+from delaywheel.engine.engine import Engine
 from delaywheel.schedules.occurrence import make, occurrence, parse
 from delaywheel.schedules.spec import check_spec
+from delaywheel.store.memory import MemoryStore
 
-LONDON = check_spec({"cron": "30 1 * * *", "tz": "Europe/London"}, 1.0)
+LONDON_SPEC = {"cron": "30 1 * * *", "tz": "Europe/London"}
+LONDON = check_spec(LONDON_SPEC, 1.0)
 # The 01:30 of 2026-03-29, Europe/London's spring change, is in the gap: it
 # fires at the first instant after it, 02:00 BST (Debian cron's rule).
 SPRING_NOMINALS = {
@@ -66,6 +72,10 @@ OCCURRENCE_HEADERS = (
     "Idempotency-Key",
 )
 OCCURRENCE_FIELDS = ("schedule", "nominal", "nominal_local", "late_by")
+NOMINAL_MS = 1774746000_000
+OCCURRENCE = make("nightly", NOMINAL_MS, LONDON)
+TASK_ID = "s:nightly:1774746000"
+OCCURRENCE_SENT = {"task_id": TASK_ID, "epoch": 7, "occurrence": OCCURRENCE}
 
 
 # -- the occurrence from its id (unit) ------------------------------------------------
@@ -86,6 +96,32 @@ def test_an_occurrence_id_gives_the_schedule_and_the_nominal_time() -> None:
     assert gone.nominal_utc == "2026-03-29T01:00:00.500Z"
     assert gone.nominal_local == "2026-03-29T01:00:00.500+00:00"
     assert gone.nominal_s == 1774746000.5
+
+
+def test_the_local_time_follows_the_schedules_record_and_is_utc_once_it_is_gone() -> None:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        store = MemoryStore("memory://")
+        await store.open()
+        now_s = time.time()
+        engine = Engine(store, now_s=now_s, tick_s=0.05)
+        engine.schedule_add({"id": "nightly", **LONDON_SPEC, "topic": "n"}, now_s)
+        engine.schedule_backfill("nightly", 1774746000, 1774746000, now_s)
+        engine.add({"topic": "plain", "id": "s:x:y"}, now_s)  # not an occurrence's form
+        kept = engine.get(TASK_ID)
+        engine.schedule_delete("nightly")
+        gone = engine.get(TASK_ID)
+        plain = engine.get("s:x:y")
+        await engine.journal.drain()
+        await store.close()
+        assert kept is not None and gone is not None and plain is not None
+        return kept, gone, plain
+
+    kept, gone, plain = asyncio.run(scenario())
+    assert (kept["schedule"], kept["nominal"]) == ("nightly", 1774746000)
+    assert kept["nominal_local"] == "2026-03-29T02:00:00+01:00"
+    assert gone["nominal_local"] == "2026-03-29T01:00:00+00:00"  # deleted: UTC
+    assert "late_by" not in kept  # only a reserve's answer has it
+    assert [name for name in OCCURRENCE_FIELDS if name in plain] == []
 
 
 # -- a real server, a real endpoint -------------------------------------------------
@@ -202,10 +238,6 @@ def test_a_reserved_occurrence_carries_the_fields(dw: Client) -> None:
 
 # -- the senders against real brokers ---------------------------------------------------
 
-NOMINAL_MS = 1774746000_000
-OCCURRENCE = make("nightly", NOMINAL_MS, LONDON)
-TASK_ID = "s:nightly:1774746000"
-
 
 @pytest.mark.brokers("rabbitmq")
 def test_amqp_headers_carry_the_epoch_and_the_occurrence() -> None:
@@ -213,7 +245,7 @@ def test_amqp_headers_carry_the_epoch_and_the_occurrence() -> None:
         async with rabbit_queue() as queue, started(Brokers({"mq": AMQP_URL})) as brokers:
             sender = brokers.sender("mq")
             target = amqp_target(queue.name)
-            await sender.send(delivery(target, task_id=TASK_ID, epoch=7, occurrence=OCCURRENCE))
+            await sender.send(delivery(target, **OCCURRENCE_SENT))
             await sender.send(delivery(target, task_id="plain", epoch=3))
             got = [await queue.get(timeout=5, no_ack=True) for _ in range(2)]
             return {message.message_id: message.headers for message in got if message}
@@ -246,7 +278,7 @@ def test_nats_headers_carry_the_epoch_and_the_occurrence() -> None:
         ):
             sender = brokers.sender("bus")
             target = nats_target(f"{prefix}.beat")
-            await sender.send(delivery(target, task_id=TASK_ID, epoch=7, occurrence=OCCURRENCE))
+            await sender.send(delivery(target, **OCCURRENCE_SENT))
             await sender.send(delivery(target, task_id="plain", epoch=3))
             return [(await js.get_msg(stream, seq)).headers for seq in (1, 2)]
 
@@ -276,8 +308,7 @@ def test_redis_entries_carry_the_epoch_and_the_occurrence(redis_url: str) -> Non
         async with started(Brokers({"r": redis_url})) as brokers:
             sender = brokers.sender("r")
             for target in (listed, streamed):
-                await sender.send(delivery(target, "hi", task_id=TASK_ID, epoch=7,
-                                           occurrence=OCCURRENCE))  # fmt: skip
+                await sender.send(delivery(target, "hi", **OCCURRENCE_SENT))
                 await sender.send(delivery(target, "hi", task_id="plain", epoch=3))
 
     sent_s = time.time()
@@ -327,8 +358,7 @@ def _agreed_map(nodes: list[ServerProcess]) -> list[dict[str, Any]] | None:
 @pytest.mark.slow
 def test_each_delivery_carries_its_partitions_epoch_from_cluster(redis_url: str) -> None:
     sink = Sink()
-    nodes = [_node(redis_url, "a", "--http-allow", "127.0.0.1"),
-             _node(redis_url, "b", "--http-allow", "127.0.0.1")]  # fmt: skip
+    nodes = [_node(redis_url, name, "--http-allow", "127.0.0.1") for name in ("a", "b")]
     try:
         wait_until(lambda: _settled(*nodes), 15, "the two nodes to share the partitions")
         wait_until(lambda: _agreed_map(nodes) is not None, 15, "both nodes' maps to agree")

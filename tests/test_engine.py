@@ -482,6 +482,24 @@ def test_list_shows_a_task_whose_delete_was_undone() -> None:
     run(scenario)
 
 
+def test_a_rollback_leaves_alone_a_task_dropped_since() -> None:
+    """A batch that fails after its task's partition was dropped (a self-fence):
+    the table's object is gone, so the rollback must not put it back."""
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "a", "topic": "t", "delay": 60}, T0)
+        await durable(engine)
+        engine.update("a", {"delay": 10}, T0)
+        batch = engine.journal.pending()
+        assert batch is not None
+        engine.table.drop(lambda task_id: task_id == "a")
+        engine.table.rollback(list(reversed(batch.undo)))  # raised KeyError, or put it back
+        assert engine.get("a") is None
+        assert engine.stats(T0)["states"].get("delayed", 0) == 0
+
+    run(scenario)
+
+
 def test_only_topics_that_got_a_task_are_looked_at_for_waiters() -> None:
     # With many idle consumers, an add must not scan every waiting topic.
     from delaywheel.engine.queues import Queues

@@ -351,3 +351,35 @@ def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> 
         assert (stats["delayed"], stats["delivering"]) == (1, 1)
 
     asyncio.run(main())
+
+
+def test_held_attempts_with_equal_deadlines_are_each_sent_once() -> None:
+    """Two attempts taken over with the same deadline, one of them adopted
+    twice (its partition dropped and taken back while it was held): the
+    held heap never compares two tasks (it raised TypeError, and the wheel
+    stopped), and each attempt is sent again once."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        first = make_engine(store)
+        send_at_once(first, [])
+        target = {**HTTP, "timeout": 30}
+        ids = [first.add({"topic": "hooks", "target": target}, T0)["id"] for _ in range(2)]
+        first.advance(T0 + 1)  # both begun at T0 + 1: one deadline, T0 + 31
+        await first.journal.drain()
+
+        second = make_engine(store)
+        sent: list[Delivery] = []
+        send_at_once(second, sent)
+        second.advance(T0 + 5)
+        assert await second.load_partition(store.load()) == 2
+        # The record loaded again: another Task of the same id, same deadline.
+        records = {i: r for batch in [b async for b in store.load()] for i, r in batch}
+        again = from_record(ids[0], records[ids[0]])
+        second.attempts.adopt([again], second.wheel.now_s)
+        assert second.next_fire_s() == T0 + 31
+        second.advance(T0 + 31)
+        assert sorted((d.task_id, d.attempt) for d in sent) == sorted((i, 1) for i in ids)
+
+    asyncio.run(main())

@@ -1,8 +1,16 @@
 """Several nodes on one Redis keyspace (issue 16): real servers, a private redis-server.
 
 Each node serves the partitions it holds a lease for; a task is fired by the
-node that owns its partition, so two nodes never both hand it out. The
+node that owns its partition, so two nodes never both hand it out. The first
 tests consume with plain clients on every node and count each id.
+
+The scenarios (issue 16, "Tests": 1, 2, 5, 7, 8 and 9; 3 and 4 run on
+Sentinel, 6 on Cluster, in their own modules) run at L = 3 s under a load
+through a ``ClusterClient`` to an HTTP sink, and the checker (tests/hacheck.py) must
+find 0 lost, 0 resurrected, 0 early; duplicates only for an attempt in
+flight at a crash or pause, none at all for graceful handoffs; and after a
+crash, every task first delivered late by at most 2 L. Each prints its
+figures (``pytest -s``); docs/ha.md has a table of them.
 """
 
 from __future__ import annotations
@@ -12,21 +20,28 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import redis
 from delaywheel_client import Client, ClusterClient, Moved, TryAgain
+from hacheck import Fault, Report
+from hascenario import explain, finish, loaded, seeds
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.serverproc import ServerProcess
-from tests.waiting import wait_until
+from serverproc import ServerProcess
+from waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
-LEASE_S = 1.5
+LEASE_S = 3.0
 PARTITIONS = 16
+# The issue's bound: a crashed owner's tasks fire within 2 L.
+TAKEOVER_BOUND_S = 2 * LEASE_S
+# The scenarios' HTTP sink listens on 127.0.0.1, which a server refuses by default.
+SINK_ALLOWED = ("--http-allow", "127.0.0.1")
 
 
 def _free_port() -> int:
@@ -40,8 +55,27 @@ def _node(redis_url: str, name: str, *args: str, lease_s: float = LEASE_S) -> Se
     # because a node's address is what the others send clients to.
     port = str(_free_port())
     return ServerProcess(
-        "--port", port, "--node", name, "--lease", str(lease_s), *args, store=redis_url
+        *("--port", port, "--node", name, "--lease", str(lease_s), *SINK_ALLOWED, *args),
+        store=redis_url,
     )
+
+
+def _metrics(proc: ServerProcess) -> dict[str, float]:
+    # The last such line: the running process's, when it was started again.
+    urls = [m.group(1) for line in proc.log if (m := re.search(r"metrics on (\S+)", line))]
+    with urllib.request.urlopen(urls[-1], timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
+
+
+def _node_name(proc: ServerProcess) -> str:
+    with Client(*proc.address) as dw:
+        return str(dw.stats()["node"])
 
 
 def _served(proc: ServerProcess) -> set[int]:
@@ -92,16 +126,12 @@ def two_nodes(redis_url: str) -> Iterator[list[ServerProcess]]:
             node.kill()
 
 
-def _seeds(nodes: list[ServerProcess]) -> list[str]:
-    return [f"{node.host}:{node.port}" for node in nodes]
-
-
 def test_two_nodes_share_the_partitions_and_fire_each_task_once(
     two_nodes: list[ServerProcess],
 ) -> None:
     a, b = (_served(node) for node in two_nodes)
     assert a and b and not a & b  # both serve some, none twice
-    with ClusterClient(_seeds(two_nodes)) as dw:
+    with ClusterClient(seeds(two_nodes)) as dw:
         for n in range(200):
             dw.add("t", {"n": n}, id=f"task-{n}", delay=0.3)
         owners = dw.cluster()["owners"]
@@ -135,88 +165,218 @@ def _partition(task_id: str) -> int:
     return zlib.crc32(task_id.encode()) % PARTITIONS
 
 
-def test_kill_9_of_an_owner_is_taken_over_within_two_leases(
+# -- the scenarios ------------------------------------------------------------------
+
+
+def _serving_all(node: ServerProcess) -> bool:
+    try:
+        return len(_served(node)) == PARTITIONS
+    except Exception:  # the node is stopped for the moment
+        return False
+
+
+def _assert_clean(report: Report, *, graceful: bool) -> None:
+    figures = explain(report)
+    assert report.acknowledged >= 30 and report.delivered >= 25, figures  # the load ran
+    assert report.ok and report.pending == 0, figures
+    if graceful:  # a handoff journals every outcome before it lets go: no duplicate at all
+        assert not report.duplicates, figures
+    else:  # only attempts in flight at the crash or pause go again
+        assert not report.unexplained, figures
+
+
+def _assert_took_over(report: Report, serving_s: float) -> None:
+    figures = f"{explain(report)}; the survivor served every partition {serving_s:.2f} s after"
+    assert report.takeover_s is not None, figures  # tasks were due after the fault
+    assert report.takeover_s <= TAKEOVER_BOUND_S, figures
+    assert serving_s <= TAKEOVER_BOUND_S, figures
+
+
+def test_scenario_1_kill_9_of_an_owner_under_load(two_nodes: list[ServerProcess]) -> None:
+    killed, survivor = two_nodes
+    with loaded(two_nodes) as run:
+        time.sleep(1.5)  # the load runs on both nodes before the fault
+        run.faults.append(time.time())
+        started = time.monotonic()
+        killed.kill()
+        wait_until(lambda: _serving_all(survivor), 2 * TAKEOVER_BOUND_S, "the takeover")
+        serving_s = time.monotonic() - started
+        time.sleep(1.5)  # and on the survivor after it
+        report = finish(run, [survivor], f"1 (kill -9; serving all after {serving_s:.2f} s)")
+    _assert_clean(report, graceful=False)
+    _assert_took_over(report, serving_s)
+
+
+def _an_id_in(partitions: set[int], prefix: str) -> str:
+    return next(f"{prefix}{n}" for n in range(10_000) if _partition(f"{prefix}{n}") in partitions)
+
+
+def test_scenario_2_sigstop_of_an_owner_for_3_leases_is_fenced(
     two_nodes: list[ServerProcess],
 ) -> None:
-    with ClusterClient(_seeds(two_nodes)) as dw:
-        for n in range(100):
-            dw.add("t", None, id=f"k-{n}", delay=0.5)
-    killed, survivor = two_nodes
-    killed.kill()
-    started = time.monotonic()
-    wait_until(lambda: len(_served(survivor)) == PARTITIONS, 2 * LEASE_S + 5, "the takeover")
-    took_s = time.monotonic() - started
-    assert took_s <= 2 * LEASE_S + 2  # generous: the bound is 2 L
-    got = _drain([survivor], 100, 10)
-    assert sorted(got) == sorted(f"k-{n}" for n in range(100))
+    paused, other = two_nodes
+    assert paused.proc is not None
+    task_id = _an_id_in(_served(paused), "p")
+    answers: list[BaseException | None] = []
+    with loaded(two_nodes) as run, Client(*paused.address, timeout_s=30) as waiting_client:
+        waiting_client.ping()  # its connection is open (accepted) before the pause
+        time.sleep(1.5)  # the load runs on both nodes before the fault
+        stopped_s = time.time()
+        started = time.monotonic()
+        paused.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: _serving_all(other), 2 * TAKEOVER_BOUND_S, "the takeover")
+            serving_s = time.monotonic() - started
+            # A request that waits in the stopped node's socket: on SIGCONT the node
+            # reads it at once, and writes it with the epoch it held.
+            waiting = threading.Thread(target=_add_answer, args=(waiting_client, task_id, answers))
+            waiting.start()
+            time.sleep(max(0.0, started + 3 * LEASE_S - time.monotonic()))  # paused for 3 L
+        finally:
+            paused.proc.send_signal(signal.SIGCONT)
+        run.faults.append(Fault(stopped_s, time.time()))
+        waiting.join(15)
+        time.sleep(1.0)  # the load goes on with the paused node back
+        report = finish(run, two_nodes, f"2 (SIGSTOP 3 L; serving all after {serving_s:.2f} s)")
+    fenced = [line for line in paused.log if "a write was refused" in line]
+    print(f"the add waiting at the paused node was answered {answers!r}; {len(fenced)} fenced")
+    # Stopped past 0.8 L, it drops them before its next request (tryagain) or its
+    # buffered requests' flushes are refused (moved); it never takes the add.
+    assert len(answers) == 1 and isinstance(answers[0], (Moved, TryAgain)), answers
+    assert fenced, paused.log_text()
+    assert task_id not in {d.task_id for d in run.sink.received()}
+    _assert_clean(report, graceful=False)
+    _assert_took_over(report, serving_s)
 
 
-def test_sigterm_hands_the_partitions_back_at_once(redis_url: str) -> None:
-    lease_s = 6.0  # long: a takeover well before it shows a handoff, not an expiry
-    nodes = [
-        _node(redis_url, "a", "--metrics-port", "0", lease_s=lease_s),
-        _node(redis_url, "b", "--metrics-port", "0", lease_s=lease_s),
-    ]
+def _add_answer(dw: Client, task_id: str, answers: list[BaseException | None]) -> None:
+    """One add for ``task_id`` through ``dw``: its error, or None when it was taken."""
+    try:
+        dw.add("t", None, id=task_id, delay=0.2)
+    except Exception as exc:
+        answers.append(exc)
+    else:
+        answers.append(None)
+
+
+def test_scenario_5_every_lease_key_deleted_mid_run(
+    redis_url: str, two_nodes: list[ServerProcess]
+) -> None:
+    store = redis.Redis.from_url(redis_url)
+    overlaps: list[set[int]] = []
+    try:
+        with loaded(two_nodes) as run:
+            time.sleep(1.5)  # the load runs on both nodes before the fault
+            leases = list(store.scan_iter(match="*:lease"))
+            assert len(leases) == PARTITIONS, leases
+            deleted_s = time.time()
+            store.delete(*leases)
+
+            def settled_once() -> bool:
+                served = [_served(node) for node in two_nodes]
+                if served[0] & served[1]:
+                    overlaps.append(served[0] & served[1])
+                return _settled(*two_nodes)
+
+            # Each owner's next renewal (within L/3) finds no lease and drops the
+            # partition; the next round (every 0.5 s) acquires it with a new epoch.
+            time.sleep(LEASE_S / 3)
+            wait_until(settled_once, 2 * TAKEOVER_BOUND_S, "the partitions taken again")
+            settled_s = time.time() - deleted_s
+            # An attempt in flight when its owner dropped the partition goes again
+            # after its timeout (the drop loses its outcome): at-least-once.
+            run.faults.append(Fault(deleted_s, deleted_s + settled_s))
+            time.sleep(1.5)  # the load goes on on the new leases
+            report = finish(run, two_nodes, f"5 (DEL every lease; settled in {settled_s:.2f} s)")
+    finally:
+        store.close()
+    assert not overlaps, overlaps  # no partition served by both at once
+    _assert_clean(report, graceful=False)
+
+
+def _serve_all(nodes: list[ServerProcess]) -> bool:
+    return sum(len(_served(node)) for node in nodes) == PARTITIONS
+
+
+def _restart_every(nodes: list[ServerProcess]) -> list[float]:
+    """SIGTERM each node in turn and start it again; the seconds each handoff took."""
+    handoffs_s = []
+    for node in nodes:
+        staying = [n for n in nodes if n is not node]
+        started = time.monotonic()
+        assert node.stop() == 0
+        wait_until(lambda staying=staying: _serve_all(staying), 10, "the handoff")
+        handoffs_s.append(time.monotonic() - started)
+        node.start()
+        wait_until(lambda: _settled(*nodes), 15, "the partitions shared again")
+        time.sleep(1.0)  # the load runs on the restarted node
+    return handoffs_s
+
+
+def test_scenario_7_rolling_sigterm_of_every_node(redis_url: str) -> None:
+    nodes = [_node(redis_url, name, "--metrics-port", "0") for name in ("a", "b")]
     try:
         wait_until(lambda: _settled(*nodes), 15, "the two nodes to share the partitions")
-        with ClusterClient(_seeds(nodes)) as dw:
-            for n in range(100):
-                dw.add("t", None, id=f"h-{n}", delay=1.0)
-        leaving, staying = nodes
-        started = time.monotonic()
-        assert leaving.stop() == 0
-        wait_until(lambda: len(_served(staying)) == PARTITIONS, lease_s, "the handoff")
-        assert time.monotonic() - started < lease_s / 2
-        assert "handed back partition" in leaving.log_text()
-        got = _drain([staying], 100, 10)
-        assert sorted(got) == sorted(f"h-{n}" for n in range(100))
-        assert _drain([staying], 1, 1.0) == []
-        metrics = _metrics(staying)
-        assert metrics["delaywheel_partitions_owned"] == PARTITIONS
-        assert metrics["delaywheel_takeovers_total"] >= PARTITIONS  # its own and a's
-        assert metrics["delaywheel_fenced_flushes_total"] == 0
+        with loaded(nodes) as run:
+            time.sleep(1.0)  # the load runs on both nodes first
+            handoffs_s = _restart_every(nodes)
+            figures = ", ".join(f"{s:.2f}" for s in handoffs_s)
+            report = finish(run, nodes, f"7 (rolling SIGTERM; handoffs {figures} s)")
+        metrics = [_metrics(node) for node in nodes]  # of each one's restarted process
     finally:
         for node in nodes:
             node.kill()
+    _assert_clean(report, graceful=True)
+    for node in nodes:
+        assert "handed back partition" in node.log_text()
+    assert max(handoffs_s) < LEASE_S, figures  # handed back, not waited out
+    assert sum(m["delaywheel_partitions_owned"] for m in metrics) == PARTITIONS
+    assert (
+        metrics[0]["delaywheel_takeovers_total"] == PARTITIONS
+    )  # its own and b's, while b was down
+    assert all(m["delaywheel_fenced_flushes_total"] == 0 for m in metrics)
 
 
-def _metrics(proc: ServerProcess) -> dict[str, float]:
-    url = next(m.group(1) for line in proc.log if (m := re.search(r"metrics on (\S+)", line)))
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if not sample.labels
-    }
+def test_scenario_8_scale_2_to_3_to_2(redis_url: str, two_nodes: list[ServerProcess]) -> None:
+    with loaded(two_nodes) as run:
+        time.sleep(1.0)  # the load runs on two nodes first
+        third = _node(redis_url, "c")
+        try:
+            wait_until(lambda: _settled(*two_nodes, third), 15, "three nodes to share")
+            time.sleep(1.5)  # on three
+            started = time.monotonic()
+            assert third.stop() == 0
+            wait_until(lambda: _settled(*two_nodes), 15, "two nodes to share again")
+            scaled_down_s = time.monotonic() - started
+        finally:
+            third.kill()
+        time.sleep(1.0)  # on two again
+        report = finish(run, two_nodes, f"8 (2 -> 3 -> 2; back to 2 in {scaled_down_s:.2f} s)")
+    _assert_clean(report, graceful=True)
+    assert "handed back partition" in third.log_text()
+    assert scaled_down_s < LEASE_S  # handed back, not waited out
 
 
-def test_a_paused_owner_is_fenced_and_answers_moved(two_nodes: list[ServerProcess]) -> None:
-    paused, other = two_nodes
-    before = _served(paused)
-    assert paused.proc is not None
-    paused.proc.send_signal(signal.SIGSTOP)
+def test_scenario_9_two_nodes_with_no_ha_options_on_one_redis(redis_url: str) -> None:
+    # No --node, --lease or --partitions: what an operator's second start does.
+    # The default name is host and port, so each gets a port of its own.
+    first = ServerProcess("--port", str(_free_port()), *SINK_ALLOWED, store=redis_url)
+    second: ServerProcess | None = None
     try:
-        wait_until(lambda: len(_served(other)) == PARTITIONS, 4 * LEASE_S + 5, "the takeover")
+        wait_until(lambda: len(_served(first)) == PARTITIONS, 15, "the first node's partitions")
+        with loaded([first]) as run:
+            time.sleep(1.0)  # one node, alone
+            second = ServerProcess("--port", str(_free_port()), *SINK_ALLOWED, store=redis_url)
+            wait_until(lambda: _settled(first, second), 15, "the second node to share")
+            time.sleep(1.5)  # both
+            report = finish(run, [first, second], "9 (a second node with no HA options)")
+        names = {_node_name(node) for node in (first, second)}
     finally:
-        paused.proc.send_signal(signal.SIGCONT)
-    # Back, it learns it lost them (self-fenced while stopped) and serves none of them.
-    wait_until(lambda: not _served(paused) & before, 5, "the paused node to drop them")
-    task_id = next(f"p{n}" for n in range(10_000) if _partition(f"p{n}") in before)
-
-    def answered_moved() -> bool:
-        # tryagain until its next look at the leases shows the new owner
-        with Client(*paused.address) as dw:
-            try:
-                dw.add("t", None, id=task_id)
-            except Moved as exc:
-                return exc.data is not None and exc.data["owner"] == f"{other.host}:{other.port}"
-            except TryAgain:
-                return False
-        raise AssertionError(f"the paused node took {task_id!r}, which it no longer owns")
-
-    wait_until(answered_moved, 5, "the paused node to answer moved")
+        for node in (first, second):
+            if node is not None:
+                node.kill()
+    assert len(names) == 2, names
+    _assert_clean(report, graceful=True)
 
 
 def test_another_partition_count_on_a_keyspace_is_refused(redis_url: str) -> None:

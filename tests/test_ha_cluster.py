@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
-from hacheck import LoadGenerator, RequestLog, check, sink
+from hacheck import Delivery, Fault, LoadGenerator, RequestLog, check, sink
 from serverproc import ServerProcess
 from test_store import run
 from waiting import wait_until
@@ -33,7 +33,7 @@ from delaywheel.cluster.lease import Holder, Leases
 from delaywheel.cluster.partitions import Layout, partition_of
 from delaywheel.cluster.spread import SEALED, SPREAD
 from delaywheel.store.base import Changes
-from delaywheel.store.fenced_cluster import ClusterFencedWriter
+from delaywheel.store.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
 from delaywheel.store.redis import RedisStore
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, below: not before
@@ -277,6 +277,39 @@ def test_a_single_slot_keyspace_is_spread_over_the_primaries_at_first_start(
     assert len({owner_port(farm, keys.tasks) for keys in new}) > 1
 
 
+def test_a_spread_cut_off_mid_way_is_finished_by_the_next_start(
+    cluster6_redis: ClusterFarm,
+) -> None:
+    """As a kill -9 mid-spread leaves it: the dead node's lock still held, some
+    partitions sealed, some records copied but not yet deleted from the old hash."""
+    farm = cluster6_redis
+    partitions = 4
+    tasks = _old_release_keyspace(farm, "cutoff", partitions)
+    old = Layout("cutoff", partitions, single_slot=True)
+    new = Layout("cutoff", partitions)
+    copied = dict(list(tasks.items())[:100])
+    with redis.RedisCluster(host="127.0.0.1", port=farm.primaries()[0].port) as client:
+        client.delete(old.partition(2).lease)
+        client.set(old.partition(0).lease, SEALED)
+        for task_id, record in copied.items():
+            client.hset(new.of(task_id).tasks, task_id, record)
+        client.set("{cutoff}:migrating", "dead-node 0123", px=500)
+
+    async def scenario() -> None:
+        async with keyspace(farm.url, "cutoff", partitions) as shared:
+            relaid = shared.relaid
+            assert relaid is not None and relaid.waited  # for the dead node's lock to expire
+            assert (relaid.moved, relaid.kept) == (len(tasks) - 100, 100)
+            found = {}
+            for keys in new:
+                found.update(await shared.client.hgetall(keys.tasks))
+            assert found == {i.encode(): r for i, r in tasks.items()}
+            for keys in old:
+                assert not await shared.client.exists(keys.tasks)
+
+    run(scenario)
+
+
 def test_a_new_keyspace_is_recorded_spread_and_sealed_against_the_old_release(
     cluster6_redis: ClusterFarm,
 ) -> None:
@@ -379,7 +412,11 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
         with sink() as received:
             wait_until(lambda: _settled(nodes), 20, "the two nodes to share the partitions")
             with ClusterClient(_seeds(nodes)) as dw:
-                load = LoadGenerator(dw, received, log, rate=40, delay_s=(0.3, 2.0)).start()
+                # A short target timeout: an attempt journaled as delivering on
+                # a partition that changes hands is held by its new owner for it.
+                load = LoadGenerator(
+                    dw, received, log, rate=40, delay_s=(0.3, 2.0), target_timeout_s=1.0
+                ).start()
                 try:
                     time.sleep(3.0)  # load before the fault
                     victim_port = owner_port(farm, layout.partition(0).tasks)
@@ -397,13 +434,20 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
                 finally:
                     load.stop()
             acknowledged = _expected(log)
-            wait_until(
-                lambda: acknowledged <= {d.task_id for d in received.received()},
-                30,
-                "every acknowledged task delivered",
-            )
+            try:
+                wait_until(
+                    lambda: acknowledged <= {d.task_id for d in received.received()},
+                    30,
+                    "every acknowledged task delivered",
+                )
+            except AssertionError:
+                _explain(acknowledged, log, received.received(), nodes, fault_s)
+                raise
             time.sleep(1.0)  # time passing is the test: no late duplicate comes
-            report = check(log.snapshot(), received.received(), faults=[fault_s])
+            # The fault lasts until the replica is promoted: an outcome journaled
+            # meanwhile waits on the dead primary, and its attempt may be sent again.
+            outage = Fault(fault_s, fault_s + promoted_s)
+            report = check(log.snapshot(), received.received(), faults=[outage])
     finally:
         for node in nodes:
             node.kill()
@@ -412,12 +456,33 @@ def test_scenario_6_kill_9_of_a_cluster_primary_under_load(cluster6_redis: Clust
     print(f"scenario 6: {len(log.snapshot())} requests, {unknown} unknown")
     assert report.ok, report.summary()
     assert report.acknowledged > 200
-    # Duplicates only of attempts that were in flight about the fault.
-    first_s = {d.task_id: d.at_s for d in sorted(received.received(), key=lambda d: -d.at_s)}
-    assert all(first_s[i] >= fault_s - 1.0 for i in report.duplicates), report.duplicates
-    # 2 L, and a margin for a loaded machine: the failover itself takes
-    # cluster-node-timeout (1 s) and an election.
-    assert report.takeover_s is not None and report.takeover_s < 2 * LEASE_S + 2.0
+    assert not report.unexplained, report.summary()  # duplicates only of attempts in flight
+    # 2 L, a held attempt's target timeout (1 s), and a flush held while it
+    # retries the dead primary (at most RETRY_FOR_S): the failover itself takes
+    # cluster-node-timeout (1 s) and an election. Measured 3.3-7.5 s.
+    bound_s = 2 * LEASE_S + 1.0 + RETRY_FOR_S
+    assert report.takeover_s is not None and report.takeover_s < bound_s, report.summary()
+
+
+def _explain(
+    acknowledged: set[str],
+    log: RequestLog,
+    deliveries: list[Delivery],
+    nodes: list[ServerProcess],
+    fault_s: float,
+) -> None:
+    """What a test that waited in vain for deliveries prints: the missing ids,
+    their requests (times from the fault), and the nodes' logs about partitions."""
+    missing = acknowledged - {d.task_id for d in deliveries}
+    print(f"missing {len(missing)}:")
+    for r in log.snapshot():
+        if r.task_id in missing:
+            at = f"{r.sent_s - fault_s:+.2f}..{r.done_s - fault_s:+.2f} s"
+            partition = partition_of(r.task_id, PARTITIONS)
+            print(f"  {r.op} {r.task_id} p{partition} {at} {r.outcome} {r.detail[:200]}")
+    for node in nodes:
+        print(f"--- node log: {node.args}")
+        print("\n".join(line for line in node.log if "INFO delaywheel: " not in line)[-8000:])
 
 
 def _promoted(farm: ClusterFarm, layout: Layout, dead_port: int) -> bool:

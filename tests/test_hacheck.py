@@ -6,7 +6,7 @@ from __future__ import annotations
 import urllib.request
 
 from delaywheel_client.errors import ConnectionFailed, NotFound, Unavailable
-from hacheck import Delivery, Request, RequestLog, check, outcome_of, sink
+from hacheck import Delivery, Fault, Request, RequestLog, check, outcome_of, sink
 
 
 def add(task_id: str, sent_s: float, delay_s: float, outcome: str = "ok") -> Request:
@@ -24,9 +24,11 @@ def got(task_id: str, at_s: float, epoch: int | None = 1) -> Delivery:
 def test_a_clean_run_reports_nothing() -> None:
     requests = [add("a", 100, 1), add("b", 100, 2), add("c", 100, 5)]
     report = check(requests, [got("a", 101.02), got("b", 102.05)], pending=["c"])
-    assert report.ok and report.summary().startswith("3 acknowledged, 2 delivered: 0 lost")
+    assert report.ok and report.summary().startswith(
+        "3 acknowledged, 2 delivered, 1 pending: 0 lost"
+    )
     assert report.duplicates == {} and report.takeover_s is None
-    assert abs(report.max_late_s - 0.05) < 1e-9
+    assert abs(report.max_late_s - 0.04) < 1e-9  # from the reply, 0.01 s after the send
 
 
 def test_an_acknowledged_add_never_delivered_nor_pending_is_lost() -> None:
@@ -72,6 +74,26 @@ def test_early_deliveries_and_duplicates_per_id() -> None:
     assert report.duplicates == {"dup": 3}
 
 
+def test_a_duplicate_is_explained_only_when_it_straddles_a_fault() -> None:
+    requests = [add(i, 100, 1) for i in ("crash", "pause", "late", "calm")]
+    deliveries = [
+        got("crash", 101.0),  # sent just before the kill at 101.2, sent again after
+        got("crash", 103.0),
+        got("pause", 104.0),  # first sent while its owner was stopped (102..105)
+        got("pause", 105.3),
+        got("late", 106.0),  # both after every fault: nothing was in flight
+        got("late", 106.5),
+        got("calm", 101.0),
+        got("calm", 101.1),
+    ]
+    faults = [101.2, Fault(102.0, 105.0)]
+    report = check(requests, deliveries, faults=faults)
+    assert report.duplicates == {"crash": 2, "pause": 2, "late": 2, "calm": 2}
+    assert report.unexplained == {"late": 2, "calm": 2}  # "calm" ended before the kill
+    # With no fault (a graceful handoff), every duplicate is unexplained.
+    assert check(requests, deliveries).unexplained == report.duplicates
+
+
 def test_takeover_is_the_worst_lateness_after_the_fault() -> None:
     requests = [add(f"t{i}", 100, i) for i in range(1, 6)]
     deliveries = [
@@ -83,8 +105,8 @@ def test_takeover_is_the_worst_lateness_after_the_fault() -> None:
     ]
     report = check(requests, deliveries, faults=[102.5])
     assert report.ok
-    assert report.takeover_s is not None and abs(report.takeover_s - 4.5) < 1e-9
-    assert abs(report.max_late_s - 4.5) < 1e-9
+    assert report.takeover_s is not None and abs(report.takeover_s - 4.49) < 1e-9
+    assert abs(report.max_late_s - 4.49) < 1e-9
 
 
 def test_outcomes_of_client_errors() -> None:

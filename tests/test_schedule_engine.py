@@ -5,6 +5,8 @@ pause, resume, delete, trigger, backfill and the refusals (docs/schedules.md).""
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -208,3 +210,56 @@ def test_overlap_skip_counts_occurrences_while_the_previous_is_reserved() -> Non
     held, ids = asyncio.run(run())
     assert held["counts"]["skipped"] >= 2 and held["counts"]["fired"] == 1
     assert len(ids) >= 2 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.slow
+def test_random_updates_pauses_and_resumes_fire_nothing_retroactive() -> None:
+    """A seeded random run of update (every 1 or 2 s), pause and resume while
+    a worker drains the occurrences: no id twice, no occurrence whose nominal
+    time lies between an edit and the ``next`` that edit answered (for a
+    pause: until the resume's), none missed while the server is up, and
+    ``fired`` is what the worker got."""
+    rng = random.Random(1703)
+    edits: list[tuple[float, float]] = []  # (sent at, next it answered; inf while paused)
+
+    async def run() -> tuple[list[str], dict[str, Any]]:
+        async with served() as dw:
+            await dw.schedule_add({"id": "r", "every": 1, "topic": "r", "ttr": 0})
+            drained: list[str] = []
+            worker = asyncio.ensure_future(_drain_into(dw, "r", drained))
+            version, paused = 1, False
+            for _ in range(12):
+                await asyncio.sleep(rng.uniform(0.1, 0.7))
+                sent_s = time.time()
+                if paused:
+                    state = await dw.schedule_resume("r")
+                elif rng.random() < 0.3:
+                    state = await dw.schedule_pause("r", "random")
+                else:
+                    changes = {"every": rng.choice([1, 2])}
+                    state = await dw.schedule_update("r", changes, version)
+                version, paused = state["version"], state["paused"]
+                edits.append((sent_s, math.inf if paused else state["next"]))
+            await dw.schedule_pause("r", "end")
+            edits.append((time.time(), math.inf))
+            await asyncio.sleep(1.5)  # what was due before the pause is handed out
+            worker.cancel()
+            return drained, await dw.schedule_get("r")
+
+    ids, state = asyncio.run(run())
+    nominals = _nominals(ids, "r")
+    assert len(nominals) == len(set(nominals)) >= 3
+    for i, (sent_s, next_s) in enumerate(edits):
+        following_s = edits[i + 1][0] if i + 1 < len(edits) else math.inf
+        until_s = min(next_s, following_s)  # a pause holds until the next edit
+        retroactive = [n for n in nominals if sent_s <= n < until_s]
+        assert retroactive == [], (sent_s, next_s, retroactive)
+    assert state["counts"]["fired"] == len(ids)
+    assert state["counts"]["missed"] == 0
+
+
+async def _drain_into(dw: AsyncClient, topic: str, ids: list[str]) -> None:
+    while True:
+        task = await dw.reserve(topic, timeout=0.2)
+        if task is not None:
+            ids.append(task["id"])

@@ -116,6 +116,30 @@ def test_overlap_with_the_previous_in_flight(overlap: str, fired: int, held: boo
         assert step.state.next_ms == pending  # waits for the previous one to end
 
 
+@pytest.mark.parametrize("catchup", ["latest", "skip", "all"])
+def test_buffer_one_holds_one_while_up_and_counts_the_ones_it_replaces_skipped(
+    catchup: str,
+) -> None:
+    """Looked at each tick while the previous one stays in flight for 3.5
+    minutes: the held one is replaced by each newer one (skipped, overlap),
+    never counted missed by the catch-up policy, under every policy; when the
+    previous ends, the one held fires."""
+    made = state(overlap="buffer_one", catchup=catchup)
+    pending = made.next_ms
+    assert pending is not None
+    step = plan_fire(made, pending, True, 10_000)
+    assert step is not None and step.held
+    for now in range(pending + 1000, pending + 210_001, 1000):  # each second, 3.5 min
+        step = plan_fire(step.state, now, True, 10_000, holding=True)
+        assert step is not None and step.held and step.fire == []
+    assert step.state.counts == {"fired": 0, "skipped": 3, "missed": 0}
+    assert step.state.next_ms == pending + 3 * MINUTE_MS  # the newest, held
+    released = plan_fire(step.state, pending + 211_000, False, 10_000, holding=True)
+    assert released is not None and not released.held
+    assert [o.nominal_ms for o in released.fire] == [pending + 3 * MINUTE_MS]
+    assert released.state.next_ms == pending + 4 * MINUTE_MS
+
+
 def test_max_runs_ends_the_schedule() -> None:
     made = state(max_runs=2, catchup="all")
     pending = made.next_ms

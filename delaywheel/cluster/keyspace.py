@@ -123,6 +123,8 @@ class SharedKeyspace(Store):
             self._writer = self.redis.fenced_writer(
                 replicas=self.replicas, wait_timeout_s=REPLICAS_WAIT_S
             )
+            if isinstance(self._writer, ClusterFencedWriter):
+                self._writer.held = self._holds
             warning = await replicas_warning(self.client, self.layout.meta, self.replicas)
             if warning is not None:
                 self._replicas_warning = [warning]
@@ -223,15 +225,41 @@ class SharedKeyspace(Store):
                 done(kind(f"store {self.url}: write failed: {outcome.error}"))
                 return
             if not outcome.fenced:  # the commonest: all written
+                if any(epochs.get(w.partition) != w.epoch for w in writes):
+                    # Dropped while its write was in flight (self-fenced: a frozen
+                    # primary, say, that answered once it woke, maybe after a
+                    # failover that discards what it took): nobody vouches for it.
+                    done(
+                        StoreUnavailable(
+                            f"store {self.url}: write failed: a partition was lost while"
+                            " its write was in flight: outcome unknown"
+                        )
+                    )
+                    return
                 done(None)
                 return
-            self._refuse(set(outcome.fenced), set(outcome.written), done)
+            # A partition dropped while its write was out, and acquired again
+            # since (a new epoch), is not the coordinator's to drop now.
+            epoch_of = {write.partition: write.epoch for write in writes}
+            fenced = set(outcome.fenced)
+            self._refuse(
+                fenced,
+                set(outcome.written),
+                done,
+                tell={p for p in fenced if self.epochs.get(p, epoch_of[p]) == epoch_of[p]},
+            )
 
         writer.submit(writes, finished)
 
-    def _refuse(self, fenced: set[int], written: set[int], done: Done) -> None:
+    def _holds(self, partition: int, epoch: int) -> bool:
+        return self.epochs.get(partition) == epoch
+
+    def _refuse(
+        self, fenced: set[int], written: set[int], done: Done, *, tell: set[int] | None = None
+    ) -> None:
+        """Fail a batch ``FencedWrite``; ``tell`` the coordinator of these (all by default)."""
         if self.on_fenced is not None:
-            self.on_fenced(fenced, written)
+            self.on_fenced(fenced if tell is None else tell, written)
         done(
             FencedWrite(
                 f"store {self.url}: partition(s) {sorted(fenced)} are no longer"

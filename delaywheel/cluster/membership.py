@@ -123,7 +123,11 @@ class Plan:
 
 
 def plan(
-    node: str, live: Collection[str], partitions: int, owners: Mapping[int, str | None]
+    node: str,
+    live: Collection[str],
+    partitions: int,
+    owners: Mapping[int, str | None],
+    held: Collection[int] = (),
 ) -> Plan:
     """What ``node`` should claim and hand back.
 
@@ -133,13 +137,18 @@ def plan(
     ``owners`` says who holds each partition's lease (absent or None: free).
     A held partition is handed back only to a node in ``live``: a node that
     is not registered (not started yet, or expired) is never waited for.
+    ``held`` is what this node holds and serves now: never claimed again,
+    even when its lease key is gone (deleted, or lost by Redis). Claiming it
+    would load its tasks a second time beside the ones served, and fire
+    each twice; the keeper's next renewal finds the lease gone and drops
+    the partition, and the round after that claims it with a new epoch.
     """
     members = set(live) | {node}
     claim, hand_back = set(), set()
     for p in range(partitions):
         first = first_choice(p, members)
         owner = owners.get(p)
-        if owner is None and first == node:
+        if owner is None and first == node and p not in held:
             claim.add(p)
         elif owner == node and first != node:
             hand_back.add(p)

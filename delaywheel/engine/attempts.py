@@ -22,6 +22,7 @@ so the transition table, the counts and the journal see it as any other.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -54,8 +55,11 @@ class Attempts:
         self._queue: Queue | None = None  # the dispatcher's, from start()
         self._resume: set[str] = set()  # loaded delivering tasks not yet handed over
         # Attempts taken over from another node whose deadline has not passed:
-        # (deadline_s, id, task), sent again once it has (``release_held``).
-        self.held: list[tuple[float, str, Task]] = []
+        # (deadline_s, n, task), sent again once it has (``release_held``). n
+        # orders equal deadlines: a partition lost and taken again adopts the
+        # same task twice (as two objects), and Tasks do not compare.
+        self.held: list[tuple[float, int, Task]] = []
+        self._held_count = itertools.count()
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
     def start(self, queue: Queue) -> None:
@@ -77,7 +81,7 @@ class Attempts:
         for task in tasks:
             self._resume.add(task.id)
             if task.deadline_s > now_s:
-                heapq.heappush(self.held, (task.deadline_s, task.id, task))
+                heapq.heappush(self.held, (task.deadline_s, next(self._held_count), task))
             else:
                 self._enqueue(task)
 
@@ -90,8 +94,8 @@ class Attempts:
         they are gone since (deleted, or their partition dropped again)."""
         held = self.held
         while held and held[0][0] <= now_s:
-            _, task_id, task = heapq.heappop(held)
-            if self._table.delivering.get(task_id) is task:
+            _, _, task = heapq.heappop(held)
+            if self._table.delivering.get(task.id) is task:
                 self._enqueue(task)
 
     def due(self, task: Task) -> None:

@@ -7,8 +7,10 @@ released partition is taken over in well under a second) the coordinator:
 2. reads the live members and every partition's lease (the owner map that
    ``cluster`` answers and ``moved`` names),
 3. claims the free partitions it ranks first by rendezvous hashing among
-   the live nodes, and those whose lease names this node but another epoch
-   (this node's previous process, killed: its name is its own), and
+   the live nodes (not one it still holds: a lease key deleted under it is
+   dropped by the keeper first, then claimed anew), and those whose lease
+   names this node but another epoch (this node's previous process, killed:
+   its name is its own), and
 4. hands back a partition whose first-ranked node is another live,
    registered node.
 
@@ -28,6 +30,11 @@ A partition lost (the keeper's renewal was refused, or 0.8 L passed without
 one: self-fenced) or fenced (a flush was refused) is dropped at once: no
 request, tick or delivery of this node touches it after that, and the
 store refuses any flush of it still in flight.
+
+After a Sentinel failover (the store names a new primary) every owned
+partition's epoch and lease are read again on the new primary, and those
+that are not this node's as it holds them are dropped, to be acquired anew
+by the next round (cluster/failover.py). One log line per failover.
 """
 
 from __future__ import annotations
@@ -40,11 +47,13 @@ from collections.abc import Callable
 from typing import Any
 
 from delaywheel.cluster._scripts import text
+from delaywheel.cluster.failover import stale_partitions
 from delaywheel.cluster.keyspace import SharedKeyspace
 from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases, parse_holder
 from delaywheel.cluster.membership import Membership, plan
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.sharing import Owner, Sharing
+from delaywheel.store.sentinel import RedisSentinelStore
 from delaywheel.tallies import ClusterCounts
 
 log = logging.getLogger("delaywheel.cluster")
@@ -79,6 +88,10 @@ class Coordinator:
         self._busy: set[int] = set()  # partitions being loaded or handed back
         self._stopping = False
         keyspace.on_fenced = self._fenced
+        self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
+        self._rereading: asyncio.Task[None] | None = None
+        if isinstance(keyspace.redis, RedisSentinelStore):
+            keyspace.redis.on_primary_changed = self._primary_changed
 
     # -- life cycle ----------------------------------------------------------
 
@@ -93,10 +106,11 @@ class Coordinator:
     async def stop(self) -> None:
         """Hand every partition back (a graceful stop: the next owner takes over at once)."""
         self._stopping = True
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for task in (self._loop_task, self._rereading):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for partition in sorted(self.keeper.held):
             with contextlib.suppress(Exception):
                 await self._hand_back(partition)
@@ -132,8 +146,13 @@ class Coordinator:
             )
         if self._stopping:
             return
-        todo = plan(sharing.node, live, sharing.partitions, owners)
+        # Claim only on the primary the Sentinels name now: one frozen through
+        # a failover answers the calls above as a primary again once it wakes.
+        moves = self._primary_moves()
+        if await self._check_primary() != moves:
+            return  # the epochs are being read again; claim next round, there
         held = self.keeper.held
+        todo = plan(sharing.node, live, sharing.partitions, owners, held)
         stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
         for partition in sorted(todo.claim | stale):
             if partition not in self._busy:
@@ -153,9 +172,18 @@ class Coordinator:
             if value is not None
         }
 
+    def _primary_moves(self) -> int:
+        store = self.keyspace.redis
+        return store.primary_moves if isinstance(store, RedisSentinelStore) else 0
+
+    async def _check_primary(self) -> int:
+        store = self.keyspace.redis
+        return await store.check_primary() if isinstance(store, RedisSentinelStore) else 0
+
     async def _claim(self, partition: int, holder: Holder | None) -> None:
         self._busy.add(partition)
         started_s = time.monotonic()
+        moves = self._primary_moves()
         try:
             if holder is not None:  # ours, from this node's previous process
                 got: int | Holder = await self.keeper.adopt(partition, holder.epoch)
@@ -165,7 +193,9 @@ class Coordinator:
                 return  # another node was quicker: the lease decides
             self.keyspace.epochs[partition] = got
             loaded = await self.engine.load_partition(self.keyspace.load_partition(partition))
-            if partition not in self.keeper.held:  # lost while loading
+            if partition not in self.keeper.held or self._primary_moves() != moves:
+                # Lost while loading, or acquired on a primary that is one no more.
+                self.keeper.forget(partition)
                 self.keyspace.epochs.pop(partition, None)
                 self.engine.drop_partition(partition)
                 return
@@ -238,6 +268,41 @@ class Coordinator:
         for partition in written - fenced:
             # Written in the store, rolled back in memory: load it again.
             loop.call_soon(self._reload, partition)
+
+    def _primary_changed(self, host: str, port: int) -> None:
+        """The store's: Sentinel names a new primary. Its epochs are read in a task
+        (one at a time; a failover during the read is read again after it)."""
+        self._failed_over_to = (host, port)
+        if not self._stopping and (self._rereading is None or self._rereading.done()):
+            self._rereading = asyncio.get_running_loop().create_task(self._reread_epochs())
+
+    async def _reread_epochs(self) -> None:
+        store = self.keyspace.redis
+        assert isinstance(store, RedisSentinelStore)
+        while (address := self._failed_over_to) is not None:
+            self._failed_over_to = None
+            held = self.keeper.held
+            why = ""
+            try:
+                stale = await stale_partitions(
+                    store, address, self.keyspace.layout, held, self.leases.token
+                )
+            except Exception as exc:  # unread is untrusted: drop them all
+                stale, why = set(held), f" (the read failed: {exc!r})"
+            for partition in sorted(stale):
+                if self.keeper.held.get(partition) == held[partition]:  # not re-acquired meanwhile
+                    self.keeper.forget(partition)
+                    self.counts.lost += 1
+                    self._forget(partition)
+            log.warning(
+                "store failed over to %s:%d: epochs re-read, %d partitions kept, %d dropped%s",
+                *(*address, len(held) - len(stale), len(stale), why),
+                extra={
+                    "primary": f"{address[0]}:{address[1]}",
+                    "kept": len(held) - len(stale),
+                    "dropped": sorted(stale),
+                },
+            )
 
     def _forget(self, partition: int) -> None:
         self.sharing.serving.pop(partition, None)

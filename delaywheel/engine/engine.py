@@ -394,7 +394,10 @@ class Engine:
         assert self.sharing is not None
         of = self.sharing.partition_of
         self.schedules.drop(lambda key: of(key) == partition)
-        return self.table.drop(lambda task_id: of(task_id) == partition, keep_delivering)
+        kept = self.table.drop(lambda task_id: of(task_id) == partition, keep_delivering)
+        staying = {id(task) for task in kept}
+        self.journal.forget(lambda task: id(task) not in staying and of(task.id) == partition)
+        return kept
 
     def is_delivering(self, task: Task) -> bool:
         """Whether ``task``'s attempt is still in flight (its outcome not in yet)."""

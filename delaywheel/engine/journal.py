@@ -127,6 +127,22 @@ class Journal:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._start)
 
+    def forget(self, leaving: Callable[[Task], bool]) -> None:
+        """Undo nothing of the ``leaving`` tasks: the table has let them go (their
+        partition was dropped). A write of theirs still in flight may fail after
+        the partition was taken again and reloaded, with new Task objects: the
+        old ones must not be put back then. The store has their truth."""
+        for batch in (self._writing, self._gathering):
+            if batch is None or not batch.undo:
+                continue
+            kept: Undo = []
+            for task, snap in batch.undo:
+                if not leaving(task):
+                    kept.append((task, snap))
+                elif batch is self._gathering:
+                    self._touched.discard(id(task))
+            batch.undo = kept
+
     def pending(self) -> Batch | None:
         """The batch a reply must wait for: the newest one not yet durable."""
         if self._gathering.has_changes():

@@ -104,6 +104,10 @@ class ScheduleTable:
         # The ids of the paused ones, kept with ``states`` (``_keep``, ``_forget``)
         # so that stats and metrics count them without a walk over every schedule.
         self._paused: set[str] = set()
+        # buffer_one: the occurrence each schedule holds now (its pending one,
+        # due, waiting for the previous to end); in memory only, so an edit
+        # that moves ``next`` or a restart ends the hold.
+        self._holding: dict[str, int] = {}
         # For metrics: occurrences fired, skipped by reason, missed, since start,
         # and how late each fired occurrence was put (docs/metrics.md).
         self.fired = 0
@@ -276,8 +280,12 @@ class ScheduleTable:
         in_flight = previous is not None and self._hooks.in_flight(
             occurrence_id(state.schedule.id, previous)
         )
-        step = plan_fire(state, now_ms, in_flight, ON_TIME_MS)
+        schedule_id = state.schedule.id
+        holding = self._holding.pop(schedule_id, None) == state.next_ms
+        step = plan_fire(state, now_ms, in_flight, ON_TIME_MS, holding)
         if step is None:  # early by the wall clock (stepped back): wait for it
+            if holding and state.next_ms is not None:
+                self._holding[schedule_id] = state.next_ms
             self._arm(state)
             return
         now_s = now_ms / 1000
@@ -297,6 +305,8 @@ class ScheduleTable:
             self._write(step.state, state)
         if step.held:
             # buffer_one: look again each tick until the previous one ends.
+            assert step.state.next_ms is not None
+            self._holding[schedule_id] = step.state.next_ms
             self._arm(step.state, now_ms + max(1, round(self.tick_s * 1000)))
         else:
             self._arm(step.state)
@@ -324,6 +334,7 @@ class ScheduleTable:
     def _forget(self, schedule_id: str) -> None:
         self.states.pop(schedule_id, None)
         self._paused.discard(schedule_id)
+        self._holding.pop(schedule_id, None)
         self._armed.pop(schedule_id, None)
 
     def _write(self, state: ScheduleState, before: ScheduleState | None) -> None:

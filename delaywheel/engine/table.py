@@ -235,9 +235,15 @@ class TaskTable:
     def rollback(self, undo: Undo) -> None:
         """Put back the tasks of batches the store failed to write (the journal's)."""
         sharing = self.sharing
+        by_id = self.index.by_id
         for task, snap in undo:
             if sharing is not None and not sharing.owns(task.id):
                 continue  # its partition was dropped: the store has its truth
+            current = by_id.get(task.id)
+            if current is not task and not (current is None and task.state == GONE):
+                # Dropped since (a self-fence), and maybe loaded again (a new
+                # object): the store's truth replaced it, as above.
+                continue
             self.unplace(task)
             if snap[0] == NEW:
                 task.state = GONE

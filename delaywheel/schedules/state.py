@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from delaywheel.schedules.planner import jitter_ms, occurrence_id, plan_catchup
+from delaywheel.schedules.planner import Catchup, jitter_ms, occurrence_id, plan_catchup
 from delaywheel.schedules.spec import Schedule, check_schedule
 
 RECORD_KIND = "schedule"
@@ -126,7 +126,11 @@ def first_fire_ms(state: ScheduleState) -> int | None:
 
 
 def plan_fire(
-    state: ScheduleState, now_ms: int, previous_in_flight: bool, on_time_ms: int = 0
+    state: ScheduleState,
+    now_ms: int,
+    previous_in_flight: bool,
+    on_time_ms: int = 0,
+    holding: bool = False,
 ) -> FireStep | None:
     """The pending occurrence (and any it stood for during downtime) at ``now_ms``.
 
@@ -136,7 +140,10 @@ def plan_fire(
     everything due, the overlap policy decides what the previous occurrence
     still in flight allows, and ``max_runs`` ends the schedule. The pending
     occurrence alone due, at most ``on_time_ms`` late, is on time, not a
-    catch-up (``plan_catchup``).
+    catch-up (``plan_catchup``). ``holding``: the pending occurrence is the
+    one ``buffer_one`` has held since it came due while up (the engine
+    knows; a restart forgets it), so waiting made it late, not downtime: it
+    stays held (or is skipped for a newer one), never counted missed.
     """
     due_ms = first_fire_ms(state)
     if state.paused or due_ms is None or now_ms < due_ms:
@@ -144,7 +151,15 @@ def plan_fire(
     schedule = state.schedule
     pending = state.next_ms
     assert pending is not None
-    catchup = plan_catchup(schedule, pending, now_ms, on_time_ms)
+    if holding:
+        following = schedule.first_after(pending)
+        if following is None or following > now_ms:
+            newer = Catchup([], 0, schedule.first_after(now_ms))
+        else:
+            newer = plan_catchup(schedule, following, now_ms, on_time_ms)
+        catchup = Catchup([pending, *newer.fire], newer.missed, newer.next_ms)
+    else:
+        catchup = plan_catchup(schedule, pending, now_ms, on_time_ms)
     fire = list(catchup.fire)
     counts = dict(state.counts)
     counts["missed"] += catchup.missed

@@ -342,6 +342,12 @@ class JournalLink(asyncio.Protocol):
             flushes.popleft().done(error)
         self._wake_idle()
 
+    def reconnect(self) -> None:
+        """Drop the connection now (the primary moved): what is in flight is sent
+        again, once, on the next one, which asks ``resolve`` where to go first."""
+        if self._transport is not None:
+            self._transport.abort()  # connection_lost resends and reconnects
+
     def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

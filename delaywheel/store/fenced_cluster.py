@@ -21,7 +21,9 @@ new owner by then is refused ``FENCED`` like any other. Flushes go one at a
 time (the journal has only one in flight: engine/journal.py), so a write
 sent again is never overtaken by a newer write of its partition. The retries
 back off from ``RETRY_FIRST_S``, doubling up to ``RETRY_MAX_S``, for at
-most ``RETRY_FOR_S``; what is still unwritten then fails the whole flush
+most ``RETRY_FOR_S``. A write whose partition this node dropped meanwhile
+(``held`` says no: self-fenced at 0.8 L) is not sent again but reported
+fenced. What is still unwritten after ``RETRY_FOR_S`` fails the whole flush
 with ``StoreUnavailable`` (outcome unknown: its requests are answered
 ``unavailable`` and clients retry with the same id).
 """
@@ -40,7 +42,7 @@ from redis.asyncio import RedisCluster
 
 from delaywheel.store._redis_journal import JournalLink
 from delaywheel.store.base import StoreUnavailable
-from delaywheel.store.fenced import FencedWriter, FlushOutcome, OnOutcome, PartitionWrite
+from delaywheel.store.fenced import Fenced, FencedWriter, FlushOutcome, OnOutcome, PartitionWrite
 
 log = logging.getLogger("delaywheel.store")
 
@@ -95,6 +97,8 @@ class ClusterFencedWriter:
         self._tasks: set[asyncio.Task[None]] = set()  # resends waiting
         self._closing: set[asyncio.Task[None]] = set()  # writers of former primaries
         self.retried = 0  # writes sent again (a redirect or a failover): for tests and logs
+        # Whether this node still holds (partition, epoch): the keyspace's epochs.
+        self.held: Callable[[int, int], bool] | None = None
 
     def primaries(self) -> set[Address]:
         """The primaries that have a writer now."""
@@ -189,6 +193,18 @@ class ClusterFencedWriter:
             self._finish(flush)
             return
         retry, flush.retry = flush.retry, []
+        held = self.held
+        if held is not None:  # a partition dropped meanwhile (self-fenced) is not sent again
+            for write, _ in retry:
+                if not held(write.partition, write.epoch):
+                    flush.outcome.fenced[write.partition] = Fenced(
+                        f"partition {write.partition}: dropped by this node while its write"
+                        f" at epoch {write.epoch} waited to be sent again"
+                    )
+            retry = [(w, t) for w, t in retry if w.partition not in flush.outcome.fenced]
+            if not retry:
+                self._finish(flush)
+                return
         self.retried += len(retry)
         if self._closed or time.monotonic() >= flush.deadline_s:
             partitions = sorted(write.partition for write, _ in retry)

@@ -14,19 +14,35 @@ drop or a refused handshake finds the new primary on the next attempt, and a
 ``READONLY`` reply reconnects and sends the flush again (nothing of it ran).
 Writes that fail meanwhile fail as on any unreachable Redis
 (``StoreUnavailable``, with the store's backoff).
+
+Telling the node. Every lookup, the journal links' and redis-py's, goes
+through one ``_WatchedSentinel``, and the coordinator asks it every round
+too (``check_primary``): a primary frozen through a failover answers its old
+connections again as a primary once it wakes, until the Sentinels demote it.
+When the primary named differs from the one named before, every connection
+is moved (``_primary_moved``: the links reconnect and resend what was in
+flight, redis-py's pool is emptied) and ``on_primary_changed(host, port)``
+is called, once per change. The coordinator then reads every owned partition's epoch again on
+that primary (``read_on_primary``; cluster/failover.py): a failover can lose
+the last writes, an acquire's epoch among them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote, unquote
 
 from redis.asyncio import Redis
-from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisError
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delaywheel.store._redis_journal import Resolve
+from delaywheel.store._redis_journal import JournalLink, Resolve
 from delaywheel.store.base import StoreConfigError, redact_url
 from delaywheel.store.redis import RedisStore
 from delaywheel.store.redis_client import Client
@@ -80,6 +96,53 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     )
 
 
+# (host, port) of the primary the Sentinels name now, a different one than before.
+OnPrimaryChanged = Callable[[str, int], None]
+
+
+class _WatchedSentinel(Sentinel):
+    """redis-py's Sentinel client, asking every Sentinel and telling ``on_change``
+    when the primary moves.
+
+    redis-py takes the first Sentinel that names a primary not flagged down;
+    one that has not noticed the failover yet names the old primary, and the
+    answer would flip back and forth. Here every Sentinel is asked and the
+    answer with the highest ``config-epoch`` (bumped by each failover) wins,
+    never one older than the newest seen: a failover is seen once.
+    """
+
+    def __init__(self, sentinels: list[tuple[str, int]], **options: Any) -> None:
+        super().__init__(sentinels, **options)  # type: ignore[no-untyped-call, unused-ignore]
+        self.primary: tuple[str, int] | None = None  # the newest one found
+        self.config_epoch = -1  # its config-epoch
+        self.on_change: OnPrimaryChanged | None = None
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[str] = []
+        newest: tuple[int, tuple[str, int]] | None = None
+        for sentinel in self.sentinels:
+            try:
+                masters = cast("dict[str, dict[str, Any]]", await sentinel.sentinel_masters())
+            except (RedisConnectionError, ResponseError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel}: {exc!r}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                epoch = int(state.get("config-epoch", 0))
+                if newest is None or epoch > newest[0]:
+                    newest = (epoch, (str(state["ip"]), int(state["port"])))
+        if newest is None:
+            detail = f": {', '.join(errors)}" if errors else ""
+            raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
+        epoch, address = newest
+        if epoch < self.config_epoch and self.primary is not None:
+            return self.primary  # only Sentinels behind the newest failover answered
+        previous, self.primary, self.config_epoch = self.primary, address, epoch
+        if previous is not None and previous != address and self.on_change is not None:
+            self.on_change(*address)
+        return address
+
+
 class RedisSentinelStore(RedisStore):
     def __init__(self, url: str, **options: Any) -> None:
         """``options`` are RedisStore's (prefix, timeouts)."""
@@ -90,11 +153,72 @@ class RedisSentinelStore(RedisStore):
         super().__init__(f"redis://{auth}sentinel-primary:6379/{target.db}", **options)
         self.url = redact_url(url)
         self.target = target
-        self._sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
+        self._sentinel = _WatchedSentinel(
             target.sentinels,
             socket_timeout=self._timeout_s,
             socket_connect_timeout=self._connect_timeout_s,
         )
+        self._sentinel.on_change = self._primary_moved
+        self._links: list[JournalLink] = []  # every write connection, to move them
+        self._moving: set[asyncio.Task[None]] = set()  # pool disconnects under way
+        # Called with the new primary's host and port after a failover (the coordinator's).
+        self.on_primary_changed: OnPrimaryChanged | None = None
+        self.primary_moves = 0  # failovers seen since the start
+
+    def _journal_link(self, client: Client, **options: Any) -> JournalLink:
+        link = super()._journal_link(client, **options)
+        self._links.append(link)
+        return link
+
+    async def check_primary(self) -> int:
+        """Ask the Sentinels which server is the primary now. The connections
+        ask only when they connect: a primary that was frozen through a
+        failover answers the old ones again as if it still were one (until the
+        Sentinels demote it), and takes their writes, all to be discarded.
+        Returns ``primary_moves`` after the answer."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._sentinel.discover_master(self.target.master)
+        return self.primary_moves
+
+    def _primary_moved(self, host: str, port: int) -> None:
+        """Every connection to the previous primary goes: the write links
+        reconnect (resending what was in flight), redis-py's pool is emptied."""
+        self.primary_moves += 1
+        for link in self._links:
+            link.reconnect()
+        client = self._client
+        if isinstance(client, Redis):  # always: a Sentinel's primary is no Cluster
+            task = asyncio.get_running_loop().create_task(client.connection_pool.disconnect())
+            self._moving.add(task)
+            task.add_done_callback(self._moving.discard)
+        if self.on_primary_changed is not None:
+            self.on_primary_changed(host, port)
+
+    async def read_on_primary(
+        self, host: str, port: int, keys: Sequence[str]
+    ) -> tuple[str, list[bytes | None]]:
+        """``ROLE`` and a GET of each key, on the server at ``host:port`` itself,
+        on a connection of its own: not through a pool that may still hold
+        connections to the previous primary."""
+        client = Redis(
+            host=host,
+            port=port,
+            db=self.target.db,
+            password=self.target.password,
+            socket_timeout=self._timeout_s,
+            socket_connect_timeout=self._connect_timeout_s,
+            client_name="delaywheel-failover",
+        )
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command("ROLE")
+            for key in keys:
+                pipe.get(key)
+            role, *values = await pipe.execute()
+        finally:
+            await client.aclose()
+        name = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+        return name, list(values)
 
     async def _connect_client(self) -> Client:
         client = self._sentinel.master_for(

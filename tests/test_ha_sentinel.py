@@ -1,0 +1,235 @@
+"""Nodes on Redis Sentinel through failovers (issue 16, item 7 and scenarios 3 and 4).
+
+Real processes: a primary, two replicas and three Sentinels (tests/redisfarm.py),
+two ``delaywheel serve`` nodes with ``--replicas 1`` and L = 3 s on
+``redis+sentinel://``, the HTTP sink and the request log of tests/hacheck.py.
+
+- After a failover each node reads its partitions' epochs again on the new
+  primary and logs one line, ``store failed over to HOST:PORT: epochs
+  re-read, N partitions kept, M dropped``; what it decides is tested on its
+  own against real servers (a partition is kept only when both its epoch and
+  its lease are this node's).
+- Scenario 3: kill -9 the Redis primary under load. Scenario 4: SIGSTOP it
+  past Sentinel's down-after, then SIGCONT. The checker's figures are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from conftest import RedisServer
+from delaywheel_client import Client, ClusterClient
+from test_fenced_flush import primary_with_replica
+
+from delaywheel.cluster.failover import stale_partitions
+from delaywheel.cluster.partitions import Layout
+from delaywheel.store.sentinel import RedisSentinelStore
+from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, check, sink
+from tests.serverproc import ServerProcess
+from tests.waiting import wait_until
+
+if TYPE_CHECKING:
+    from redisfarm import SentinelFarm
+
+pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
+pytest_plugins = ("redisfarm",)
+
+LEASE_S = 3.0  # L, as the issue's tests
+PARTITIONS = 16
+FAILED_OVER = re.compile(
+    r"store failed over to 127\.0\.0\.1:(\d+): epochs re-read,"
+    r" (\d+) partitions kept, (\d+) dropped"
+)
+# Load before the fault, and after the new primary is named (time passing is the test).
+BEFORE_S = 1.5
+AFTER_S = 3.0
+# Every acknowledged task is delivered within this of the load's end: an
+# attempt in flight at the fault waits out its target timeout (10 s) first.
+SETTLE_S = 40.0
+
+
+# -- what the node decides after a failover -------------------------------------------
+
+
+def test_after_a_failover_a_partition_is_kept_only_when_epoch_and_lease_are_ours(
+    tmp_path: Path,
+) -> None:
+    layout = Layout("delaywheel", PARTITIONS)
+    store = RedisSentinelStore("redis+sentinel://127.0.0.1:1/dwmaster/0")  # no I/O until used
+
+    def token(epoch: int) -> str:
+        return f"{epoch} node-a 127.0.0.1:7000"
+
+    held = {0: 5, 1: 5, 2: 5, 3: 5, 4: 5}
+    with primary_with_replica(tmp_path) as (primary, replica):
+        with primary.client() as client:
+            for p in held:
+                client.set(layout.partition(p).epoch, 5)
+                client.set(layout.partition(p).lease, token(5))
+            client.set(layout.partition(1).epoch, 4)  # the acquire's INCR was lost
+            client.delete(layout.partition(2).lease)  # expired during the failover
+            client.set(layout.partition(3).lease, "5 node-b 127.0.0.1:7001")  # another's now
+            client.delete(layout.partition(4).epoch)  # nothing replicated at all
+            client.wait(1, 5000)
+
+        def stale(server: RedisServer) -> set[int]:
+            address = ("127.0.0.1", server.port)
+            return asyncio.run(stale_partitions(store, address, layout, held, token))
+
+        assert stale(primary) == {1, 2, 3, 4}
+        # A server that is a replica by now (another failover meanwhile): all dropped.
+        assert stale(replica) == set(held)
+
+
+# -- the nodes through failovers --------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _sentinel_url(farm: SentinelFarm) -> str:
+    hosts = ",".join(f"{host}:{port}" for host, port in farm.sentinel_addresses)
+    return f"redis+sentinel://{hosts}/dwmaster/0"
+
+
+@pytest.fixture
+def sentinel_nodes(redis_sentinels: SentinelFarm) -> Iterator[list[ServerProcess]]:
+    """Two nodes with --replicas 1 on the farm, every partition served."""
+    url = _sentinel_url(redis_sentinels)
+    nodes: list[ServerProcess] = []
+    try:
+        for name in ("node-a", "node-b"):
+            nodes.append(
+                ServerProcess(
+                    *("--port", str(_free_port()), "--node", name, "--lease", str(LEASE_S)),
+                    *("--replicas", "1", "--http-allow", "127.0.0.1"),
+                    store=url,
+                )
+            )
+        wait_until(lambda: _settled(nodes), 30, "every partition served once")
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _served(node: ServerProcess) -> list[int]:
+    with Client(*node.address) as dw:
+        return [entry["partition"] for entry in dw.stats()["partitions"]]
+
+
+def _settled(nodes: list[ServerProcess]) -> bool:
+    served = [p for node in nodes for p in _served(node)]
+    return sorted(served) == list(range(PARTITIONS))
+
+
+def _under_load(
+    farm: SentinelFarm, nodes: list[ServerProcess], fault: Callable[[], list[float | Fault]]
+) -> Report:
+    """Load through a ClusterClient, ``fault()`` (the times it injected), more load
+    once the Sentinels name a new primary; then every task settled, and the check."""
+    old = farm.current_primary()
+    seeds = [f"{node.host}:{node.port}" for node in nodes]
+    with sink() as received, ClusterClient(seeds, failover_timeout_s=20) as dw:
+        requests = RequestLog()
+        load = LoadGenerator(dw, received, requests, rate=40, delay_s=(0.2, 1.5)).start()
+        time.sleep(BEFORE_S)
+        faults = fault()
+        wait_until(lambda: _named_primary(farm) not in (None, old.port), 30, "a new primary")
+        time.sleep(AFTER_S)
+        load.stop()
+
+        def unsettled() -> list[str]:
+            report = check(requests.snapshot(), received.received())
+            return [task_id for task_id in report.lost if _held(dw, task_id)]
+
+        deadline_s = time.monotonic() + SETTLE_S
+        while (pending := unsettled()) and time.monotonic() < deadline_s:
+            time.sleep(0.2)
+        report = check(requests.snapshot(), received.received(), pending, faults=faults)
+    print(f"\n{report.summary()}")
+    return report
+
+
+def _named_primary(farm: SentinelFarm) -> int | None:
+    address = farm.sentinels[0].master_address()
+    return None if address is None else address[1]
+
+
+def _held(dw: ClusterClient, task_id: str) -> bool:
+    try:
+        return dw.get(task_id) is not None
+    except Exception:  # its partition is between owners: still held
+        return True
+
+
+def _failover_lines(nodes: list[ServerProcess]) -> list[list[tuple[int, int, int]]]:
+    return [
+        [tuple(map(int, m.groups())) for m in FAILED_OVER.finditer(node.log_text())]  # type: ignore[misc]
+        for node in nodes
+    ]
+
+
+def _assert_scenario(report: Report, nodes: list[ServerProcess], farm: SentinelFarm) -> None:
+    assert report.ok, report.summary()
+    # The load ran through the fault (one add at a time: it stalls while
+    # the store is away, so how many depends on how long that was).
+    assert report.acknowledged >= 20, report.summary()
+    new_port = farm.current_primary().port
+    replicas = {server.port for server in farm.replicas}
+    for node, lines in zip(nodes, _failover_lines(nodes), strict=True):
+        print(f"{node.args[node.args.index('--node') + 1]}: {_shown(lines)}")
+        # One line per failover (the Sentinels may have promoted a replica, given
+        # up on it and promoted the other), the last naming the new primary.
+        ports = [port for port, _kept, _dropped in lines]
+        assert ports and ports[-1] == new_port and set(ports) <= replicas, node.log_text()
+        assert all(kept + dropped <= PARTITIONS for _port, kept, dropped in lines)
+
+
+def _shown(lines: list[tuple[int, int, int]]) -> str:
+    return "; ".join(f"failed over to :{p}, {k} kept, {d} dropped" for p, k, d in lines)
+
+
+def test_scenario_3_kill_9_of_the_redis_primary_under_load(
+    redis_sentinels: SentinelFarm, sentinel_nodes: list[ServerProcess]
+) -> None:
+    farm = redis_sentinels
+
+    def kill_primary() -> list[float | Fault]:
+        at_s = time.time()
+        farm.primary.kill()
+        return [at_s]
+
+    report = _under_load(farm, sentinel_nodes, kill_primary)
+    _assert_scenario(report, sentinel_nodes, farm)
+
+
+def test_scenario_4_sigstop_of_the_redis_primary_past_down_after(
+    redis_sentinels: SentinelFarm, sentinel_nodes: list[ServerProcess]
+) -> None:
+    farm = redis_sentinels
+    old = farm.primary
+    assert old.proc is not None
+
+    def freeze_primary() -> list[float | Fault]:
+        at_s = time.time()
+        old.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            wait_until(lambda: _named_primary(farm) != old.port, 30, "the Sentinels to fail over")
+        finally:
+            old.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        return [Fault(at_s, time.time())]  # a pause: attempts in flight until it ends
+
+    report = _under_load(farm, sentinel_nodes, freeze_primary)
+    _assert_scenario(report, sentinel_nodes, farm)
