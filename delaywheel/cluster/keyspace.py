@@ -180,7 +180,6 @@ class SharedKeyspace(Store):
             done(None)
             return
         partitions, epochs, keys = self.partitions, self.epochs, self._keys
-        unowned: set[int] = set()
         writes: list[PartitionWrite] = []
         if len(changes) == 1:  # one request's change (one call at a time): no grouping
             p = partition_of(next(iter(changes)), partitions)
@@ -191,6 +190,7 @@ class SharedKeyspace(Store):
             names = keys[p]
             writes.append(PartitionWrite(p, epoch, names.epoch, names.tasks, changes))
         else:
+            unowned: set[int] = set()
             by_partition: dict[int, dict[str, bytes | None]] = {}
             for task_id, record in changes.items():
                 p = partition_of(task_id, partitions)
@@ -203,16 +203,16 @@ class SharedKeyspace(Store):
                     writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part))
                 else:
                     unowned.add(p)
-        if unowned:
-            # Changes of partitions this node dropped (self-fenced, lost) while
-            # they gathered: nothing of the batch is written. Had the owned
-            # partitions' share been written, the rolled-back batch would make
-            # the coordinator reload them, and an attempt journaled as
-            # delivering there would wait out its deadline (the HTTP timeout)
-            # before it is sent; rolled back unwritten, it fires at the next
-            # tick. Their requests are answered moved and retried.
-            self._refuse(unowned, set(), done)
-            return
+            if unowned:
+                # Changes of partitions this node dropped (self-fenced, lost) while
+                # they gathered: nothing of the batch is written. Had the owned
+                # partitions' share been written, the rolled-back batch would make
+                # the coordinator reload them, and an attempt journaled as
+                # delivering there would wait out its deadline (the HTTP timeout)
+                # before it is sent; rolled back unwritten, it fires at the next
+                # tick. Their requests are answered moved and retried.
+                self._refuse(unowned, set(), done)
+                return
 
         def finished(outcome: FlushOutcome) -> None:
             if outcome.error is not None:
