@@ -188,6 +188,7 @@ SECTIONS: dict[str, str] = {
     "deliveries": "bench.deliveries",
     "connections": "bench.connections",
     "dashboard": "bench.dashboard",
+    "schedules": "bench.schedules",
 }
 
 

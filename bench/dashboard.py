@@ -102,13 +102,15 @@ class Viewers:
             await asyncio.sleep(max(0.0, POLL_PAGE_S - (time.perf_counter() - started)))
 
 
-def lateness_p99_s(metrics_url: str) -> tuple[float, int]:
-    """The p99 bucket bound of the fire lateness histogram, and its count."""
+def lateness_p99_s(
+    metrics_url: str, histogram: str = "delaywheel_fire_lateness_seconds"
+) -> tuple[float, int]:
+    """The p99 bucket bound of a lateness histogram on /metrics, and its count."""
     with urllib.request.urlopen(metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
-        if line.startswith("delaywheel_fire_lateness_seconds_bucket{"):
+        if line.startswith(histogram + "_bucket{"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             buckets.append((math.inf if bound == "+Inf" else float(bound), float(line.split()[-1])))
     total = buckets[-1][1]

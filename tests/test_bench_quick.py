@@ -43,6 +43,7 @@ SECTIONS = (
     "recovery",
     "deliveries",
     "connections",
+    "schedules",
 )
 RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
@@ -349,3 +350,16 @@ def test_connections_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> 
     }
     for key, figure in figures.items():
         assert figure["target"] == targets.get(key), key
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_schedules_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    """The schedules section: add rate, memory per schedule and the fire p99
+    against the tick, every schedule fired once with none missed or skipped."""
+    section = quick_run[0]["sections"]["schedules"]
+    assert section["params"]["quick"] is True
+    figures: dict[str, Any] = section["figures"]
+    assert set(figures) == {"add_rate", "bytes_per_schedule", "fire_p99_ms"}
+    assert_finite_positive(figures)
+    assert figures["fire_p99_ms"]["target"] == {"op": "<=", "value": 1000.0}
+    assert "missed 0, skipped 0" in figures["fire_p99_ms"]["note"]
