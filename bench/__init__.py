@@ -189,6 +189,7 @@ SECTIONS: dict[str, str] = {
     "connections": "bench.connections",
     "dashboard": "bench.dashboard",
     "schedules": "bench.schedules",
+    "ha": "bench.ha",
 }
 
 

@@ -44,6 +44,7 @@ SECTIONS = (
     "deliveries",
     "connections",
     "schedules",
+    "ha",
 )
 RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
@@ -363,3 +364,17 @@ def test_schedules_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> No
     assert_finite_positive(figures)
     assert figures["fire_p99_ms"]["target"] == {"op": "<=", "value": 1000.0}
     assert "missed 0, skipped 0" in figures["fire_p99_ms"]["note"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_ha_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    """The ha section: the replicas ratio, the takeover and the two-node ratio."""
+    section = quick_run[0]["sections"]["ha"]
+    assert section["params"]["quick"] is True
+    figures: dict[str, Any] = section["figures"]
+    assert set(figures) == {
+        "add_replicas0", "add_replicas1", "replicas_ratio", "takeover_first_s",
+        "nodes1_rate", "nodes2_rate", "nodes_ratio",
+    }  # fmt: skip
+    assert_finite_positive(figures)
+    assert figures["takeover_first_s"]["target"] == {"op": "<=", "value": 6.0}
