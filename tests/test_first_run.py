@@ -170,6 +170,42 @@ def test_an_unreachable_redis_still_suggests_the_embedded_store() -> None:
     )
 
 
+def test_a_sqlite_path_in_a_missing_directory_says_how_to_write_an_absolute_one(
+    tmp_path: Path,
+) -> None:
+    # sqlite:///tmp/... is ./tmp/...: the commonest slip with SQLite URLs.
+    meant = str(tmp_path).lstrip("/")  # the directory as a user means it, slash dropped
+    written = f"{meant}/d.db"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "delaywheel",
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            f"sqlite:///{written}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3, result.stderr
+    assert last_line(result.stderr) == (
+        f"delaywheel: store sqlite:///{written}: the directory {tmp_path / meant}"
+        f" does not exist; sqlite:///{written} is relative to the working directory"
+        f" ({tmp_path}), an absolute path takes four slashes: sqlite:////{written}"
+    )
+    missing = tmp_path / "none" / "d.db"
+    result = delaywheel("serve", "--port", "0", "--store", f"sqlite:///{missing}")
+    assert result.returncode == 3, result.stderr
+    assert last_line(result.stderr) == (
+        f"delaywheel: store sqlite:///{missing}: the directory {missing.parent} does not exist"
+    )
+
+
 # -- 3. human output says yes, no, - and never ----------------------------------
 
 PYTHON_REPRS = re.compile(r"\b(None|True|False)\b")

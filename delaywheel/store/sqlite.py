@@ -118,6 +118,7 @@ class SqliteStore(Store):
 
     async def open(self) -> None:
         self._start_open()
+        self._check_the_directory()
         self._hold_the_file()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delaywheel-sqlite")
         try:
@@ -253,6 +254,22 @@ class SqliteStore(Store):
             finally:
                 self._shutdown()
                 self._let_go_of_the_file()
+
+    def _check_the_directory(self) -> None:
+        """A missing directory is most often an absolute path written with three
+        slashes (``sqlite:///tmp/x.db`` is ``./tmp/x.db``): say so, instead of
+        the lock file's FileNotFoundError."""
+        directory = self.path.parent
+        if directory.is_dir():
+            return
+        message = f"store {self.url}: the directory {directory} does not exist"
+        written = urlsplit(self.url).path[1:]
+        if not written.startswith("/"):
+            message += (
+                f"; sqlite:///{written} is relative to the working directory ({Path.cwd()}),"
+                f" an absolute path takes four slashes: sqlite:////{written}"
+            )
+        raise StoreUnavailable(message)
 
     def _hold_the_file(self) -> None:
         """One server per SQLite file: an exclusive flock on ``<file>.lock`` for the
