@@ -107,8 +107,8 @@ def test_no_occurrence_in_50_years_is_refused() -> None:
     past = NOW_MS / 1000 - 3600
     refused({"id": "a", "every": 60, "end_at": past}, "end_at", "leaves no occurrence")
     far = NOW_MS / 1000 + 60 * 365 * 86400
-    refused({"id": "a", "every": 60, "start_at": far}, "every 60", "next 50 years")
-    refused({"id": "a", "cron": "0 0 1 1 *", "start_at": far}, "cron", "next 50 years")
+    refused({"id": "a", "every": 60, "start_at": far}, "start_at", "next 50 years")
+    refused({"id": "a", "cron": "0 0 1 1 *", "start_at": far}, "start_at", "next 50 years")
 
 
 def test_a_preview_needs_no_template() -> None:
