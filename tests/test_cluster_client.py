@@ -197,6 +197,97 @@ def test_calls_go_to_the_ids_owner(pair_server: list[ServerProcess], topic: str)
         d.close()
 
 
+def _schedule_calls(prefix: str, topic: str) -> list[tuple[str, tuple[Any, ...]]]:
+    """Every schedule method once, for six schedules that land on both nodes."""
+    sids = [f"{prefix}-{n}" for n in range(6)]
+    now = time.time()
+    return [
+        *[("schedule_add", ({"id": sid, "every": 3600, "topic": topic},)) for sid in sids],
+        ("schedule_update", (sids[0], {"every": 60}, 1)),
+        ("schedule_pause", (sids[1], "deploy")),
+        ("schedule_resume", (sids[1],)),
+        ("schedule_get", (sids[2],)),
+        ("schedule_next", (sids[0], 2)),
+        ("schedule_next", ({"every": 60}, 2)),
+        ("schedule_trigger", (sids[3],)),
+        ("schedule_backfill", (sids[4], now - 3 * 3600, now)),
+        ("schedule_delete", (sids[5],)),
+    ]
+
+
+def _check_schedule_calls(
+    pair_server: list[ServerProcess], calls: list[tuple[str, tuple[Any, ...]]], results: list[Any]
+) -> None:
+    """Each call went to its schedule's owner (partition of the id), and did its work there."""
+    sids = [params[0]["id"] for name, params in calls if name == "schedule_add"]
+    assert {partition_of(sid, 2) for sid in sids} == {0, 1}
+    by_name = dict(zip([name for name, _ in calls[6:]], results[6:], strict=False))
+    assert by_name["schedule_update"]["version"] == 2
+    assert by_name["schedule_resume"]["paused"] is False
+    assert by_name["schedule_get"]["id"] == sids[2]
+    assert len(results[-4]["times"]) == len(results[-5]["times"]) == 2
+    assert by_name["schedule_delete"] is True
+    put = [by_name["schedule_trigger"]["id"], *by_name["schedule_backfill"]["ids"]]
+    assert len(put) == 4  # the trigger's and three hours backfilled
+    with Client(*pair_server[0].address) as first, Client(*pair_server[1].address) as second:
+        directs = [first, second]
+        for sid in sids:
+            owner = partition_of(sid, 2)
+            assert directs[1 - owner].schedule_get(sid) is None
+            assert (directs[owner].schedule_get(sid) is None) == (sid == sids[5])
+        for task_id in put:
+            owner = partition_of(task_id, 2)
+            assert (
+                directs[owner].get(task_id) is not None and directs[1 - owner].get(task_id) is None
+            )
+
+
+def _sync_schedule_run(
+    pair_server: list[ServerProcess], calls: list[tuple[str, tuple[Any, ...]]], topic: str
+) -> tuple[list[Any], list[str]]:
+    """The calls through ClusterClient, then schedule_list's pages of ``topic``."""
+    with _two_node_client(pair_server) as dw:
+        results = [getattr(dw, name)(*params) for name, params in calls]
+        listed, cursor = [], None
+        while True:
+            page = dw.schedule_list(topic=topic, limit=2, cursor=cursor)
+            listed += [s["id"] for s in page["schedules"]]
+            if (cursor := page["next"]) is None:
+                return results, listed
+
+
+async def _async_schedule_run(
+    pair_server: list[ServerProcess], calls: list[tuple[str, tuple[Any, ...]]], topic: str
+) -> tuple[list[Any], list[str]]:
+    """The same through AsyncClusterClient."""
+    async with AsyncClusterClient(_addresses(pair_server)) as dw:
+        dw._map = PartitionMap(2, _addresses(pair_server), {"partitions": 2})
+        results = [await getattr(dw, name)(*params) for name, params in calls]
+        listed, cursor = [], None
+        while True:
+            page = await dw.schedule_list(topic=topic, limit=2, cursor=cursor)
+            listed += [s["id"] for s in page["schedules"]]
+            if (cursor := page["next"]) is None:
+                return results, listed
+
+
+def test_schedule_calls_go_to_the_schedules_owner(
+    pair_server: list[ServerProcess], topic: str
+) -> None:
+    """ClusterClient and AsyncClusterClient: each schedule method reaches the
+    owner of the schedule's id, and schedule_list pages over both nodes."""
+    for flavour in ("sync", "async"):
+        name = f"{topic}-{flavour}"
+        calls = _schedule_calls(name, name)
+        if flavour == "sync":
+            results, listed = _sync_schedule_run(pair_server, calls, name)
+        else:
+            results, listed = asyncio.run(_async_schedule_run(pair_server, calls, name))
+        _check_schedule_calls(pair_server, calls, results)
+        added = [params[0]["id"] for call, params in calls if call == "schedule_add"]
+        assert sorted(listed) == sorted(added[:5]), flavour  # the sixth was deleted
+
+
 def test_reserve_serves_every_node_fairly(pair_server: list[ServerProcess], topic: str) -> None:
     directs = [Client(*proc.address) for proc in pair_server]
     for node, direct in enumerate(directs):

@@ -5,6 +5,7 @@ pause, resume, delete, trigger, backfill and the refusals (docs/schedules.md).""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 import time
@@ -218,13 +219,20 @@ def test_random_updates_pauses_and_resumes_fire_nothing_retroactive() -> None:
     a worker drains the occurrences: no id twice, no occurrence whose nominal
     time lies between an edit and the ``next`` that edit answered (for a
     pause: until the resume's), none missed while the server is up, and
-    ``fired`` is what the worker got."""
+    ``fired`` is what the worker got. The counters balance: fired + skipped +
+    missed is the number of occurrences the schedule passed while active, each
+    span from a reply's ``next`` (at its ``every``) up to the following edit
+    (those due in the last 0.25 s before it may or may not have been decided)."""
     rng = random.Random(1703)
     edits: list[tuple[float, float]] = []  # (sent at, next it answered; inf while paused)
+    # (sent at, answered at, next it answered or None, every): the add and each edit.
+    spans: list[tuple[float, float, float | None, float]] = []
 
     async def run() -> tuple[list[str], dict[str, Any]]:
         async with served() as dw:
-            await dw.schedule_add({"id": "r", "every": 1, "topic": "r", "ttr": 0})
+            sent_s = time.time()
+            added = await dw.schedule_add({"id": "r", "every": 1, "topic": "r", "ttr": 0})
+            spans.append((sent_s, time.time(), added["next"], added["every"]))
             drained: list[str] = []
             worker = asyncio.ensure_future(_drain_into(dw, "r", drained))
             version, paused = 1, False
@@ -240,8 +248,11 @@ def test_random_updates_pauses_and_resumes_fire_nothing_retroactive() -> None:
                     state = await dw.schedule_update("r", changes, version)
                 version, paused = state["version"], state["paused"]
                 edits.append((sent_s, math.inf if paused else state["next"]))
+                spans.append((sent_s, time.time(), state["next"], state["every"]))
+            sent_s = time.time()
             await dw.schedule_pause("r", "end")
-            edits.append((time.time(), math.inf))
+            edits.append((sent_s, math.inf))
+            spans.append((sent_s, time.time(), None, 0))
             await asyncio.sleep(1.5)  # what was due before the pause is handed out
             worker.cancel()
             return drained, await dw.schedule_get("r")
@@ -256,6 +267,12 @@ def test_random_updates_pauses_and_resumes_fire_nothing_retroactive() -> None:
         assert retroactive == [], (sent_s, next_s, retroactive)
     assert state["counts"]["fired"] == len(ids)
     assert state["counts"]["missed"] == 0
+    low = high = 0
+    for (_, _, next_s, every_s), (sent_s, done_s, _, _) in itertools.pairwise(spans):
+        if next_s is not None:
+            low += max(0, math.ceil((sent_s - 0.25 - next_s) / every_s))
+            high += max(0, math.floor((done_s - next_s) / every_s) + 1)
+    assert low <= sum(state["counts"].values()) <= high, (state["counts"], low, high)
 
 
 async def _drain_into(dw: AsyncClient, topic: str, ids: list[str]) -> None:

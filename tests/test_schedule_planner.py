@@ -11,8 +11,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_schedule_cron import EXPRESSIONS, INSTANTS, WINDOW_S, ZONES, reference
 
 from delaywheel.errors import RequestError
 from delaywheel.schedules import planner
@@ -106,8 +107,8 @@ def test_no_occurrence_in_50_years_is_refused() -> None:
     past = NOW_MS / 1000 - 3600
     refused({"id": "a", "every": 60, "end_at": past}, "end_at", "leaves no occurrence")
     far = NOW_MS / 1000 + 60 * 365 * 86400
-    refused({"id": "a", "every": 60, "start_at": far}, "every 60", "next 50 years")
-    refused({"id": "a", "cron": "0 0 1 1 *", "start_at": far}, "cron", "next 50 years")
+    refused({"id": "a", "every": 60, "start_at": far}, "start_at", "next 50 years")
+    refused({"id": "a", "cron": "0 0 1 1 *", "start_at": far}, "start_at", "next 50 years")
 
 
 def test_a_preview_needs_no_template() -> None:
@@ -306,3 +307,87 @@ def test_jitter_spreads_and_differs_by_id() -> None:
     offsets_b = [planner.jitter_ms(b, NOW_MS + k * 3600_000) for k in range(20)]
     assert len(set(offsets_a)) > 10 and offsets_a != offsets_b
     assert planner.jitter_ms(schedule(every=60), NOW_MS) == 0
+
+
+# --- both planners against the per-minute reference ---------------------------------------
+
+
+# Dense ones too, so that catchup all meets its cap of 100 within the window.
+PLANNED = st.one_of(EXPRESSIONS, st.sampled_from(["* * * * *", "*/5 * * * *", "*/7 9-17 * * 1-5"]))
+
+
+PLANNER_CASES = {
+    "expr": PLANNED,
+    "tz": st.sampled_from(ZONES),
+    "start_s": INSTANTS,
+    "policy": st.sampled_from(["latest", "skip", "all"]),
+    "window_s": st.sampled_from([600, 3600, 86_400]),
+    "data": st.data(),
+}
+
+
+def _planners_test(examples: int) -> Any:
+    """The test below with ``examples`` random cases (25 in the fast suite, 300 slow)."""
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(**PLANNER_CASES)
+    def run(
+        expr: str, tz: str, start_s: int, policy: str, window_s: int, data: st.DataObject
+    ) -> None:
+        _check_planners(expr, tz, start_s, policy, window_s, data)
+
+    return run
+
+
+test_both_planners_match_the_per_minute_reference = _planners_test(25)
+test_both_planners_match_the_reference_at_length = pytest.mark.slow(_planners_test(300))
+
+
+def _check_planners(
+    expr: str, tz: str, start_s: int, policy: str, window_s: int, data: st.DataObject
+) -> None:
+    """A saved schedule's planners, pure functions of ``now``, against the
+    brute-force reference (tests/test_schedule_cron.py: every real minute, Debian
+    cron's DST rule) for random expressions and instants in 2024-2027 in the five
+    zones. The occurrence planner: the same instants from ``start_s``, strictly
+    increasing, distinct ids. The catch-up planner, with the server down from the
+    pending occurrence until ``now`` (anywhere in two days, on an occurrence, or
+    where one is at the window's edge): what fires, what is missed and the next
+    pending one are the policy applied to the reference's due occurrences."""
+    made = check_schedule(
+        {"id": "p", "cron": expr, "tz": tz, "topic": "t", "catchup": policy,
+         "catchup_window": window_s},
+        TICK_S,
+        start_s * 1000,
+    )  # fmt: skip
+    expected = reference(expr, tz, start_s, start_s + WINDOW_S)
+    ours = [t // 1000 for t in planner.occurrences(made, start_s * 1000, len(expected) + 1)]
+    assert ours[: len(expected)] == expected
+    assert ours[len(expected)] > start_s + WINDOW_S  # nothing more within the window
+    ids = [planner.occurrence_id("p", t * 1000) for t in ours]
+    assert ours == sorted(set(ours)) and len(set(ids)) == len(ids)
+
+    pending_s = ours[0]
+    now_s = data.draw(
+        st.one_of(
+            st.integers(pending_s, pending_s + WINDOW_S),
+            st.sampled_from(ours),
+            st.tuples(st.sampled_from(ours), st.sampled_from([-1, 0, 1])).map(
+                lambda edge: edge[0] + window_s + edge[1]
+            ),
+        ),
+        label="now_s",
+    )
+    due = reference(expr, tz, pending_s - 1, now_s)
+    assert due[0] == pending_s
+    later = reference(expr, tz, now_s, now_s + 86_400)
+    if policy == "skip":
+        fire = due if due == [pending_s] and now_s == pending_s else []  # on time (0 ms late)
+    else:
+        newest = due[-1:] if policy == "latest" else due[-planner.CATCHUP_CAP :]
+        fire = [t for t in newest if t >= now_s - window_s]
+    plan = planner.plan_catchup(made, pending_s * 1000, now_s * 1000)
+    assert [t // 1000 for t in plan.fire] == fire
+    assert plan.missed == len(due) - len(fire)
+    if later:
+        assert plan.next_ms == later[0] * 1000

@@ -13,6 +13,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -288,5 +289,51 @@ def test_a_clock_stepped_forward_counts_as_downtime(catchup: str, fired: int) ->
         assert state["next"] == T0_S + 10 + 10 * (due + 1)
         engine.advance(state["next"])
         assert _occurrences(engine, "f")[-1] == state["next"]  # and on time again
+
+    asyncio.run(main())
+
+
+def test_an_edit_leaves_the_occurrence_in_flight_and_overlap_ends_when_it_is_gone() -> None:
+    """Through the engine's injected clock. An update of the template leaves
+    the occurrence already put as it was (the old topic and body); the next one
+    is put with the new template. Under overlap skip the previous occurrence
+    holds the next while it is ready or reserved, and no longer once it is
+    deleted, acked or dead."""
+
+    async def main() -> None:
+        engine = await _engine_at(T0_S)
+        engine.schedule_add(
+            {"id": "e", "every": 10, "topic": "old", "body": "v1", "max_attempts": 1}, T0_S
+        )
+        engine.advance(T0_S + 10)
+        first = occurrence_id("e", int((T0_S + 10) * 1000))
+        engine.schedule_update("e", {"topic": "new", "body": "v2"}, 1, T0_S + 11)
+        kept = engine.get(first)
+        assert kept is not None and (kept["topic"], kept["body"]) == ("old", "v1")
+
+        def held_then_freed(at_s: float, free: Callable[[str], Any], previous: str) -> str:
+            """The occurrence at ``at_s`` is skipped while ``previous`` is in
+            flight; ``free`` ends it, and the one 10 s later fires."""
+            engine.advance(at_s)
+            assert engine.get(occurrence_id("e", int(at_s * 1000))) is None
+            free(previous)
+            engine.advance(at_s + 10)
+            put = occurrence_id("e", int((at_s + 10) * 1000))
+            assert engine.get(put) is not None
+            return put
+
+        second = held_then_freed(T0_S + 20, engine.delete, first)  # ready, then deleted
+        task = engine.get(second)
+        assert task is not None and (task["topic"], task["body"]) == ("new", "v2")
+        assert engine.try_reserve("new", T0_S + 31) is not None
+        third = held_then_freed(T0_S + 40, engine.ack, second)  # reserved, then acked
+        assert engine.try_reserve("new", T0_S + 51) is not None
+        # Released on its last attempt (max_attempts 1): dead, so no longer in flight.
+        held_then_freed(T0_S + 60, lambda tid: engine.release(tid, 0, T0_S + 61), third)
+        dead = engine.get(third)
+        assert dead is not None and dead["state"] == "dead"
+        state = engine.schedule_get("e")
+        assert state is not None
+        assert state["counts"] == {"fired": 4, "skipped": 3, "missed": 0}
 
     asyncio.run(main())

@@ -213,6 +213,12 @@ def check_schedule(value: Any, tick_s: float, now_ms: int | None) -> Schedule:
     if first is None or first - now_ms > HORIZON_S * 1000:
         if end_at_ms is not None and _unbounded(schedule).first_after(now_ms) is not None:
             raise bad(f"end_at {show(fields['end_at'])} leaves no occurrence after now")
+        # Name the field to change: a spec that fires is pushed past 50 years by start_at.
+        fires = Schedule(id=schedule.id, spec=spec).first_after(now_ms)
+        if start_at_ms is not None and fires is not None and fires - now_ms <= HORIZON_S * 1000:
+            raise bad(
+                f"start_at {show(fields['start_at'])} leaves no occurrence in the next 50 years"
+            )
         name = "cron" if spec.cron is not None else "every"
         raise bad(f"{name} {show(fields[name])} has no occurrence in the next 50 years")
     return schedule
