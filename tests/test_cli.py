@@ -184,6 +184,40 @@ def test_serve_help_lists_the_env_vars() -> None:
         assert f"DELAYWHEEL_{name}" in result.stdout, name
 
 
+# The cluster options (issue 16), each as its flag and as its variable.
+CLUSTER_OPTIONS = (
+    ("--node", "DELAYWHEEL_NODE", "n1"),
+    ("--advertise", "DELAYWHEEL_ADVERTISE", "h:3450"),
+    ("--partitions", "DELAYWHEEL_PARTITIONS", "8"),
+    ("--lease", "DELAYWHEEL_LEASE", "1500ms"),  # a duration, as the issue writes it
+    ("--replicas", "DELAYWHEEL_REPLICAS", "1"),
+)
+
+
+@pytest.mark.parametrize("store", ["memory://", "sqlite:///never-made.db"])
+@pytest.mark.parametrize(("flag", "variable", "value"), CLUSTER_OPTIONS)
+def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_error(
+    store: str, flag: str, variable: str, value: str, tmp_path: Path
+) -> None:
+    url = store.replace("never-made.db", str(tmp_path / "never-made.db"))
+    by_flag = CliRunner().invoke(main, ["serve", "--store", url, flag, value])
+    by_variable = CliRunner().invoke(main, ["serve", "--store", url], env={variable: value})
+    for result in (by_flag, by_variable):
+        assert result.exit_code == 2, result.output
+        message = " ".join(result.output.split())
+        assert f"{flag}: several nodes share a Redis keyspace only" in message, message
+        assert "serves one node" in message
+    assert not (tmp_path / "never-made.db").exists()  # refused before the store opens
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    assert variable in result.stdout
+
+
+def test_the_lease_takes_a_duration_and_names_a_bad_one() -> None:
+    result = CliRunner().invoke(main, ["serve", "--store", "memory://", "--lease", "ten"])
+    assert result.exit_code == 2
+    assert "--lease" in result.output and "'ten'" in result.output
+
+
 def test_group_help_documents_env_vars_exit_codes_and_bin_wrapper() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
