@@ -212,6 +212,28 @@ def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_
     assert variable in result.stdout
 
 
+def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
+    """--node: host name and port; --advertise: the listen address, or the host
+    name for 0.0.0.0; --lease 10 s, --partitions 16; each given one is used."""
+    from delaywheel.app import _sharing, shared_store
+    from delaywheel.config import Settings
+
+    host = socket.gethostname()
+    url = "redis://127.0.0.1:1/0"  # nothing connects
+
+    def sharing(**given: Any) -> tuple[str, str, float, int]:
+        settings = Settings(store_url=url, **given)
+        made = _sharing(settings, shared_store(settings))
+        assert made is not None
+        return made.node, made.address, made.lease_s, made.partitions
+
+    anywhere = sharing(host="0.0.0.0", port=3450, token="t")
+    assert anywhere == (f"{host}:3450", f"{host}:3450", 10.0, 16)
+    assert sharing(host="127.0.0.1", port=3451) == (f"{host}:3451", "127.0.0.1:3451", 10.0, 16)
+    given = {"node": "n1", "advertise": "dw-1.example:7711", "lease_s": 4.0, "partitions": 8}
+    assert sharing(port=3450, **given) == ("n1", "dw-1.example:7711", 4.0, 8)
+
+
 def test_the_lease_takes_a_duration_and_names_a_bad_one() -> None:
     result = CliRunner().invoke(main, ["serve", "--store", "memory://", "--lease", "ten"])
     assert result.exit_code == 2
