@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,23 @@ CLUSTER_OPTIONS = (
 )
 
 
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """``serve`` in this process configures logging (root handlers and level, the
+    drivers' levels): put it back, or later tests' log captures see more."""
+    from delaywheel.logs import CHATTY_DRIVERS
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    drivers = {name: logging.getLogger(name).level for name in CHATTY_DRIVERS}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, driver_level in drivers.items():
+        logging.getLogger(name).setLevel(driver_level)
+
+
+@pytest.mark.usefixtures("logging_restored")
 @pytest.mark.parametrize("store", ["memory://", "sqlite:///never-made.db"])
 @pytest.mark.parametrize(("flag", "variable", "value"), CLUSTER_OPTIONS)
 def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_error(
@@ -234,6 +253,7 @@ def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
     assert sharing(port=3450, **given) == ("n1", "dw-1.example:7711", 4.0, 8)
 
 
+@pytest.mark.usefixtures("logging_restored")
 def test_the_lease_takes_a_duration_and_names_a_bad_one() -> None:
     result = CliRunner().invoke(main, ["serve", "--store", "memory://", "--lease", "ten"])
     assert result.exit_code == 2
