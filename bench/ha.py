@@ -41,6 +41,7 @@ LEASE_S = 3.0
 CLIENT_PROCESSES = 8
 POLL_S = 0.01
 FILL_RATE_GUESS = 10_000  # add_many into Redis, tasks/s at worst here
+START_LEAD_S = 2.0  # from handing the client processes their round to its start
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,10 @@ def nodes_rate(redis_url: str, nodes: int, round_s: float, pool: ProcessPoolExec
                     raise RuntimeError("the nodes did not take every partition")
                 time.sleep(0.1)
             time.sleep(1.0)  # let a joining node's rebalance settle
-        start_at = time.monotonic() + 0.5
+        # Room for each process to start, connect and warm up before the round:
+        # with 0.5 s, a loaded machine's first round (new worker processes)
+        # once counted no add at all in the quick run.
+        start_at = time.monotonic() + START_LEAD_S
         futures = [
             pool.submit(cluster_client_process, seeds, start_at, round_s)
             for _ in range(CLIENT_PROCESSES)

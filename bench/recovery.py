@@ -15,10 +15,18 @@ varies by 20 % from run to run). Redis runs as a private redis-server on a
 free port in a temporary directory; SQLite is a temporary file. Target:
 <= 5 s per 1,000,000 tasks.
 
+On Redis the records go where the server keeps them: a keyspace of
+``DEFAULT_PARTITIONS`` partitions (cluster/partitions.py), each record in
+its partition's hash ``{<prefix>:pNNN}:tasks``, P and the layout recorded
+by opening the keyspace as a node does. (Not the single-node hash
+``{<prefix>}:tasks``: a start would migrate that first, and a second fill
+there would be kept out by the migration's HSETNX.)
+
 The floor: on the main mix, the same records read and nothing else, with the
 store's own client, read-only, in a fresh process (spawned, as the server
-is): for Redis, redis-py (with hiredis) walking the store's hash with
-``HSCAN`` at the COUNT the store's load asks for; for SQLite, the stdlib
+is): for Redis, redis-py (with hiredis) walking each partition's hash in
+turn with ``HSCAN`` at the COUNT the store's load asks for (a node loads
+its partitions one after the other); for SQLite, the stdlib
 ``sqlite3`` running the store's ``SELECT`` with ``fetchmany`` of that batch
 size, on a read-only connection. The clock runs, as the server's does, from
 the first read to the last, the connection already open, with the cyclic GC
@@ -50,6 +58,8 @@ import redis
 
 from bench import Figure, Report, Target, paused_gc, progress
 from bench._procs import private_redis, running_server
+from delaywheel.cluster.keyspace import SharedKeyspace
+from delaywheel.cluster.partitions import DEFAULT_PARTITIONS, Layout, partition_of
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, READY, RESERVED, Task
 from delaywheel.store import Store, open_store
@@ -116,9 +126,32 @@ def records(
 
 async def fill(url: str, count: int, spread_s: float, delayed: float) -> None:
     store: Store = open_store(url)
+    if isinstance(store, RedisStore):
+        await fill_partitions(
+            SharedKeyspace(store, partitions=DEFAULT_PARTITIONS), count, spread_s, delayed
+        )
+        return
     async with store:
         for batch in records(time.time(), count, spread_s, delayed):
             await store.write(dict(batch))
+
+
+async def fill_partitions(
+    keyspace: SharedKeyspace, count: int, spread_s: float, delayed: float
+) -> None:
+    """The records in their partitions' hashes, as a node's journal leaves them."""
+    async with keyspace:  # records P and the layout, as a node's start does
+        layout = keyspace.layout
+        for batch in records(time.time(), count, spread_s, delayed):
+            by_partition: dict[int, dict[str, bytes]] = {}
+            for task_id, record in batch:
+                by_partition.setdefault(partition_of(task_id, layout.partitions), {})[task_id] = (
+                    record
+                )
+            pipe = keyspace.client.pipeline(transaction=False)
+            for p, fields in by_partition.items():
+                pipe.hset(layout.partition(p).tasks, mapping=fields)
+            await pipe.execute()
 
 
 def timed_start(url: str) -> tuple[float, int, float]:
@@ -135,19 +168,23 @@ def timed_start(url: str) -> tuple[float, int, float]:
 
 
 def read_redis(url: str) -> tuple[float, int]:
-    """(s, records): HSCAN the store's hash to its end, COUNT ``READ_BATCH``."""
-    key = RedisStore(url).key  # the hash the store writes and loads (nothing connects)
+    """(s, records): HSCAN each partition's hash to its end, COUNT ``READ_BATCH``."""
+    # The hashes the server loads (nothing connects).
+    keys = [p.tasks for p in Layout(RedisStore(url).prefix, DEFAULT_PARTITIONS)]
     client = redis.Redis.from_url(url)  # decode_responses off, as the store's
     try:
         client.ping()  # connected before the clock starts, as the server's store is
         with paused_gc():
             started = time.perf_counter()
-            cursor, count = 0, 0
-            while True:
-                cursor, fields = client.hscan(key, cursor, count=READ_BATCH)
-                count += len(fields)
-                if cursor == 0:
-                    return time.perf_counter() - started, count
+            count = 0
+            for key in keys:
+                cursor = 0
+                while True:
+                    cursor, fields = client.hscan(key, cursor, count=READ_BATCH)
+                    count += len(fields)
+                    if cursor == 0:
+                        break
+            return time.perf_counter() - started, count
     finally:
         client.close()
 
@@ -253,6 +290,13 @@ def run(quick: bool = False) -> Report:
                     starts.append(timed_start(store_url))
                     if floor:
                         reads.append(timed_read(name, store_url))
+                # A load or a read of other keys than the fill's would time something else.
+                counts = {start[1] for start in starts} | {read[1] for read in reads}
+                if counts != {plan.tasks}:
+                    raise RuntimeError(
+                        f"{name}{label}: {plan.tasks:,} records written, but loaded or read"
+                        f" {sorted(counts)}"
+                    )
                 restart = restart_figure(f"{name}{suffix}", f"{name}{label}", starts, target)
                 figures.append(restart)
                 if floor:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,80 @@ def test_serve_help_lists_the_env_vars() -> None:
         "LOG_LEVEL",
     ):
         assert f"DELAYWHEEL_{name}" in result.stdout, name
+
+
+# The cluster options (issue 16), each as its flag and as its variable.
+CLUSTER_OPTIONS = (
+    ("--node", "DELAYWHEEL_NODE", "n1"),
+    ("--advertise", "DELAYWHEEL_ADVERTISE", "h:3450"),
+    ("--partitions", "DELAYWHEEL_PARTITIONS", "8"),
+    ("--lease", "DELAYWHEEL_LEASE", "1500ms"),  # a duration, as the issue writes it
+    ("--replicas", "DELAYWHEEL_REPLICAS", "1"),
+)
+
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """``serve`` in this process configures logging (root handlers and level, the
+    drivers' levels): put it back, or later tests' log captures see more."""
+    from delaywheel.logs import CHATTY_DRIVERS
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    drivers = {name: logging.getLogger(name).level for name in CHATTY_DRIVERS}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, driver_level in drivers.items():
+        logging.getLogger(name).setLevel(driver_level)
+
+
+@pytest.mark.usefixtures("logging_restored")
+@pytest.mark.parametrize("store", ["memory://", "sqlite:///never-made.db"])
+@pytest.mark.parametrize(("flag", "variable", "value"), CLUSTER_OPTIONS)
+def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_error(
+    store: str, flag: str, variable: str, value: str, tmp_path: Path
+) -> None:
+    url = store.replace("never-made.db", str(tmp_path / "never-made.db"))
+    by_flag = CliRunner().invoke(main, ["serve", "--store", url, flag, value])
+    by_variable = CliRunner().invoke(main, ["serve", "--store", url], env={variable: value})
+    for result in (by_flag, by_variable):
+        assert result.exit_code == 2, result.output
+        message = " ".join(result.output.split())
+        assert f"{flag}: several nodes share a Redis keyspace only" in message, message
+        assert "serves one node" in message
+    assert not (tmp_path / "never-made.db").exists()  # refused before the store opens
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    assert variable in result.stdout
+
+
+def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
+    """--node: host name and port; --advertise: the listen address, or the host
+    name for 0.0.0.0; --lease 10 s, --partitions 16; each given one is used."""
+    from delaywheel.app import _sharing, shared_store
+    from delaywheel.config import Settings
+
+    host = socket.gethostname()
+    url = "redis://127.0.0.1:1/0"  # nothing connects
+
+    def sharing(**given: Any) -> tuple[str, str, float, int]:
+        settings = Settings(store_url=url, **given)
+        made = _sharing(settings, shared_store(settings))
+        assert made is not None
+        return made.node, made.address, made.lease_s, made.partitions
+
+    anywhere = sharing(host="0.0.0.0", port=3450, token="t")
+    assert anywhere == (f"{host}:3450", f"{host}:3450", 10.0, 16)
+    assert sharing(host="127.0.0.1", port=3451) == (f"{host}:3451", "127.0.0.1:3451", 10.0, 16)
+    given = {"node": "n1", "advertise": "dw-1.example:7711", "lease_s": 4.0, "partitions": 8}
+    assert sharing(port=3450, **given) == ("n1", "dw-1.example:7711", 4.0, 8)
+
+
+@pytest.mark.usefixtures("logging_restored")
+def test_the_lease_takes_a_duration_and_names_a_bad_one() -> None:
+    result = CliRunner().invoke(main, ["serve", "--store", "memory://", "--lease", "ten"])
+    assert result.exit_code == 2
+    assert "--lease" in result.output and "'ten'" in result.output
 
 
 def test_group_help_documents_env_vars_exit_codes_and_bin_wrapper() -> None:

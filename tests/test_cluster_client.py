@@ -193,6 +193,21 @@ def test_calls_go_to_the_ids_owner(pair_server: list[ServerProcess], topic: str)
                 pipe.delete(task_id)
         assert pipe.results == [True] * len(ids)
         assert all(d.get(task_id) is None for d in directs for task_id in ids)
+        # A reserved task's touch, release and ack go to its owner (the other has no such task).
+        ready = [
+            next(i for i in (f"{topic}-r{n}" for n in range(1000)) if partition_of(i, 2) == p)
+            for p in (0, 1)
+        ]
+        for task_id in ready:
+            dw.add(topic, None, id=task_id)
+        assert sorted(dw.reserve(topic)["id"] for _ in ready) == sorted(ready)
+        released, acked = ready
+        assert dw.touch(released) > time.time() and dw.touch(acked) > time.time()
+        assert dw.release(released, delay=60) is True
+        assert directs[partition_of(released, 2)].get(released)["state"] == "delayed"
+        assert dw.ack(acked) is True
+        assert directs[partition_of(acked, 2)].get(acked) is None
+        assert dw.delete(released) is True
     for d in directs:
         d.close()
 

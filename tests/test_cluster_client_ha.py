@@ -411,6 +411,16 @@ def test_moved_is_followed_three_times_in_a_row() -> None:
     assert retry.after(moved, time.monotonic()).action == RESEND
 
 
+def test_tryagain_sleeps_the_servers_retry_after_then_resends() -> None:
+    retry = _retry("get")
+    now_s = time.monotonic()
+    step = retry.after(TryAgain("no owner", data={"partition": 2, "retry_after_ms": 250}), now_s)
+    assert (step.action, step.wait_s) == (RESEND, 0.25)
+    # Without a retry_after_ms: a backoff that doubles, from 50 ms.
+    waits = [retry.after(TryAgain("no owner"), now_s).wait_s for _ in range(3)]
+    assert waits == [0.1, 0.2, 0.4]
+
+
 def test_unavailable_is_resent_only_when_resending_is_safe() -> None:
     add = _retry("add")
     actions = [

@@ -600,3 +600,38 @@ def test_the_settings_defaults_are_the_engines_own() -> None:
     assert settings.limits == Limits()
     policy = RetryPolicy()
     assert (settings.retry_base_s, settings.retry_cap_s) == (policy.base_s, policy.cap_s)
+
+
+def test_a_node_of_a_shared_keyspace_serves_only_its_partitions() -> None:
+    """Issue 16, routing: ``add`` without an id gets one in a partition this node
+    serves; an id elsewhere is ``moved`` (the owner known) or ``tryagain`` (none);
+    with no partition served, an id-less ``add`` is ``tryagain`` too."""
+    from delaywheel_client.partitions import partition_of
+
+    from delaywheel.engine.sharing import Owner, Sharing
+
+    sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=16, lease_s=10.0)
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        assert code_of(lambda: engine.add({"topic": "t"}, T0)) == "tryagain"  # serves none yet
+        sharing.serving = {3: 7, 11: 2}
+        sharing.owners = {5: Owner("b", "10.0.0.2:3450", 4)}
+        made = [engine.add({"topic": "t"}, T0)["id"] for _ in range(50)]
+        assert {partition_of(i, 16) for i in made} == {3, 11}  # both, and only those
+        moved_id = next(f"x{n}" for n in range(1000) if partition_of(f"x{n}", 16) == 5)
+        free_id = next(f"x{n}" for n in range(1000) if partition_of(f"x{n}", 16) == 6)
+        for call in (
+            lambda: engine.add({"id": moved_id, "topic": "t"}, T0),
+            lambda: engine.get(moved_id),
+            lambda: engine.ack(moved_id),
+        ):
+            with pytest.raises(RequestError) as moved:
+                call()
+            assert moved.value.code == "moved"
+            assert moved.value.data == {"partition": 5, "owner": "10.0.0.2:3450", "epoch": 4}
+        with pytest.raises(RequestError) as tryagain:
+            engine.get(free_id)
+        assert tryagain.value.code == "tryagain"
+        assert tryagain.value.data == {"partition": 6, "retry_after_ms": 250}
+
+    run(scenario, sharing=sharing)

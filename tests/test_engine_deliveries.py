@@ -278,6 +278,38 @@ def test_an_attempt_taken_over_is_sent_again_only_after_its_deadline() -> None:
     asyncio.run(main())
 
 
+def test_a_partition_taken_over_keeps_reservations_and_fires_what_is_overdue() -> None:
+    """Issue 16, takeover: after the new owner's ``load_partition`` an overdue
+    task is ready at the next tick, and it keeps a reserved task's TTR deadline: it comes
+    back (ready again) only when that deadline passes."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        first = make_engine(store)
+        first.add({"id": "due", "topic": "t", "delay": 2}, T0)
+        first.add({"id": "held", "topic": "t", "ttr": 30}, T0)
+        reserved = first.try_reserve(["t"], T0 + 1)  # by a worker of the old owner
+        assert reserved is not None and reserved["id"] == "held"
+        await first.journal.drain()
+
+        second = make_engine(store)
+        second.advance(T0 + 10)  # the old owner died; the new one loads 10 s on
+        assert await second.load_partition(store.load()) == 2
+        assert second.next_fire_s() is not None and second.next_fire_s() <= T0 + 10
+        second.advance(T0 + 10)  # the next tick (the coordinator re-arms the timer)
+        assert second.get("due")["state"] == "ready"  # overdue: ready at once
+        assert second.get("held")["state"] == "reserved"
+        assert second.try_reserve(["t"], T0 + 10)["id"] == "due"
+        second.advance(T0 + 30)
+        assert second.try_reserve(["t"], T0 + 30) is None  # its TTR runs to T0 + 31
+        second.advance(T0 + 31.5)
+        again = second.try_reserve(["t"], T0 + 31.5)
+        assert again is not None and again["id"] == "held"
+
+    asyncio.run(main())
+
+
 def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     fields = (3, "mail", 0, T0 + 60, T0, 0, 60, 5, 0, msgpack.packb("hi"))
     task = from_record("old", msgpack.packb(fields, use_bin_type=True))

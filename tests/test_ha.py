@@ -117,7 +117,7 @@ def _drain(nodes: list[ServerProcess], want: int, timeout_s: float) -> list[str]
 
 @pytest.fixture
 def two_nodes(redis_url: str) -> Iterator[list[ServerProcess]]:
-    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    nodes = [_node(redis_url, name, "--metrics-port", "0") for name in ("a", "b")]
     try:
         wait_until(lambda: _settled(*nodes), 10, "the two nodes to share the partitions")
         yield nodes
@@ -148,10 +148,22 @@ def test_a_request_for_another_nodes_partition_is_answered_moved(
     with Client(*first.address) as dw:
         # Its map is what it read of the leases at its last look (every L/3 at most).
         wait_until(lambda: {e["node"] for e in dw.cluster()["owners"]} == {"a", "b"}, 5, "a's map")
-        other = next(e for e in dw.cluster()["owners"] if e["node"] == "b")
+        reply = dw.cluster()
+        other = next(e for e in reply["owners"] if e["node"] == "b")
         task_id = next(f"x{n}" for n in range(10_000) if _partition(f"x{n}") == other["partition"])
         with pytest.raises(Moved) as caught:
             dw.add("t", None, id=task_id)
+        stats = dw.stats()
+    # The map's shape (docs/protocol.md), one entry per partition; stats' own share.
+    assert (reply["node"], reply["partitions"], reply["lease_s"]) == ("a", PARTITIONS, LEASE_S)
+    assert [e["partition"] for e in reply["owners"]] == list(range(PARTITIONS))
+    assert all(set(e) == {"partition", "node", "address", "epoch"} for e in reply["owners"])
+    mine = [
+        {"partition": e["partition"], "epoch": e["epoch"]}
+        for e in reply["owners"]
+        if e["node"] == "a"
+    ]
+    assert stats["node"] == "a" and stats["partitions"] == mine
     assert caught.value.data == {
         "partition": other["partition"],
         "owner": other["address"],
@@ -243,7 +255,14 @@ def test_scenario_2_sigstop_of_an_owner_for_3_leases_is_fenced(
     # Stopped past 0.8 L, it drops them before its next request (tryagain) or its
     # buffered requests' flushes are refused (moved); it never takes the add.
     assert len(answers) == 1 and isinstance(answers[0], (Moved, TryAgain)), answers
+    partition = _partition(task_id)
+    if isinstance(answers[0], TryAgain):  # the error's data, as docs/protocol.md gives it
+        assert answers[0].data == {"partition": partition, "retry_after_ms": 250}
+    else:
+        assert set(answers[0].data) == {"partition", "owner", "epoch"}
+        assert answers[0].data["partition"] == partition
     assert fenced, paused.log_text()
+    assert _metrics(paused)["delaywheel_fenced_flushes_total"] >= 1
     assert task_id not in {d.task_id for d in run.sink.received()}
     _assert_clean(report, graceful=False)
     _assert_took_over(report, serving_s)
@@ -291,6 +310,14 @@ def test_scenario_5_every_lease_key_deleted_mid_run(
     finally:
         store.close()
     assert not overlaps, overlaps  # no partition served by both at once
+    # One log line per partition lost: each owner's renewal found no lease.
+    losses = [
+        line
+        for node in two_nodes
+        for line in node.log
+        if re.search(r"(lost|fenced) partition \d+, epoch \d+", line)
+    ]
+    assert len(losses) == PARTITIONS, losses
     _assert_clean(report, graceful=False)
 
 
@@ -335,6 +362,8 @@ def test_scenario_7_rolling_sigterm_of_every_node(redis_url: str) -> None:
         metrics[0]["delaywheel_takeovers_total"] == PARTITIONS
     )  # its own and b's, while b was down
     assert all(m["delaywheel_fenced_flushes_total"] == 0 for m in metrics)
+    assert all("delaywheel_lease_renewals_failed_total" in m for m in metrics)
+    assert all(m["delaywheel_takeover_seconds_total"] > 0 for m in metrics)
 
 
 def test_scenario_8_scale_2_to_3_to_2(redis_url: str, two_nodes: list[ServerProcess]) -> None:

@@ -11,6 +11,7 @@ import click
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
 from delaywheel.cli.errors import EXIT_CANNOT_LISTEN, EXIT_UNREACHABLE
+from delaywheel.cli.params import Duration
 from delaywheel.config import (
     DEFAULT_HOST,
     DEFAULT_HTTP_ALLOW,
@@ -221,8 +222,9 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     "--lease",
     "lease_s",
     default=None,
-    type=float,
-    help="Seconds a node's partition lease lasts without renewal (default 10).",
+    type=Duration(),
+    metavar="DURATION",
+    help="How long a node's partition lease lasts without renewal: 10, 10s, 1500ms (default 10 s).",
 )
 @_serve_option(
     "--replicas",
