@@ -276,7 +276,10 @@ class JournalLink(asyncio.Protocol):
                     return  # the rest are resent with it, once connection_lost runs
                 flush.done(flush.error)
         if not in_flight:
-            self._stop_timer()
+            # The reply timer is left to run out: stopped here and started again
+            # by the next write, it would cost a timer of the loop per flush
+            # (docs/performance.md, "Measurements behind the code").
+            # _check_timeout finds nothing in flight, or a flush sent since.
             self._wake_idle()
 
     def _follow_move(self, flush: Flush) -> bool:
