@@ -15,6 +15,14 @@ set to each ``--tree`` (a source tree of another commit, e.g. made by
 -z``), makes ``--calls`` more, dumps, and prints the server's instructions
 per call (every thread: the main loop and any helper). The server runs
 about 50 times slower under callgrind; start-up takes a minute or so.
+
+"less idle": the same less what the server does while idle for as long as
+the calls took (counted next, in a second dump). A node of several (issue
+16) works on a clock of its own (the coordinator's round every half
+second): under callgrind's slowdown that work falls on few calls, and more
+of it the more loaded the machine is, while a real add pays next to nothing
+of it. The first figure of such a tree moved by up to 8 % between runs
+(2026-12-05); compare trees by the second.
 """
 
 from __future__ import annotations
@@ -61,8 +69,20 @@ def _instructions(directory: Path) -> int:
     return total
 
 
-def count(tree: Path | None, store_url: str, load: str, calls: int, args: list[str]) -> float:
-    """The server's instructions per call of ``load`` (see the module docstring)."""
+def _dump(pid: int, out: Path) -> int:
+    """Dump the counters, read their total and remove the files (for the next dump)."""
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    total = _instructions(out)
+    for dump in out.glob("callgrind.out.*"):
+        dump.unlink()
+    return total
+
+
+def count(
+    tree: Path | None, store_url: str, load: str, calls: int, args: list[str]
+) -> tuple[float, float]:
+    """The server's instructions per call of ``load``, and the same less what it
+    does idle in as long (see the module docstring)."""
     out = Path(tempfile.mkdtemp(prefix="delaywheel-callgrind-"))
     env = dict(os.environ)
     # 50 times slower, a node would miss its lease renewals and fence itself
@@ -97,13 +117,17 @@ def count(tree: Path | None, store_url: str, load: str, calls: int, args: list[s
             subprocess.run(
                 ["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True
             )
+            started_s = time.monotonic()
             for _ in range(calls):
                 step()
+            took_s = time.monotonic() - started_s
+            total = _dump(proc.pid, out)
             subprocess.run(
-                ["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True
+                ["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True
             )
-        total = _instructions(out)
-        return total / (calls * per_step)
+            time.sleep(took_s)
+            idle = _dump(proc.pid, out)
+        return total / (calls * per_step), (total - idle) / (calls * per_step)
     finally:
         # under callgrind a graceful stop can take minutes: the dump is taken
         proc.terminate()
@@ -134,10 +158,11 @@ def main(argv: list[str] | None = None) -> None:
                     sys.exit("no redis-server installed")
                 url = redis_url if args.store == "redis" else "memory://"
                 assert url is not None
-                per_call = count(tree, url, args.load, args.calls, serve_args)
+                per_call, less_idle = count(tree, url, args.load, args.calls, serve_args)
             name = "this checkout" if tree is None else str(tree)
             print(
-                f"{name}: {args.load} on {args.store}: {per_call:,.0f} instructions/call",
+                f"{name}: {args.load} on {args.store}: {per_call:,.0f} instructions/call,"
+                f" {less_idle:,.0f} less idle",
                 flush=True,
             )
 

@@ -107,6 +107,56 @@ def test_a_write_with_an_old_epoch_is_refused_and_writes_nothing(
         assert client.exists("{delaywheel:p007}:tasks") == 0
 
 
+def test_one_change_packed_by_hand_lands_and_an_old_epoch_is_refused(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """``submit_one`` packs its EVALSHA itself: ids of any UTF-8, records of any
+    bytes; a written change answers None, anything else an outcome."""
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p003}:epoch", 3)
+        client.hset("{delaywheel:p003}:tasks", "gone", b"old")
+    keys = ("{delaywheel:p003}:epoch", "{delaywheel:p003}:tasks")
+    record = b"\r\n$5\r\n\x00\xff" + "é".encode() * 40
+
+    async def one(writer: FencedWriter, epoch: int, task_id: str, value: bytes | None) -> object:
+        answered: asyncio.Future[FlushOutcome | None] = asyncio.get_running_loop().create_future()
+        writer.submit_one(3, epoch, keys, task_id, value, answered.set_result)
+        return await answered
+
+    async def scenario() -> None:
+        async with open_store(redis_url) as store:
+            assert isinstance(store, RedisStore)
+            writer = store.fenced_writer()
+            assert await one(writer, 3, "tâche-ü:1", record) is None
+            assert await one(writer, 3, "gone", None) is None
+            refused = await one(writer, 2, "late", b"x")  # deposed: epoch 3 is someone else's
+            assert isinstance(refused, FlushOutcome) and refused.error is None
+            assert refused.written == [] and list(refused.fenced) == [3]
+            assert "{delaywheel:p003}:epoch is 3, not 2" in str(refused.fenced[3])
+            gc.collect()
+            gc.disable()
+            try:  # nothing cyclic left behind per flush, as for submit
+                for i in range(50):
+                    assert await one(writer, 3, f"t{i}", None) is None
+                assert gc.collect() == 0
+            finally:
+                gc.enable()
+            await writer.close()
+            # With WAIT asked for, the same call goes the way of submit.
+            waiting = store.fenced_writer(replicas=1, wait_timeout_s=0.05)
+            outcome = await one(waiting, 3, "waited", b"w")
+            assert isinstance(outcome, FlushOutcome) and outcome.written == [3]
+            assert isinstance(outcome.error, TooFewReplicas)
+            await waiting.close()
+
+    run(scenario)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hgetall("{delaywheel:p003}:tasks") == {
+            "tâche-ü:1".encode(): record,
+            b"waited": b"w",
+        }
+
+
 def test_big_batches_and_a_flushed_script_cache(redis_url: str, redis_server: RedisServer) -> None:
     with redis_server.client(db_of(redis_url)) as client:
         client.set("{delaywheel:p000}:epoch", 1)

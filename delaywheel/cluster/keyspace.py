@@ -109,8 +109,8 @@ class SharedKeyspace(Store):
     async def open(self) -> None:
         self._start_open()
         await self.redis.open()
-        # Each partition's key names, made once: a flush names them per partition.
-        self._keys = list(self.layout)
+        # Each partition's (epoch key, tasks key), made once: a flush names them.
+        self._keys = [(names.epoch, names.tasks) for names in self.layout]
         try:
             await record_partitions(self.client, self.layout)
             if isinstance(self.client, RedisCluster):
@@ -180,39 +180,74 @@ class SharedKeyspace(Store):
             done(None)
             return
         partitions, epochs, keys = self.partitions, self.epochs, self._keys
-        writes: list[PartitionWrite] = []
         if len(changes) == 1:  # one request's change (one call at a time): no grouping
-            p = partition_of(next(iter(changes)), partitions)
-            epoch = epochs.get(p)
-            if epoch is None:
-                self._refuse({p}, set(), done)
-                return
-            names = keys[p]
-            writes.append(PartitionWrite(p, epoch, names.epoch, names.tasks, changes))
-        else:
-            unowned: set[int] = set()
-            by_partition: dict[int, dict[str, bytes | None]] = {}
             for task_id, record in changes.items():
-                p = partition_of(task_id, partitions)
-                part = by_partition.get(p)
-                if part is None:
-                    part = by_partition[p] = {}
-                part[task_id] = record
-            for p, part in by_partition.items():
-                if p in epochs:
-                    writes.append(PartitionWrite(p, epochs[p], keys[p].epoch, keys[p].tasks, part))
-                else:
-                    unowned.add(p)
-            if unowned:
-                # Changes of partitions this node dropped (self-fenced, lost) while
-                # they gathered: nothing of the batch is written. Had the owned
-                # partitions' share been written, the rolled-back batch would make
-                # the coordinator reload them, and an attempt journaled as
-                # delivering there would wait out its deadline (the HTTP timeout)
-                # before it is sent; rolled back unwritten, it fires at the next
-                # tick. Their requests are answered moved and retried.
-                self._refuse(unowned, set(), done)
-                return
+                self._submit_one(task_id, record, done)
+            return
+        writes: list[PartitionWrite] = []
+        unowned: set[int] = set()
+        by_partition: dict[int, dict[str, bytes | None]] = {}
+        for task_id, record in changes.items():
+            p = partition_of(task_id, partitions)
+            part = by_partition.get(p)
+            if part is None:
+                part = by_partition[p] = {}
+            part[task_id] = record
+        for p, part in by_partition.items():
+            if p in epochs:
+                writes.append(PartitionWrite(p, epochs[p], *keys[p], part))
+            else:
+                unowned.add(p)
+        if unowned:
+            # Changes of partitions this node dropped (self-fenced, lost) while
+            # they gathered: nothing of the batch is written. Had the owned
+            # partitions' share been written, the rolled-back batch would make
+            # the coordinator reload them, and an attempt journaled as
+            # delivering there would wait out its deadline (the HTTP timeout)
+            # before it is sent; rolled back unwritten, it fires at the next
+            # tick. Their requests are answered moved and retried.
+            self._refuse(unowned, set(), done)
+            return
+        writer.submit(writes, self._finisher(writes, done))
+
+    def _submit_one(self, task_id: str, record: bytes | None, done: Done) -> None:
+        """``submit`` of one change: no grouping, no list of writes, and on a plain
+        Redis or Sentinel no outcome made when it is written (the commonest)."""
+        p = partition_of(task_id, self.partitions)
+        epoch = self.epochs.get(p)
+        if epoch is None:
+            self._refuse({p}, set(), done)
+            return
+        writer = self._writer
+        if type(writer) is not FencedWriter:  # a Cluster's writer
+            writes = [PartitionWrite(p, epoch, *self._keys[p], {task_id: record})]
+            cast(ClusterFencedWriter, writer).submit(writes, self._finisher(writes, done))
+            return
+        epochs, keys = self.epochs, self._keys[p]
+
+        def answered(outcome: FlushOutcome | None) -> None:
+            if outcome is not None:  # not written: made only now, for the rare answers
+                writes = [PartitionWrite(p, epoch, *keys, {task_id: record})]
+                self._finisher(writes, done)(outcome)
+            elif epochs.get(p) != epoch:
+                done(self._lost_in_flight())
+            else:
+                done(None)
+
+        writer.submit_one(p, epoch, keys, task_id, record, answered)
+
+    def _lost_in_flight(self) -> StoreError:
+        # Dropped while its write was in flight (self-fenced: a frozen primary,
+        # say, that answered once it woke, maybe after a failover that discards
+        # what it took): nobody vouches for it.
+        return StoreUnavailable(
+            f"store {self.url}: write failed: a partition was lost while"
+            " its write was in flight: outcome unknown"
+        )
+
+    def _finisher(self, writes: list[PartitionWrite], done: Done) -> Callable[[FlushOutcome], None]:
+        """The callback of ``writes``' fenced flush: its outcome to ``done``."""
+        epochs = self.epochs
 
         def finished(outcome: FlushOutcome) -> None:
             if outcome.error is not None:
@@ -226,15 +261,7 @@ class SharedKeyspace(Store):
                 return
             if not outcome.fenced:  # the commonest: all written
                 if any(epochs.get(w.partition) != w.epoch for w in writes):
-                    # Dropped while its write was in flight (self-fenced: a frozen
-                    # primary, say, that answered once it woke, maybe after a
-                    # failover that discards what it took): nobody vouches for it.
-                    done(
-                        StoreUnavailable(
-                            f"store {self.url}: write failed: a partition was lost while"
-                            " its write was in flight: outcome unknown"
-                        )
-                    )
+                    done(self._lost_in_flight())
                     return
                 done(None)
                 return
@@ -249,7 +276,7 @@ class SharedKeyspace(Store):
                 tell={p for p in fenced if self.epochs.get(p, epoch_of[p]) == epoch_of[p]},
             )
 
-        writer.submit(writes, finished)
+        return finished
 
     def _holds(self, partition: int, epoch: int) -> bool:
         return self.epochs.get(partition) == epoch

@@ -59,14 +59,15 @@ class Batch:
         self.tasks: dict[str, Task] = {}  # id -> task; the last change of an id wins
         self.undo: Undo = []  # first snapshot of each task
         # Other records than tasks (schedules, engine/schedules.py): key ->
-        # record or None, and how to undo each change, oldest first.
-        self.records: dict[str, bytes | None] = {}
-        self.records_undo: list[Callable[[], None]] = []
+        # record or None, and how to undo each change, oldest first. Made by
+        # the first such change: most batches have none.
+        self.records: dict[str, bytes | None] | None = None
+        self.records_undo: list[Callable[[], None]] | None = None
         self.callbacks: list[Callback] = []
         self.size = 0
 
     def has_changes(self) -> bool:
-        return bool(self.tasks) or bool(self.records)
+        return bool(self.tasks) or self.records is not None
 
     def add_callback(self, callback: Callback) -> None:
         self.callbacks.append(callback)
@@ -121,6 +122,8 @@ class Journal:
         so it is one store write with the tasks changed beside it; ``undo``
         puts the in-memory state back if that write fails."""
         batch = self._gathering
+        if batch.records is None or batch.records_undo is None:
+            batch.records, batch.records_undo = {}, []
         batch.records[key] = record
         batch.records_undo.append(undo)
         if not self._flush_scheduled and self._writing is None and not self.flushed_by_caller:
@@ -173,7 +176,7 @@ class Journal:
             task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
         }
-        if batch.records:  # schedules' records (rare beside tasks)
+        if batch.records is not None:  # schedules' records (rare beside tasks)
             changes.update(batch.records)
         batch.size = len(changes)
         if not self.inline:
@@ -214,7 +217,7 @@ class Journal:
         self._writing = None
         # Newest first: the gathering batch built on the failed one.
         self._table.rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
-        for undo in [*reversed(later.records_undo), *reversed(batch.records_undo)]:
+        for undo in [*reversed(later.records_undo or ()), *reversed(batch.records_undo or ())]:
             undo()
         self.watch.failed(batch.size, error)
         batch.finish(error)

@@ -266,17 +266,20 @@ class JournalLink(asyncio.Protocol):
             flush.received += 1
             if flush.replies is not None:
                 flush.replies.append(reply)
-            if flush.error is None:
+            if flush.error is None and type(reply) is not int:  # an int is no error
                 flush.error = _error_in(reply)
             if flush.received == flush.expected:
                 in_flight.popleft()
                 if flush.error is None and reply is None:  # EXEC gave nil: aborted
                     flush.error = ConnectionError("EXEC was aborted")
-                if self._follow_move(flush):
+                if flush.error is not None and self._follow_move(flush):
                     return  # the rest are resent with it, once connection_lost runs
                 flush.done(flush.error)
         if not in_flight:
-            self._stop_timer()
+            # The reply timer is left to run out: stopped here and started again
+            # by the next write, it would cost a timer of the loop per flush
+            # (docs/performance.md, "Measurements behind the code").
+            # _check_timeout finds nothing in flight, or a flush sent since.
             self._wake_idle()
 
     def _follow_move(self, flush: Flush) -> bool:

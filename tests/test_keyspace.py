@@ -1,0 +1,117 @@
+"""The shared keyspace's writes on a plain Redis (cluster/keyspace.py): one
+change (the one-request flush, packed by hand) and a grouped batch, written
+with the epoch held, refused for a partition another node took or this node
+dropped, and unknown for one dropped while its write was in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from conftest import RedisServer
+from test_fenced_flush import db_of
+from test_store import run
+
+from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
+from delaywheel.cluster.partitions import partition_of
+from delaywheel.store.base import Changes, StoreError, StoreUnavailable
+from delaywheel.store.redis import RedisStore
+
+pytestmark = [pytest.mark.redis]
+
+PARTITIONS = 4
+
+
+def ids_in(partition: int, count: int) -> list[str]:
+    found = (f"task-{n}" for n in range(10_000))
+    return [task_id for task_id in found if partition_of(task_id, PARTITIONS) == partition][:count]
+
+
+def tasks_key(partition: int) -> str:
+    return f"{{delaywheel:p{partition:03d}}}:tasks"
+
+
+Told = list[tuple[set[int], set[int]]]  # on_fenced's calls: (fenced, written)
+
+
+def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable[None]]) -> None:
+    """Run ``body`` on an open keyspace holding epoch 1 of every partition
+    (set in Redis and in ``epochs``), with the coordinator's ``on_fenced``
+    calls gathered in its second argument."""
+
+    async def scenario() -> None:
+        shared = SharedKeyspace(RedisStore(redis_url), partitions=PARTITIONS)
+        await shared.open()
+        told: Told = []
+        shared.on_fenced = lambda fenced, written: told.append((fenced, written))
+        try:
+            for p in range(PARTITIONS):
+                await shared.client.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)
+                shared.epochs[p] = 1
+            await body(shared, told)
+        finally:
+            await shared.close()
+
+    run(scenario)
+
+
+async def write(shared: SharedKeyspace, changes: Changes) -> StoreError | None:
+    done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
+    shared.submit(changes, done.set_result)
+    return await done
+
+
+def test_one_change_and_a_batch_land_with_the_epoch_held(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    one, other = ids_in(1, 1)[0], ids_in(2, 2)
+
+    async def body(shared: SharedKeyspace, told: Told) -> None:
+        assert await write(shared, {one: b"r1"}) is None
+        assert await write(shared, {other[0]: b"a", other[1]: b"b", one: None}) is None
+        assert await write(shared, {other[0]: None}) is None
+        assert told == []
+
+    scenario_on(redis_url, body)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hgetall(tasks_key(1)) == {}
+        assert client.hgetall(tasks_key(2)) == {other[1].encode(): b"b"}
+
+
+def test_one_change_for_a_partition_taken_or_dropped_is_refused_and_writes_nothing(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    taken, dropped = ids_in(0, 1)[0], ids_in(3, 1)[0]
+
+    async def body(shared: SharedKeyspace, told: Told) -> None:
+        await shared.client.set("{delaywheel:p000}:epoch", 2)  # another node acquired it
+        error = await write(shared, {taken: b"late"})
+        assert isinstance(error, FencedWrite)
+        assert (error.fenced, error.written) == ({0}, set())
+        assert error.reply_code == "moved" and error.reply_data["partition"] == 0
+        del shared.epochs[3]  # self-fenced: refused here, without a round trip
+        error = await write(shared, {dropped: b"late"})
+        assert isinstance(error, FencedWrite) and error.fenced == {3}
+        assert told == [({0}, set()), ({3}, set())]
+
+    scenario_on(redis_url, body)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.exists(tasks_key(0), tasks_key(3)) == 0
+
+
+def test_one_change_whose_partition_is_dropped_in_flight_is_of_unknown_outcome(
+    redis_url: str,
+) -> None:
+    task_id = ids_in(2, 1)[0]
+
+    async def body(shared: SharedKeyspace, told: Told) -> None:
+        done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
+        shared.submit({task_id: b"r"}, done.set_result)
+        del shared.epochs[2]  # self-fenced while the write is out
+        error = await done
+        assert isinstance(error, StoreUnavailable)
+        assert "lost while its write was in flight: outcome unknown" in str(error)
+        assert told == []
+
+    scenario_on(redis_url, body)
