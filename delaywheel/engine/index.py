@@ -56,9 +56,11 @@ class TaskIndex:
         """Index a new (or newly decoded) task: it gets the next sequence number."""
         task.seq = next(self._seq)
         self.by_id[task.id] = task
-        self._order.append(task)
+        order = self._order
+        order.append(task)
         self._ordered += 1
-        self._compact()
+        if len(order) > 2 * self._ordered + 1024:  # _compact's test: no call per add
+            self._compact()
 
     def add_loaded(self, tasks: list[Task]) -> None:
         """Index a batch of tasks loaded from the store (distinct ids, none
