@@ -83,10 +83,11 @@ class TaskIndex:
         """The sequence number of the newest task indexed (0 before any)."""
         return self._order[-1].seq if self._order else 0
 
-    def freeze(self, task: Task, record: bytes) -> None:
-        """Hold an indexed task packed, as its ``record``, until asked for again."""
-        self.by_id[task.id] = record
-        self._ordered -= 1
+    def freeze(self, task_ids: list[str], records: list[bytes]) -> None:
+        """Hold indexed tasks packed, each as its record, until asked for again
+        (a batch's at once: one update and one compaction test)."""
+        self.by_id.update(zip(task_ids, records, strict=True))
+        self._ordered -= len(task_ids)
         self._compact()
 
     def remove(self, task: Task) -> None:
