@@ -135,15 +135,18 @@ class TaskCounts:
     """How many tasks are in each state, overall and per topic."""
 
     def __init__(self) -> None:
-        self._states: Counter[str] = Counter()
-        self._topics: dict[str, Counter[str]] = {}
+        # Plain dicts, not Counters: a Counter's += costs three times a dict's,
+        # twice per add (docs/performance.md, "Measurements behind the code").
+        self._states: dict[str, int] = dict.fromkeys(STATES, 0)
+        self._topics: dict[str, dict[str, int]] = {}  # no zeros in these
 
     def add(self, topic: str, state: str, n: int = 1) -> None:
         self._states[state] += n
         counts = self._topics.get(topic)
         if counts is None:
-            counts = self._topics[topic] = Counter()
-        counts[state] += n
+            self._topics[topic] = {state: n}
+        else:
+            counts[state] = counts.get(state, 0) + n
 
     def remove(self, topic: str, state: str) -> None:
         self._states[state] -= 1
@@ -177,8 +180,12 @@ class TaskCounts:
         """The ``limit`` topics with the most tasks, each counted by state (every
         state, zeros too), and the other topics' counts summed by state. One
         pass over the topics (for metrics, whose labels must stay few)."""
-        largest = heapq.nlargest(limit, self._topics.items(), key=lambda item: item[1].total())
-        named = {topic: {state: counts[state] for state in STATES} for topic, counts in largest}
+        largest = heapq.nlargest(
+            limit, self._topics.items(), key=lambda item: sum(item[1].values())
+        )
+        named = {
+            topic: {state: counts.get(state, 0) for state in STATES} for topic, counts in largest
+        }
         rest = dict.fromkeys(STATES, 0)
         if len(self._topics) > len(named):
             for state, n in self._states.items():
