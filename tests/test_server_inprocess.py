@@ -68,11 +68,10 @@ def test_a_bug_in_a_handler_answers_internal_and_the_server_goes_on() -> None:
     async def scenario() -> None:
         async with running() as (server, address):
 
-            def broken(task_id: Any) -> Any:
-                raise RuntimeError(f"bug while getting {task_id}")
+            def broken(conn: Any, params: list[Any], now_s: float) -> Any:
+                raise RuntimeError(f"bug while getting {params[0]}")
 
-            # the engine verb the connection calls for a get with its one param
-            server.routes["get"].handler = broken
+            server.routes["get"].run = broken
             peer = await Peer.open(address)
             reply = await peer.call(1, "get", "x")
             assert reply[2][0] == "internal" and "bug while getting x" in reply[2][1]

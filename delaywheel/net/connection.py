@@ -212,16 +212,11 @@ class Connection(asyncio.Protocol):
             self._reserve(request, route, now_s)
             return
         try:
+            run = route.run
+            if run is None:
+                raise RequestError("no_method", f"no method named {checks.show(method)}")
             self.timers_moved |= route.mutating
-            handler, params = route.handler, request.params
-            if handler is not None and len(params) == route.arity:  # straight to the verb
-                result = handler(*params, now_s) if route.timed else handler(*params)
-            else:
-                run = route.run
-                if run is None:
-                    raise RequestError("no_method", f"no method named {checks.show(method)}")
-                result = run(self, params, now_s)
-            payload = self.encoder.response(msgid, result)
+            payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
             route.failed(exc.code)
             payload = self.encoder.error_response(msgid, exc.code, exc.message, exc.data)

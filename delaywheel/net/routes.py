@@ -35,7 +35,7 @@ class Method:
     """How the server answers a method, and how often it was called and failed
     since the start (for metrics: one attribute increment per request)."""
 
-    __slots__ = ("arity", "calls", "errors", "handler", "mutating", "name", "run", "timed")
+    __slots__ = ("calls", "errors", "mutating", "name", "run")
 
     def __init__(self, name: str, run: Route | None, mutating: bool) -> None:
         self.name = name
@@ -43,13 +43,6 @@ class Method:
         self.mutating = mutating
         self.calls = 0
         self.errors: dict[str, int] = {}  # by error code
-        # An engine verb, which the connection calls itself when it gets all
-        # ``arity`` params (``now_s`` after them when ``timed``): what ``run``
-        # does then, without its call (docs/performance.md, "Measurements
-        # behind the code"). None: the route is the server's own.
-        self.handler: Callable[..., Any] | None = None
-        self.arity = 0
-        self.timed = False
 
     def failed(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -91,23 +84,11 @@ def routes_for(server: Server) -> dict[str, Method]:
     routes = {}
     for method, spec in METHODS.items():
         if method in own:
-            routes[method] = Method(method, own[method], not spec.read_only)
-            continue
-        handler = handlers[method]
-        route = Method(
-            method,
-            _positional(method, handler, spec.params, spec.optional),
-            not spec.read_only,
-        )
-        route.handler, route.arity = handler, len(spec.params)
-        route.timed = _takes_time(handler)
-        routes[method] = route
+            run = own[method]
+        else:
+            run = _positional(method, handlers[method], spec.params, spec.optional)
+        routes[method] = Method(method, run, not spec.read_only)
     return routes
-
-
-def _takes_time(handler: Callable[..., Any]) -> bool:
-    """Whether ``handler`` takes ``now_s`` (a verb whose outcome depends on the time)."""
-    return "now_s" in inspect.signature(handler).parameters
 
 
 def _positional(
@@ -128,7 +109,7 @@ def _positional(
             return handler(*params)
         return handler(*validate.params(method, params, *names, optional=optional))
 
-    return timed if _takes_time(handler) else untimed
+    return timed if "now_s" in inspect.signature(handler).parameters else untimed
 
 
 def _arity(method: str, params: list[Any]) -> list[Any]:
