@@ -10,6 +10,7 @@ several client processes at once (``client_process`` is what each runs).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import time
@@ -19,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from delaywheel_client import Client
+from delaywheel_client import AsyncClient, Client
 
 BODY = b"x" * 100  # the same 100 bytes for both; msgpack bin for delaywheel
 TOPIC = "bench"  # also the beanstalkd tube the puts go to
@@ -35,6 +36,7 @@ WARMUP_STEPS = 10
 # Client processes get this long to connect and warm up before a round starts.
 START_DELAY_S = 0.5
 MAX_STEPS = 100_000_000  # every timed loop is bounded, besides its deadline
+REPLY_TIMEOUT_S = 600.0  # the journal load's client: a server under callgrind is slow
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -137,6 +139,33 @@ def load_pipeline(address: Address) -> Iterator[tuple[Step, int]]:
 
 
 @contextmanager
+def load_journal(address: Address) -> Iterator[tuple[Step, int]]:
+    """The journal section's load (bench/journal.py): one AsyncClient, pipelines
+    of its BATCH adds, PRODUCERS of them in flight at once; a step is one
+    pipeline per producer."""
+    from bench.journal import BATCH, BODY, PRODUCERS  # bench.journal imports nothing of ours
+
+    loop = asyncio.new_event_loop()
+    # under callgrind a pipeline takes far longer than the default 10 s
+    client = loop.run_until_complete(AsyncClient.connect(*address, timeout_s=REPLY_TIMEOUT_S))
+
+    async def pipeline() -> None:
+        pipe = client.pipeline()
+        for i in range(BATCH):
+            pipe.add(TOPIC, BODY, delay=DELAY_S + i % 600)
+        await pipe.execute()
+
+    async def producers() -> None:
+        await asyncio.gather(*(pipeline() for _ in range(PRODUCERS)))
+
+    try:
+        yield lambda: loop.run_until_complete(producers()), BATCH * PRODUCERS
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
+
+
+@contextmanager
 def load_reserve_ack(address: Address) -> Iterator[tuple[Step, int]]:
     with dw_client(address) as client:
 
@@ -168,6 +197,7 @@ LOADS: dict[str, Callable[[Address], AbstractContextManager[tuple[Step, int]]]] 
     "add": load_add,
     "add_many": load_add_many,
     "pipeline": load_pipeline,
+    "journal": load_journal,
     "reserve_ack": load_reserve_ack,
     "put": load_put,
     "reserve_delete": load_reserve_delete,

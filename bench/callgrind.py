@@ -5,16 +5,18 @@ the load, instruction counts do not (repeatable to about 0.1 %), so this is
 how two versions of the hot path are compared.
 
 ``python -m bench.callgrind [--tree DIR ...] [--store redis|memory] [--calls N]
-[LOAD] [-- SERVE OPTIONS]``
+[--warmup N] [LOAD] [-- SERVE OPTIONS]``
 starts a private redis-server (AOF everysec, as the bench's) and
 ``delaywheel serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH``
 set to each ``--tree`` (a source tree of another commit, e.g. made by
 ``git archive COMMIT | tar -x -C DIR``; none given: this checkout), makes
-``WARMUP_CALLS`` calls of ``LOAD`` from a blocking client (``bench._loads``:
-``add``, ``ping``, ``get``, ...), zeroes the counters (``callgrind_control
--z``), makes ``--calls`` more, dumps, and prints the server's instructions
-per call (every thread: the main loop and any helper). The server runs
-about 50 times slower under callgrind; start-up takes a minute or so.
+``--warmup`` calls (default ``WARMUP_CALLS``) of ``LOAD`` from a client of
+this checkout (``bench._loads``: ``add``, ``ping``, ``get``, ...; ``journal``
+is the journal section's pipelines, 8,000 adds a call, for which ``--warmup 3
+--calls 5`` is enough), zeroes the counters (``callgrind_control -z``), makes
+``--calls`` more, dumps, and prints the server's instructions per call
+(every thread: the main loop and any helper). The server runs about 50
+times slower under callgrind; start-up takes a minute or so.
 
 "less idle": the same less what the server does while idle for as long as
 the calls took (counted next, in a second dump). A node of several (issue
@@ -79,7 +81,12 @@ def _dump(pid: int, out: Path) -> int:
 
 
 def count(
-    tree: Path | None, store_url: str, load: str, calls: int, args: list[str]
+    tree: Path | None,
+    store_url: str,
+    load: str,
+    calls: int,
+    args: list[str],
+    warmup: int = WARMUP_CALLS,
 ) -> tuple[float, float]:
     """The server's instructions per call of ``load``, and the same less what it
     does idle in as long (see the module docstring)."""
@@ -112,7 +119,7 @@ def count(
         # the server's log goes on being read, so that it never blocks on a full pipe
         drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
         with LOADS[load](address) as (step, per_step):
-            for _ in range(WARMUP_CALLS):
+            for _ in range(warmup):
                 step()
             subprocess.run(
                 ["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True
@@ -147,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tree", type=Path, action="append", default=[])
     parser.add_argument("--store", choices=("redis", "memory"), default="redis")
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)
+    parser.add_argument("--warmup", type=int, default=WARMUP_CALLS)
     # anything else (after --) goes to serve, e.g. -- --replicas 1
     args, serve_args = parser.parse_known_args(argv)
     serve_args = [arg for arg in serve_args if arg != "--"]
@@ -158,7 +166,9 @@ def main(argv: list[str] | None = None) -> None:
                     sys.exit("no redis-server installed")
                 url = redis_url if args.store == "redis" else "memory://"
                 assert url is not None
-                per_call, less_idle = count(tree, url, args.load, args.calls, serve_args)
+                per_call, less_idle = count(
+                    tree, url, args.load, args.calls, serve_args, args.warmup
+                )
             name = "this checkout" if tree is None else str(tree)
             print(
                 f"{name}: {args.load} on {args.store}: {per_call:,.0f} instructions/call,"

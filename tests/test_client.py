@@ -698,3 +698,47 @@ def test_async_pipeline_sends_many_calls_at_once(server: ServerProcess, topic: s
                 await again.execute()
 
     asyncio.run(main())
+
+
+def test_async_pipeline_replies_in_call_order_across_the_msgid_wrap(
+    server: ServerProcess, topic: str
+) -> None:
+    """A pipeline's calls share one future (``Replies``): each reply goes to its call's
+    place, when the msgids wrap past 2**32-1 and with single calls in flight beside it."""
+
+    async def main() -> None:
+        async with AsyncClient(*server.address) as client:
+            protocol = client._protocol
+            assert protocol is not None
+            protocol.msgid = 2**32 - 3  # the pipeline's msgids run 2**32-3 .. 6
+            pipe = client.pipeline()
+            for i in range(10):
+                pipe.add(topic, i, id=f"{topic}-wrap-{i}")
+            alone = asyncio.ensure_future(client.ping())  # a msgid right after the pipeline's
+            added = await pipe.execute()
+            assert [a["id"] for a in added] == [f"{topic}-wrap-{i}" for i in range(10)]
+            assert await alone == "pong"
+            assert protocol.msgid == 8 and not protocol.pending
+            bodies = client.pipeline()
+            for i in range(10):
+                bodies.get(f"{topic}-wrap-{i}")
+            assert [task["body"] for task in await bodies.execute()] == list(range(10))
+
+    asyncio.run(main())
+
+
+def test_async_pipeline_with_an_unpackable_value_sends_nothing(
+    server: ServerProcess, topic: str
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(*server.address) as client:
+            pipe = client.pipeline()
+            pipe.add(topic, 1, id=f"{topic}-packable")
+            pipe.add(topic, object())
+            with pytest.raises(TypeError):
+                await pipe.execute()
+            assert client._protocol is not None and not client._protocol.pending
+            assert await client.get(f"{topic}-packable") is None  # not sent
+            assert await client.ping() == "pong"
+
+    asyncio.run(main())

@@ -264,6 +264,36 @@ def test_redis_outage_under_load(fsync_redis: RedisServer) -> None:
     assert stats["flushes"] > 0
 
 
+@pytest.mark.process
+def test_a_failed_write_answers_its_pipeline_in_order(fsync_redis: RedisServer) -> None:
+    """A pipeline whose writes fail: each add waiting on them is answered
+    ``unavailable`` under its own msgid, in request order, and the reads between
+    them keep their answers (the connection's line, grouped by batch)."""
+    fsync_redis.start()
+    server = start(["--store", fsync_redis.url, "--redis-prefix", f"t-{uuid.uuid4().hex[:8]}"])
+    with Raw(server.address, timeout_s=30) as peer:
+        assert isinstance(peer.call("add", {"id": "kept", "topic": "p", "delay": 3600}), dict)
+        fsync_redis.kill()
+        sent = []
+        for i in range(3):
+            sent.append((peer.send("add", {"id": f"a{i}", "topic": "p", "delay": 3600}), "add"))
+        sent.append((peer.send("ping"), "ping"))
+        sent.append((peer.send("get", "kept"), "get"))
+        for i in range(3, 6):
+            sent.append((peer.send("add", {"id": f"a{i}", "topic": "p", "delay": 3600}), "add"))
+        replies = [peer.recv() for _ in sent]
+        assert [reply[1] for reply in replies] == [msgid for msgid, _ in sent]
+        for (_, method), (_, _, error, result) in zip(sent, replies, strict=True):
+            if method == "add":
+                assert error is not None and error[0] == "unavailable", error
+            elif method == "ping":
+                assert (error, result) == (None, "pong")
+            else:
+                assert error is None and result["id"] == "kept"
+        assert peer.call("get", "a0") is None  # undone with its failed write
+    server.stop()
+
+
 def test_a_failed_write_leaves_no_half_applied_change(fsync_redis: RedisServer) -> None:
     """In-process engine on a real Redis that goes away between two changes."""
     import asyncio

@@ -4,8 +4,10 @@ How it works. A call encodes its request with ``send()``, which queues it for on
 the end of the loop turn and returns a future kept under its msgid; ``data_received``
 decodes the replies and resolves the futures by msgid, so replies may come back in any
 order (a blocked ``reserve`` is answered after later requests). There is no reader task
-and no task per call. When the connection drops, every pending future fails with
-``Dropped``, carrying the server's ``(code, message)`` when it said why it closed.
+and no task per call. A pipeline (``send_many``) has one future for all its calls: its
+``Replies`` stands in ``pending`` for each call's future and puts each reply in its place.
+When the connection drops, every pending future fails with ``Dropped``, carrying the
+server's ``(code, message)`` when it said why it closed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,34 @@ from delaywheel_client.protocol import (
 )
 
 
+class Replies:
+    """A pipeline's calls in ``pending``: it stands in for each call's future (``done``,
+    ``set_result``, ``set_exception``) and resolves one future, ``future``, with every
+    reply in call order once the last is in. A future per call, gathered, cost the
+    client more than the rest of a pipelined add (docs/performance.md, "Measurements
+    behind the code")."""
+
+    __slots__ = ("first", "future", "left", "replies")
+
+    def __init__(self, future: asyncio.Future[list[Response]], first: int, count: int) -> None:
+        self.future = future
+        self.first = first  # the first call's msgid; the others follow it
+        self.left = count  # replies still to come
+        self.replies: list[Response] = [None] * count  # type: ignore[list-item]  # all filled
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, reply: Response) -> None:
+        self.replies[(reply.msgid - self.first) & MAX_MSGID] = reply
+        self.left -= 1
+        if not self.left:
+            self.future.set_result(self.replies)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.future.set_exception(exc)
+
+
 class ClientProtocol(asyncio.Protocol):
     """One connection of an ``AsyncClient``: requests out, replies to their futures."""
 
@@ -43,7 +73,8 @@ class ClientProtocol(asyncio.Protocol):
         )
         self.encoder = Encoder()
         self.transport: asyncio.Transport | None = None
-        self.pending: dict[int, asyncio.Future[Response]] = {}
+        # A call's future by msgid; a pipeline's calls share one Replies.
+        self.pending: dict[int, asyncio.Future[Response] | Replies] = {}
         self.msgid = 0
         self.lost = False
         self.tls = False
@@ -142,6 +173,34 @@ class ClientProtocol(asyncio.Protocol):
         if len(self.outbox) == 1:
             self.loop.call_soon(self.write_outbox)
         return msgid, future
+
+    def send_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> Replies:
+        """``send`` for each call, with one ``Replies`` for them all (``calls`` not empty).
+        Every request is encoded before any is queued: a value that cannot be packed
+        (TypeError) sends none of them."""
+        first = self.msgid
+        request = self.encoder.request
+        payloads = [
+            request((first + i) & MAX_MSGID, method, params)
+            for i, (method, params) in enumerate(calls)
+        ]
+        count = len(payloads)
+        replies = Replies(self.loop.create_future(), first, count)
+        self.msgid = (first + count) & MAX_MSGID
+        self.pending.update(dict.fromkeys(self.msgids(first, count), replies))
+        outbox = self.outbox
+        outbox += payloads
+        if len(outbox) == count:
+            self.loop.call_soon(self.write_outbox)
+        return replies
+
+    @staticmethod
+    def msgids(first: int, count: int) -> list[int]:
+        """The msgids of ``count`` calls sent together from ``first`` on."""
+        end = first + count
+        if end <= MAX_MSGID + 1:
+            return list(range(first, end))
+        return [msgid & MAX_MSGID for msgid in range(first, end)]
 
     def write_outbox(self) -> None:
         outbox, self.outbox = self.outbox, []

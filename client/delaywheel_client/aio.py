@@ -214,19 +214,19 @@ class AsyncClient(ClientBase):
     async def _call_many(
         self, calls: Sequence[tuple[str, Sequence[Any]]], timeout_s: float
     ) -> list[Response]:
+        if not calls:
+            return []
         protocol = await self._ready()
         while protocol.paused:
             await protocol.wait_drained()
             if protocol.lost:  # lost while we waited: nothing was written, so reconnect
                 protocol = await self._ready()
-        sent = [protocol.send(method, params) for method, params in calls]
+        replies = protocol.send_many(calls)
         # Out now, as its own write: pipelines in flight overlap with the
         # server's work instead of being merged into one lock-step burst.
         protocol.write_outbox()
-        futures = [future for _, future in sent]
         try:
-            done = asyncio.gather(*futures)
-            return list(await asyncio.wait_for(done, timeout_s))
+            return await asyncio.wait_for(replies.future, timeout_s)
         except asyncio.TimeoutError:
             raise ConnectionFailed(
                 f"{self._label}: no reply to a pipeline of {len(calls)} within {timeout_s:g} s "
@@ -235,8 +235,10 @@ class AsyncClient(ClientBase):
         except Dropped as exc:
             raise self._failure(exc, False) from exc  # never retried blindly
         finally:
-            for msgid, _ in sent:
-                protocol.pending.pop(msgid, None)
+            if replies.left:  # each reply's arrival took its msgid out of pending
+                pending = protocol.pending
+                for msgid in protocol.msgids(replies.first, len(calls)):
+                    pending.pop(msgid, None)
 
     async def close(self) -> None:
         """Close the connection; calls still in flight fail with ``ConnectionFailed``."""

@@ -175,20 +175,21 @@ class ColdTasks:
         for task_id, task in tasks.items():
             if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
                 continue
-            if task.at_s < hold_from_s:
+            at_s = task.at_s
+            if at_s < hold_from_s:
                 # Left out of the wheel by move(), to be packed: too close now.
                 # (One the wheel fired into its lane is unscheduled too: not that.)
                 if not task.scheduled and task_id not in table.waiting:
-                    wheel.insert(task, task.at_s)
+                    wheel.insert(task, at_s)
                 continue
-            record = changes[task_id]
-            assert record is not None  # a delayed task's change is a put
-            if task.scheduled:
+            if task._home is not None:  # task.scheduled, without a call per task
                 wheel.remove(task)
-            table.index.freeze(task, record)
             held.append(task_id)
-            held_at.append(task.at_s)
+            held_at.append(at_s)
         if held:
+            records = [changes[task_id] for task_id in held]
+            assert None not in records  # a delayed task's change is a put
+            table.index.freeze(held, records)  # type: ignore[arg-type]
             packed.hold(held, held_at, now_s)
 
     def decode(self, task_id: str, record: bytes) -> Task:

@@ -56,9 +56,11 @@ class TaskIndex:
         """Index a new (or newly decoded) task: it gets the next sequence number."""
         task.seq = next(self._seq)
         self.by_id[task.id] = task
-        self._order.append(task)
+        order = self._order
+        order.append(task)
         self._ordered += 1
-        self._compact()
+        if len(order) > 2 * self._ordered + 1024:  # _compact's test: no call per add
+            self._compact()
 
     def add_loaded(self, tasks: list[Task]) -> None:
         """Index a batch of tasks loaded from the store (distinct ids, none
@@ -81,10 +83,11 @@ class TaskIndex:
         """The sequence number of the newest task indexed (0 before any)."""
         return self._order[-1].seq if self._order else 0
 
-    def freeze(self, task: Task, record: bytes) -> None:
-        """Hold an indexed task packed, as its ``record``, until asked for again."""
-        self.by_id[task.id] = record
-        self._ordered -= 1
+    def freeze(self, task_ids: list[str], records: list[bytes]) -> None:
+        """Hold indexed tasks packed, each as its record, until asked for again
+        (a batch's at once: one update and one compaction test)."""
+        self.by_id.update(zip(task_ids, records, strict=True))
+        self._ordered -= len(task_ids)
         self._compact()
 
     def remove(self, task: Task) -> None:
@@ -132,15 +135,18 @@ class TaskCounts:
     """How many tasks are in each state, overall and per topic."""
 
     def __init__(self) -> None:
-        self._states: Counter[str] = Counter()
-        self._topics: dict[str, Counter[str]] = {}
+        # Plain dicts, not Counters: a Counter's += costs three times a dict's,
+        # twice per add (docs/performance.md, "Measurements behind the code").
+        self._states: dict[str, int] = dict.fromkeys(STATES, 0)
+        self._topics: dict[str, dict[str, int]] = {}  # no zeros in these
 
     def add(self, topic: str, state: str, n: int = 1) -> None:
         self._states[state] += n
         counts = self._topics.get(topic)
         if counts is None:
-            counts = self._topics[topic] = Counter()
-        counts[state] += n
+            self._topics[topic] = {state: n}
+        else:
+            counts[state] = counts.get(state, 0) + n
 
     def remove(self, topic: str, state: str) -> None:
         self._states[state] -= 1
@@ -174,8 +180,12 @@ class TaskCounts:
         """The ``limit`` topics with the most tasks, each counted by state (every
         state, zeros too), and the other topics' counts summed by state. One
         pass over the topics (for metrics, whose labels must stay few)."""
-        largest = heapq.nlargest(limit, self._topics.items(), key=lambda item: item[1].total())
-        named = {topic: {state: counts[state] for state in STATES} for topic, counts in largest}
+        largest = heapq.nlargest(
+            limit, self._topics.items(), key=lambda item: sum(item[1].values())
+        )
+        named = {
+            topic: {state: counts.get(state, 0) for state in STATES} for topic, counts in largest
+        }
         rest = dict.fromkeys(STATES, 0)
         if len(self._topics) > len(named):
             for state, n in self._states.items():

@@ -164,7 +164,12 @@ class TaskTable:
         self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.
         due_later = new.at_s > now_s or target is not None
-        self.move(task, "add", DELAYED if due_later else READY)
+        # move(task, "add", ...) without its check and unplace: a new task may
+        # always be added, and is in no place yet (5 % of the engine's add,
+        # docs/performance.md "Measurements behind the code").
+        task.state = DELAYED if due_later else READY
+        self._keep(task)
+        self.journal.record(task, None)
         self.events.added += 1
         return task
 
@@ -185,16 +190,21 @@ class TaskTable:
         for name, value in fields.items():
             setattr(task, name, value)
         task.state = to
-        if to == GONE:
+        self._keep(task)
+        self.journal.record(task, before)
+
+    def _keep(self, task: Task) -> None:
+        """Keep a task just changed (``move``, ``create``) where its new state says."""
+        state = task.state
+        if state == GONE:
             self.index.remove(task)
-        elif to == DELAYED and task.at_s >= self.packed.hold_from(self.wheel.now_s):
+        elif state == DELAYED and task.at_s >= self.packed.hold_from(self.wheel.now_s):
             # Due after the next window: it will be packed once durable
             # (``ColdTasks.pack``), so it skips the wheel, whose insert and removal
             # would be a fifth of an add. Nothing fires it before then anyway.
             self.counts.add(task.topic, DELAYED)
         else:
             self.place(task)
-        self.journal.record(task, before)
 
     def fire(self, task: Task) -> None:
         """A task whose timer the wheel fired (it has unscheduled it already),

@@ -57,17 +57,24 @@ MAX_REQUESTS_PER_TURN = 256
 MAX_RESERVE_TIMEOUT_S = 86_400.0
 
 
-class Reply:
-    """A reply in the connection's line, written once nothing ahead of it waits and
-    ``batch``, the store write holding its change, is durable (None: it is)."""
+class Replies:
+    """Replies next to each other in the connection's line that wait for the same
+    store write, ``batch`` (None: none, or it is durable): their payloads in
+    request order, and each one's msgid and method, which a failed write needs
+    to answer it with its error and count it against its method.
 
-    __slots__ = ("batch", "msgid", "payload", "route")
+    A group rather than an object per reply: a pipeline's replies mostly wait
+    for one batch, so the batch's callback marks one group instead of walking
+    every reply in the line, and the line is emptied a group at a time
+    (docs/performance.md, "Measurements behind the code")."""
 
-    def __init__(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
-        self.msgid = msgid
-        self.payload = payload
+    __slots__ = ("batch", "msgids", "payloads", "routes")
+
+    def __init__(self, batch: Batch | None) -> None:
         self.batch = batch
-        self.route = route  # the method answered: a failed write counts against it
+        self.payloads: list[bytes] = []
+        self.msgids: list[int] = []
+        self.routes: list[Method] = []  # the method each answers: a failed write counts against it
 
 
 class Connection(asyncio.Protocol):
@@ -80,9 +87,11 @@ class Connection(asyncio.Protocol):
         self.encoder = server.encoder
         self.transport: asyncio.Transport | None = None
         # Replies leave in request order: those free to go now (``ready``, bytes),
-        # then the line of those waiting for a store write and all behind them.
+        # then the line of those waiting for a store write and all behind them,
+        # in groups (``Replies``); ``queued`` counts the replies in the line.
         self.ready: list[bytes] = []
-        self.replies: deque[Reply] = deque()
+        self.replies: deque[Replies] = deque()
+        self.queued = 0
         # The newest batch we have a callback on: the journal's pending batch only
         # moves forward (a batch replaced never comes back), so one is enough to
         # register each batch once.
@@ -224,14 +233,25 @@ class Connection(asyncio.Protocol):
         )
 
     def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
-        if batch is None and not self.replies:  # nothing to wait for, nothing ahead of it
-            self.ready.append(payload)
-            return
-        self.replies.append(Reply(msgid, payload, batch, route))
-        if batch is not None and batch is not self.waiting_on:
-            self.waiting_on = batch
-            batch.add_callback(partial(self._batch_done, batch))
-        if len(self.replies) > MAX_QUEUED_REPLIES:
+        replies = self.replies
+        if not replies:
+            if batch is None:  # nothing to wait for, nothing ahead of it
+                self.ready.append(payload)
+                return
+            group = None
+        else:
+            group = replies[-1]
+        if group is None or group.batch is not batch:
+            group = Replies(batch)
+            replies.append(group)
+            if batch is not None and batch is not self.waiting_on:
+                self.waiting_on = batch
+                batch.add_callback(partial(self._batch_done, batch))
+        group.payloads.append(payload)
+        group.msgids.append(msgid)
+        group.routes.append(route)
+        self.queued += 1
+        if self.queued > MAX_QUEUED_REPLIES:
             self._update_reading()
 
     def _batch_done(self, batch: Batch, error: StoreError | None) -> None:
@@ -239,20 +259,24 @@ class Connection(asyncio.Protocol):
             self.waiting_on = None  # not to keep a finished batch's tasks alive
         if error is not None:  # the rollback may have put back an earlier timer
             self.server.rearm()
-        for reply in self.replies:
-            if reply.batch is batch:
-                reply.batch = None
+        for group in self.replies:
+            if group.batch is batch:
+                group.batch = None
                 if error is not None:
                     code, data = reply_for(error)
-                    reply.payload = self.encoder.error_response(reply.msgid, code, str(error), data)
-                    reply.route.failed(code)
+                    message, encode = str(error), self.encoder.error_response
+                    group.payloads = [encode(msgid, code, message, data) for msgid in group.msgids]
+                    for route in group.routes:
+                        route.failed(code)
         self._flush()
 
     def _flush(self) -> None:
         """Write the ready replies and those at the head of the line no longer waiting."""
         replies, ready = self.replies, self.ready
         while replies and replies[0].batch is None:
-            ready.append(replies.popleft().payload)
+            payloads = replies.popleft().payloads
+            ready += payloads
+            self.queued -= len(payloads)
         if ready and self.transport is not None:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
             ready.clear()
@@ -260,7 +284,7 @@ class Connection(asyncio.Protocol):
             self.reading_paused
             or self.writing_paused
             or self.busy
-            or len(replies) > MAX_QUEUED_REPLIES
+            or self.queued > MAX_QUEUED_REPLIES
         ):
             self._update_reading()
 
@@ -268,10 +292,7 @@ class Connection(asyncio.Protocol):
         if self.transport is None:
             return
         should_pause = (
-            self.stopping
-            or self.writing_paused
-            or self.busy
-            or len(self.replies) > MAX_QUEUED_REPLIES
+            self.stopping or self.writing_paused or self.busy or self.queued > MAX_QUEUED_REPLIES
         )
         if should_pause and not self.reading_paused:
             self.transport.pause_reading()

@@ -387,7 +387,7 @@ class TimingWheel:
 
     def place_at(self, due_s: float) -> tuple[int, int]:
         """``(cycle, slot)`` an entry due at ``due_s`` would have if scheduled now."""
-        ticks = max(self.tick_ceil(due_s) - self._cursor, 0)
+        ticks = max(tick_ceil(due_s, self.tick_s) - self._cursor, 0)
         return ticks // self.slots, (self._cursor + ticks) % self.slots
 
     def __len__(self) -> int:
