@@ -13,7 +13,8 @@
   lost (an acknowledged add never delivered, not pending, not deleted),
   resurrected (delivered after its delete was acknowledged), early
   (delivered before it was due), duplicates per id (and those no fault
-  explains), and the takeover time (the worst lateness of a task first
+  explains: neither an attempt in flight at it nor an add resent across
+  it), and the takeover time (the worst lateness of a task first
   delivered after a fault).
 
 Times are ``time.time()`` of this machine: the servers under test run here
@@ -221,8 +222,9 @@ class Report:
     resurrected: list[str] = field(default_factory=list)
     early: list[str] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # id -> deliveries (> 1)
-    # The duplicates whose first delivery came before no fault's end (its
-    # attempt cannot have been in flight at a crash or pause): none is allowed.
+    # The duplicates no fault explains: the first delivery came before no
+    # fault's end (its attempt cannot have been in flight at a crash or
+    # pause), and the add was not resent across one: none is allowed.
     unexplained: dict[str, int] = field(default_factory=dict)
     takeover_s: float | None = None  # worst lateness of a first delivery after a fault
     max_late_s: float = 0.0  # worst lateness of any first delivery
@@ -304,7 +306,11 @@ def check(
     report.unexplained = {
         task_id: n
         for task_id, n in report.duplicates.items()
-        if not any(_in_flight_at(by_id[task_id], f, inflight_s) for f in spans)
+        if not any(
+            _in_flight_at(by_id[task_id], f, inflight_s)
+            or _resent_across(adds.get(task_id), by_id[task_id], f, inflight_s)
+            for f in spans
+        )
     }
     return report
 
@@ -313,6 +319,18 @@ def _in_flight_at(got: list[Delivery], fault: Fault, inflight_s: float) -> bool:
     """Whether a duplicate's deliveries straddle ``fault``: the first came before
     its end (the attempt may have been in flight), a later one after its start."""
     return got[0].at_s <= fault.end_s + inflight_s and got[-1].at_s >= fault.at_s
+
+
+def _resent_across(
+    add: Request | None, got: list[Delivery], fault: Fault, inflight_s: float
+) -> bool:
+    """Whether a duplicate comes of the client resending its add across ``fault``
+    (a ``ClusterClient`` resends an add whose outcome is unknown): the add was
+    sent before the fault ended and answered only after the first delivery.
+    A server delivers nothing before its add is durable, so an earlier send
+    had landed; the resend, arriving once that task was delivered and gone,
+    made it anew."""
+    return add is not None and add.sent_s <= fault.end_s + inflight_s and got[0].at_s < add.done_s
 
 
 @contextlib.contextmanager

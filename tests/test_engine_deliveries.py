@@ -24,6 +24,7 @@ from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.record import from_record, read_record, to_record
 from delaywheel.engine.retry import RetryPolicy
+from delaywheel.engine.sharing import Sharing
 from delaywheel.errors import RequestError
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
@@ -413,5 +414,43 @@ def test_held_attempts_with_equal_deadlines_are_each_sent_once() -> None:
         assert second.next_fire_s() == T0 + 31
         second.advance(T0 + 31)
         assert sorted((d.task_id, d.attempt) for d in sent) == sorted((i, 1) for i in ids)
+
+    asyncio.run(main())
+
+
+def test_a_held_attempt_that_failed_elsewhere_is_begun_anew_when_taken_again() -> None:
+    """A partition taken over while an attempt is held (its deadline to come),
+    dropped, and taken again after that attempt failed at another owner:
+    the task loaded as delayed is due, and begins attempt 2. It stayed
+    delayed, out of the wheel and unsent: the id was still marked as an
+    attempt to resend (tests/test_takeover_resend.py, with real processes)."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        other = make_engine(store)
+        send_at_once(other, [])
+        task_id = other.add({"topic": "hooks", "target": {**HTTP, "timeout": 30}}, T0)["id"]
+        other.advance(T0 + 1)  # attempt 1 begun: delivering until T0 + 31
+        await other.journal.drain()
+
+        sharing = Sharing(node="b", address="127.0.0.1:7002", partitions=1, lease_s=10.0)
+        here = make_engine(store, sharing=sharing)
+        sent: list[Delivery] = []
+        send_at_once(here, sent)
+        sharing.serving[0] = 1
+        here.advance(T0 + 5)
+        assert await here.load_partition(store.load()) == 1  # held to T0 + 31
+        sharing.serving.pop(0)
+        here.drop_partition(0)
+
+        other.delivered(task_id, 1, "HTTP 503", T0 + 6)  # failed: due again at T0 + 7
+        await other.journal.drain()
+        sharing.serving[0] = 2
+        assert await here.load_partition(store.load()) == 1
+        here.advance(T0 + 8)
+        await here.journal.drain()
+        assert [(d.task_id, d.attempt) for d in sent] == [(task_id, 2)]
+        assert here.get(task_id)["state"] == "delivering"
 
     asyncio.run(main())

@@ -94,6 +94,21 @@ def test_a_duplicate_is_explained_only_when_it_straddles_a_fault() -> None:
     assert check(requests, deliveries).unexplained == report.duplicates
 
 
+def test_a_duplicate_of_an_add_resent_across_a_fault_is_explained() -> None:
+    """An add sent as the fault began, answered 4 s later: the client resent it,
+    the first send had landed and was delivered before the reply, and the
+    resend made the task again (seen in tests/test_ha_sentinel.py scenario 4)."""
+    resent = Request("add", "resent", 100.0, 104.2, "ok", 100.24)
+    calm = Request("add", "calm", 110.0, 114.2, "ok", 110.24)  # after the fault
+    quick = add("quick", 100.0, 0.24)  # answered at once: not resent
+    deliveries = [got(i, at_s) for i, at_s in [("resent", 103.6), ("resent", 104.5)]]
+    deliveries += [got("calm", 113.6), got("calm", 114.5)]
+    deliveries += [got("quick", 104.0), got("quick", 104.5)]  # after the fault
+    report = check([resent, calm, quick], deliveries, faults=[Fault(100.0, 103.1)])
+    assert report.duplicates == {"resent": 2, "calm": 2, "quick": 2}
+    assert report.unexplained == {"calm": 2, "quick": 2}
+
+
 def test_takeover_is_the_worst_lateness_after_the_fault() -> None:
     requests = [add(f"t{i}", 100, i) for i in range(1, 6)]
     deliveries = [

@@ -53,7 +53,11 @@ class Attempts:
         self._table = table
         self.retry = retry
         self._queue: Queue | None = None  # the dispatcher's, from start()
-        self._resume: set[str] = set()  # loaded delivering tasks not yet handed over
+        # Loaded delivering tasks queued to be sent again as they are, by id. The
+        # task itself, not its id alone: a partition dropped and loaded again
+        # holds another Task of that id, maybe not delivering any more (its
+        # attempt failed at another owner meanwhile), which must begin anew.
+        self._resume: dict[str, Task] = {}
         # Attempts taken over from another node whose deadline has not passed:
         # (deadline_s, n, task), sent again once it has (``release_held``). n
         # orders equal deadlines: a partition lost and taken again adopts the
@@ -68,8 +72,7 @@ class Attempts:
         interrupted (sent again as they are) and tasks due already."""
         self._queue = queue
         for task in list(self._table.delivering.values()):
-            self._resume.add(task.id)
-            self._enqueue(task)
+            self._resend(task)
         for task in list(self._table.waiting.values()):
             self._enqueue(task)
 
@@ -79,11 +82,10 @@ class Attempts:
         but not before their deadline (``begin``): until then the previous
         owner, if it is only paused, may still be sending."""
         for task in tasks:
-            self._resume.add(task.id)
             if task.deadline_s > now_s:
                 heapq.heappush(self.held, (task.deadline_s, next(self._held_count), task))
             else:
-                self._enqueue(task)
+                self._resend(task)
 
     def held_until_s(self) -> float | None:
         """When the first attempt held by ``adopt`` is due to be sent again."""
@@ -96,11 +98,24 @@ class Attempts:
         while held and held[0][0] <= now_s:
             _, _, task = heapq.heappop(held)
             if self._table.delivering.get(task.id) is task:
-                self._enqueue(task)
+                self._resend(task)
+
+    def forget(self, leaving: Callable[[str], bool]) -> None:
+        """Forget the attempts to resend of tasks dropped from the table (their
+        partition is another node's): ``begin`` would not send them anyway."""
+        delivering = self._table.delivering
+        for task_id, task in list(self._resume.items()):
+            if leaving(task_id) and delivering.get(task_id) is not task:
+                del self._resume[task_id]
 
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
         self._table.wait_for_lane(task)
+        self._enqueue(task)
+
+    def _resend(self, task: Task) -> None:
+        """A loaded attempt, in the store already: to be sent again as it is."""
+        self._resume[task.id] = task
         self._enqueue(task)
 
     def _enqueue(self, task: Task) -> None:
@@ -114,13 +129,12 @@ class Attempts:
         task is not to be sent after all: deleted meanwhile, or the write
         failed). False, and no call, when it is no longer waiting (deleted,
         changed or begun since it was queued)."""
-        if task_id in self._resume:  # its attempt is in the store already
-            self._resume.discard(task_id)
-            task = self._table.delivering.get(task_id)
-            if task is None:
-                return False
-            ready(self._delivery(task))
+        resumed = self._resume.pop(task_id, None)
+        if resumed is not None and self._table.delivering.get(task_id) is resumed:
+            ready(self._delivery(resumed))  # its attempt is in the store already
             return True
+        # Otherwise a due task (one resumed before its partition was dropped and
+        # loaded again may be due now, its attempt failed at another owner).
         task = self._table.waiting.get(task_id)
         if task is None:
             return False

@@ -395,6 +395,7 @@ class Engine:
         of = self.sharing.partition_of
         self.schedules.drop(lambda key: of(key) == partition)
         kept = self.table.drop(lambda task_id: of(task_id) == partition, keep_delivering)
+        self.attempts.forget(lambda task_id: of(task_id) == partition)
         staying = {id(task) for task in kept}
         self.journal.forget(lambda task: id(task) not in staying and of(task.id) == partition)
         return kept

@@ -1,0 +1,124 @@
+"""A partition taken over, dropped and taken again: its due tasks are still sent.
+
+Real processes: one ``delaywheel serve`` node on a private redis-server, an
+HTTP sink (tests/hacheck.py). The test writes a task's record in its
+partition as another node leaves it, and deletes the partition's lease so
+that the node drops the partition and takes it again, loading the record:
+
+1. ``delivering``, attempt 1, its deadline a minute away: an attempt another
+   node had journaled when it stopped. The node holds it until that deadline.
+2. ``delayed``, attempt 1, due now: that other node's attempt failed (or, after
+   a Sentinel failover, the promoted replica never had the attempt).
+
+Scenario 4 of tests/test_ha_sentinel.py left such tasks ``delayed`` and never
+sent (the second load found the id still marked as an attempt to resend
+from the first, found no attempt, and dropped the task from its lane).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import zlib
+from collections.abc import Iterator
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pytest
+import redis
+from delaywheel_client import Client
+from hacheck import Sink, sink
+from serverproc import ServerProcess
+from waiting import wait_until
+
+from delaywheel.cluster.partitions import Layout
+from delaywheel.engine.record import to_record
+from delaywheel.engine.task import DELAYED, DELIVERING, Task
+
+pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
+
+PARTITIONS = 16
+LEASE_S = 1.5  # the node notices a deleted lease within L/3
+TASK_ID = "resent-1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def receiver() -> Iterator[Sink]:
+    with sink() as running:
+        yield running
+
+
+@pytest.fixture
+def node(redis_url: str) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        *("--port", str(_free_port()), "--node", "solo", "--lease", str(LEASE_S)),
+        *("--partitions", str(PARTITIONS), "--http-allow", "127.0.0.1"),
+        store=redis_url,
+    )
+    try:
+        wait_until(lambda: _served(proc) == PARTITIONS, 10, "every partition served")
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _served(proc: ServerProcess) -> int:
+    with Client(*proc.address) as dw:
+        return len(dw.stats()["partitions"])
+
+
+def _record(receiver: Sink, state: str, at_s: float, deadline_s: float) -> bytes:
+    """The record another node leaves for attempt 1 of ``TASK_ID``."""
+    target = {"type": "http", "url": receiver.url, "method": "POST", "headers": {}, "timeout": 10.0}
+    task = Task(
+        TASK_ID,
+        "hooks",
+        at_s,
+        body_packed=msgpack.packb({"n": 1}),
+        ttr_s=60.0,
+        max_attempts=5,
+        created_s=at_s,
+        attempts=1,
+        state=state,
+        deadline_s=deadline_s,
+        target=target,
+    )
+    if state == DELAYED:
+        task.last_error = "HTTP 503"
+    return to_record(task)
+
+
+def _taken_again(
+    store: redis.Redis, node: ServerProcess, partition: int, record: bytes, epoch: int
+) -> None:
+    """Put ``record`` in the partition, delete its lease and wait until the node
+    has dropped the partition and loaded it again (with ``epoch``)."""
+    keys = Layout("delaywheel", PARTITIONS).partition(partition)
+    store.hset(keys.tasks, TASK_ID, record)
+    store.delete(keys.lease)
+    serving = re.compile(rf"serving partition {partition}, epoch {epoch}: 1 tasks loaded")
+    wait_until(lambda: serving.search(node.log_text()), 10, f"partition {partition} taken again")
+
+
+def test_a_task_held_as_an_attempt_then_loaded_as_delayed_is_sent(
+    redis_url: str, node: ServerProcess, receiver: Sink
+) -> None:
+    partition = zlib.crc32(TASK_ID.encode()) % PARTITIONS
+    now_s = time.time()
+    with redis.Redis.from_url(redis_url) as store:
+        held = _record(receiver, DELIVERING, now_s - 1, deadline_s=now_s + 60)
+        _taken_again(store, node, partition, held, epoch=2)
+        time.sleep(0.5)  # held to its deadline: nothing is sent meanwhile (time is the test)
+        assert receiver.received() == []
+        failed = _record(receiver, DELAYED, time.time(), deadline_s=0.0)
+        _taken_again(store, node, partition, failed, epoch=3)
+    wait_until(receiver.received, 5, f"{TASK_ID} delivered")
+    assert [(d.task_id, d.attempt) for d in receiver.received()] == [(TASK_ID, 2)]
+    with Client(*node.address) as dw:
+        wait_until(lambda: dw.get(TASK_ID) is None, 5, f"{TASK_ID} gone once delivered")
