@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import RedisServer
 from delaywheel_client import Client
-from delaywheel_client.errors import Unavailable
+from delaywheel_client.errors import Exists, Unavailable
 from test_fenced_flush import primary_with_replica
 
 from delaywheel.cluster.keyspace import REPLICAS_WAIT_S
@@ -119,6 +119,48 @@ def test_replicas_one_answers_after_the_replica_has_it_and_unavailable_without_i
                 print(f"--replicas 1, replica stopped: add answered unavailable in {took_s:.2f} s")
         finally:
             node.stop()
+
+
+def test_exists_is_answered_only_once_the_replicas_confirm_the_task(tmp_path: Path) -> None:
+    """``exists`` acknowledges a task, so it waits for the task's record to be
+    confirmed again (rewritten, WAIT 1): a node may hold a task loaded from a
+    primary about to be demoted, which no replica has. With the replica
+    stopped, a resent add is ``unavailable``, not ``exists``; with it back,
+    ``exists``. Both kinds of task: one in the wheel, one packed (far away)."""
+    with primary_with_replica(tmp_path) as (primary, replica):
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=primary.url)
+        try:
+            with Client(*node.address, timeout_s=30) as dw:
+                dw.add("t", {}, id="near", delay=30)
+                dw.add("t", {}, id="far", delay=7 * 86_400)
+                with pytest.raises(Exists):  # confirmed now: the replica is up
+                    dw.add("t", {}, id="near", delay=30)
+                assert replica.proc is not None
+                replica.proc.send_signal(signal.SIGSTOP)
+                try:
+                    for task_id in ("near", "far"):
+                        with pytest.raises(Unavailable, match="WAIT 1: 0 replica"):
+                            dw.add("t", {}, id=task_id, delay=30)
+                        assert dw.get(task_id) is not None  # nothing changed
+                    with pytest.raises(Unavailable, match="WAIT 1: 0 replica"):
+                        dw.add_many([{"topic": "t", "id": "far", "delay": 30}])
+                finally:
+                    replica.proc.send_signal(signal.SIGCONT)
+                for task_id in ("near", "far"):
+                    wait_until(lambda t=task_id: _exists(dw, t), 20, f"exists for {task_id}")
+                assert dw.stats()["tasks"] == 2
+        finally:
+            node.stop()
+
+
+def _exists(dw: Client, task_id: str) -> bool:
+    try:
+        dw.add("t", {}, id=task_id, delay=30)
+    except Exists:
+        return True
+    except Unavailable:
+        return False
+    raise AssertionError(f"add of {task_id} was accepted: it existed")
 
 
 def _added(dw: Client, task_id: str) -> bool:

@@ -96,7 +96,9 @@ class Engine:
             try:
                 new = self._checked(fields, now_s)
                 if new.id is not None:
-                    if new.id in self._tasks or new.id in seen:
+                    if new.id in self._tasks:
+                        raise self.table.exists(new.id)
+                    if new.id in seen:
                         raise RequestError("exists", f"a task with id {new.id!r} already exists")
                     seen.add(new.id)
             except RequestError as exc:

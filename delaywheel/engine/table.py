@@ -41,7 +41,7 @@ from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Journal, Undo
 from delaywheel.engine.queues import Queues
-from delaywheel.engine.record import TOPIC_FIELD, read_record
+from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
@@ -140,6 +140,25 @@ class TaskTable:
 
     # -- changes -------------------------------------------------------------
 
+    def exists(self, task_id: str) -> RequestError:
+        """The ``exists`` answer to an add of ``task_id``, which the index holds.
+
+        That answer acknowledges the task, so it goes out only once the store
+        has confirmed it: the task's record is journaled again, unchanged, and
+        the reply waits for that write (a mutating request's reply waits for
+        the pending batch), failing with it. Without this, a node that loaded
+        the task from a Redis primary about to be demoted (a write never
+        confirmed by ``--replicas``, a client's resend across a Sentinel
+        failover) answered ``exists`` for a task the demotion then dropped. A
+        task with a change not yet durable needs no rewrite: that change's
+        batch is the pending one."""
+        found = self.index.by_id.get(task_id)
+        if isinstance(found, bytes):  # packed: its record as written
+            self.journal.record_other(task_id, found, _nothing)
+        elif found is not None and not self.journal.is_pending(found):
+            self.journal.record_other(task_id, to_record(found), _nothing)
+        return RequestError("exists", f"a task with id {task_id!r} already exists")
+
     def create(self, new: NewTask, now_s: float) -> Task:
         """A new task from checked fields (``Engine._checked``; ``target`` None:
         the ready queue), indexed and added: delayed, or ready when due now."""
@@ -149,7 +168,7 @@ class TaskTable:
             if self.sharing is not None and not self.sharing.owns(task_id):
                 task_id = self._owned_id(self.sharing)
         elif task_id in self.index:
-            raise RequestError("exists", f"a task with id {task_id!r} already exists")
+            raise self.exists(task_id)
         target = new.target
         task = Task(
             task_id,
@@ -325,3 +344,7 @@ class TaskTable:
                     break
                 queues.cancel_waiter(waiter)
                 waiter.deliver(self.reserve(task, now_s))
+
+
+def _nothing() -> None:
+    """A confirming rewrite changes nothing in memory: nothing to undo."""
