@@ -109,6 +109,15 @@ class _WatchedSentinel(Sentinel):
     answer would flip back and forth. Here every Sentinel is asked and the
     answer with the highest ``config-epoch`` (bumped by each failover) wins,
     never one older than the newest seen: a failover is seen once.
+
+    The address is ``SENTINEL GET-MASTER-ADDR-BY-NAME``'s, not the
+    ``SENTINEL MASTERS`` entry's: the Sentinel leading a failover bumps the
+    epoch once the replica is promoted, but its entry keeps the old address
+    until every replica is re-pointed (up to the failover timeout), while
+    GET-MASTER-ADDR-BY-NAME names the promoted one. With the entry's address,
+    a leader asked first paired the new epoch with the old primary, and the
+    nodes wrote to that primary, thawed from a SIGSTOP, for the failover
+    timeout (3.1-3.2 s in scenario 4 with a 3 s timeout; docs/ha.md).
     """
 
     def __init__(self, sentinels: list[tuple[str, int]], **options: Any) -> None:
@@ -130,7 +139,18 @@ class _WatchedSentinel(Sentinel):
             if state and self.check_master_state(state, service_name):
                 epoch = int(state.get("config-epoch", 0))
                 if newest is None or epoch > newest[0]:
-                    newest = (epoch, (str(state["ip"]), int(state["port"])))
+                    try:
+                        current = cast(
+                            "tuple[bytes | str, int] | None",
+                            await sentinel.sentinel_get_master_addr_by_name(service_name),
+                        )
+                    except (RedisConnectionError, ResponseError, RedisTimeoutError) as exc:
+                        errors.append(f"{sentinel}: {exc!r}")
+                        continue
+                    if current:
+                        host = current[0]
+                        host = host.decode() if isinstance(host, bytes) else host
+                        newest = (epoch, (host, int(current[1])))
         if newest is None:
             detail = f": {', '.join(errors)}" if errors else ""
             raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
