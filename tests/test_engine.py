@@ -635,3 +635,29 @@ def test_a_node_of_a_shared_keyspace_serves_only_its_partitions() -> None:
         assert tryagain.value.data == {"partition": 6, "retry_after_ms": 250}
 
     run(scenario, sharing=sharing)
+
+
+def test_partitions_handed_back_together_leave_in_one_drop() -> None:
+    """A handoff of several partitions drops all their tasks in one pass and
+    leaves the others; ``among`` looks only at the ids it is given (the second
+    step of a handoff: the attempts kept in flight)."""
+    from delaywheel_client.partitions import partition_of
+
+    from delaywheel.engine.sharing import Sharing
+
+    sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=16, lease_s=10.0)
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        sharing.serving = {3: 1, 5: 1, 11: 1}
+        made = [engine.add({"topic": "t", "delay": 5 * (n % 2)}, T0)["id"] for n in range(90)]
+        by_partition = {p: {i for i in made if partition_of(i, 16) == p} for p in (3, 5, 11)}
+        assert all(by_partition.values())
+        assert engine.drop_partitions({3, 11}) == []  # none in flight
+        assert set(engine.table.index.by_id) == by_partition[5]
+        stats = engine.stats(T0)
+        assert stats["tasks"] == sum(stats["states"].values()) == len(by_partition[5])
+        one, *rest = sorted(by_partition[5])
+        engine.drop_partitions({5}, among=[one, "not-a-task"])
+        assert set(engine.table.index.by_id) == set(rest)
+
+    run(scenario, sharing=sharing)

@@ -220,6 +220,15 @@ class LeaseKeeper:
         if held is not None:
             held.fence.cancel()
 
+    def forget_all(self) -> None:
+        """Stop renewing and holding every lease, releasing none (a stop that
+        gave up): each expires within L of its last renewal."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+        for partition in list(self._held):
+            self.forget(partition)
+
     async def release(self, partition: int) -> None:
         """Give the lease back (graceful stop or handoff): stop first, then delete."""
         held = self._held.pop(partition, None)

@@ -24,7 +24,18 @@ A handoff first stops serving the partition (its requests are answered
 ``moved``) and takes its tasks out of the wheel and the queues, so nothing
 more fires; then it waits until the journal is drained and the attempts in
 flight have their outcomes journaled; then it releases the lease. The next
-owner, polling every ``period_s``, takes it at once.
+owner, polling every ``period_s``, takes it at once. The partitions handed
+back together (all of them at a stop) are taken out in one pass over the
+task table, not one pass each.
+
+A stop is bounded: past ``handoff_wait_s`` plus ``STOP_BOUND_LEASES`` lease
+periods it gives up with one warning line naming the step it was waiting
+on, and the process exits; the leases it still holds expire and another
+node takes over, as after a crash. The rounds end on ``_stopping``, not on
+the cancel alone: redis-py (8.2, on Python 3.11) swallows a cancel that
+lands while a command is being sent (its ``asyncio.wait_for`` around the
+send returns the finished send), and a stop that waited on the cancelled
+round loop then waited for ever, while that loop went on running rounds.
 
 A partition lost (the keeper's renewal was refused, or 0.8 L passed without
 one: self-fenced) or fenced (a flush was refused) is dropped at once: no
@@ -44,6 +55,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from delaywheel.cluster._scripts import text
@@ -60,6 +72,8 @@ log = logging.getLogger("delaywheel.cluster")
 
 # Longest wait for a handed-back partition's attempts in flight to end.
 HANDOFF_WAIT_S = 10.0
+# A stop gives up after handoff_wait_s and this many lease periods more.
+STOP_BOUND_LEASES = 3
 
 
 class Coordinator:
@@ -87,6 +101,8 @@ class Coordinator:
         self._loop_task: asyncio.Task[None] | None = None
         self._busy: set[int] = set()  # partitions being loaded or handed back
         self._stopping = False
+        self._stop_step = ""  # what a stop waits on now, for its give-up line
+        self._dropping: set[int] = set()  # lost, their tasks to be dropped next turn
         keyspace.on_fenced = self._fenced
         self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
         self._rereading: asyncio.Task[None] | None = None
@@ -107,22 +123,48 @@ class Coordinator:
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Hand every partition back (a graceful stop: the next owner takes over at once)."""
+        """Hand every partition back (a graceful stop: the next owner takes over
+        at once), or give up after ``stop_bound_s`` (see the module docstring)."""
         self._stopping = True
+        bound_s = self.stop_bound_s
+        stopping = asyncio.get_running_loop().create_task(self._hand_all_back())
+        # Waited on, not wait_for'ed: a cancel of the handoff could be
+        # swallowed as the round loop's was.
+        await asyncio.wait({stopping}, timeout=bound_s)
+        if stopping.done():
+            return
+        stopping.cancel()
+        held = sorted(self.keeper.held)
+        log.warning(
+            "graceful stop gave up after %g s %s: partitions %s are left to their leases,"
+            " which expire within %g s",
+            *(bound_s, self._stop_step, held, self.sharing.lease_s),
+            extra={"waiting_on": self._stop_step, "partitions": held},
+        )
+        self.keeper.forget_all()
+
+    @property
+    def stop_bound_s(self) -> float:
+        return self.handoff_wait_s + STOP_BOUND_LEASES * self.sharing.lease_s
+
+    async def _hand_all_back(self) -> None:
+        self._stop_step = "waiting for the coordinator's round to end"
         for task in (self._loop_task, self._rereading):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        for partition in sorted(self.keeper.held):
+                task.cancel()  # may be swallowed: the loops end on _stopping too
+                await asyncio.wait({task})
+        held = set(self.keeper.held)
+        if held:
             with contextlib.suppress(Exception):
-                await self._hand_back(partition)
+                await self._hand_back(held)
+        self._stop_step = "leaving the members"
         with contextlib.suppress(Exception):
             await self.membership.leave()
+        self._stop_step = "closing the lease keeper"
         await self.keeper.close(release=True)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.period_s)
             try:
                 await self._round()
@@ -158,11 +200,13 @@ class Coordinator:
         todo = plan(sharing.node, live, sharing.partitions, owners, held)
         stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
         for partition in sorted(todo.claim | stale):
+            if self._stopping:
+                return
             if partition not in self._busy:
                 await self._claim(partition, holders.get(partition))
-        for partition in sorted(todo.hand_back):
-            if partition in held and partition not in self._busy:
-                await self._hand_back(partition)
+        leaving = {p for p in todo.hand_back if p in held and p not in self._busy}
+        if leaving and not self._stopping:
+            await self._hand_back(leaving)
 
     async def _holders(self) -> dict[int, Holder]:
         pipe = self.keyspace.client.pipeline(transaction=False)
@@ -223,27 +267,37 @@ class Coordinator:
         finally:
             self._busy.discard(partition)
 
-    async def _hand_back(self, partition: int) -> None:
+    async def _hand_back(self, partitions: set[int]) -> None:
         """Stop serving, let what is in flight be journaled, then release."""
-        self._busy.add(partition)
+        self._busy.update(partitions)
         try:
-            self.sharing.serving.pop(partition, None)
+            for partition in partitions:
+                self.sharing.serving.pop(partition, None)
             # Nothing fires from here on; attempts in flight stay in the table,
             # so that their outcomes are journaled as they come.
-            delivering = self.engine.drop_partition(partition, keep_delivering=True)
+            kept = self.engine.drop_partitions(partitions, keep_delivering=True)
+            delivering = kept
             deadline_s = time.monotonic() + self.handoff_wait_s
             while delivering and time.monotonic() < deadline_s:
+                self._stop_step = f"waiting for {len(delivering)} attempts in flight"
                 await asyncio.sleep(0.02)
                 delivering = [t for t in delivering if self.engine.is_delivering(t)]
+            self._stop_step = "waiting for the journal to drain"
             await self.engine.journal.drain()
-            self.engine.drop_partition(partition)
-            self.keyspace.epochs.pop(partition, None)
-            await self.keeper.release(partition)
-            self.sharing.owners[partition] = Owner(None, None, None)
-            self.counts.handoffs += 1
-            log.info("handed back partition %d", partition, extra={"partition": partition})
+            # Only the tasks kept are left of these partitions (requests for them
+            # are answered moved): no second pass over the whole table.
+            self.engine.drop_partitions(partitions, among=[task.id for task in kept])
+            self._stop_step = "releasing the leases"
+            for partition in sorted(partitions):
+                self.keyspace.epochs.pop(partition, None)
+                if partition not in self.keeper.held:  # lost meanwhile: not ours to release
+                    continue
+                await self.keeper.release(partition)
+                self.sharing.owners[partition] = Owner(None, None, None)
+                self.counts.handoffs += 1
+                log.info("handed back partition %d", partition, extra={"partition": partition})
         finally:
-            self._busy.discard(partition)
+            self._busy.difference_update(partitions)
 
     # -- losses ----------------------------------------------------------------
 
@@ -266,8 +320,8 @@ class Coordinator:
             self.sharing.serving.pop(partition, None)
             self.keyspace.epochs.pop(partition, None)
         loop = asyncio.get_running_loop()
-        for partition in fenced:
-            loop.call_soon(self.engine.drop_partition, partition)
+        if fenced:
+            loop.call_soon(partial(self.engine.drop_partitions, set(fenced)))
         for partition in written - fenced:
             # Written in the store, rolled back in memory: load it again.
             loop.call_soon(self._reload, partition)
@@ -308,9 +362,19 @@ class Coordinator:
             )
 
     def _forget(self, partition: int) -> None:
+        """Stop serving and writing ``partition`` now; its tasks leave the table
+        at the next loop turn, with every other partition lost in this one, in
+        one pass (16 fence timers firing together once cost 16 passes, ten
+        seconds over 1,000,000 tasks, during which no renewal was sent)."""
         self.sharing.serving.pop(partition, None)
         self.keyspace.epochs.pop(partition, None)
-        self.engine.drop_partition(partition)
+        if not self._dropping:
+            asyncio.get_running_loop().call_soon(self._drop_forgotten)
+        self._dropping.add(partition)
+
+    def _drop_forgotten(self) -> None:
+        dropping, self._dropping = self._dropping, set()
+        self.engine.drop_partitions(dropping)
 
     def _reload(self, partition: int) -> None:
         if partition not in self.sharing.serving or partition in self._busy:

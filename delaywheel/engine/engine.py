@@ -17,7 +17,7 @@ ready; handing it over is itself a journaled change.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
 from delaywheel import checks
@@ -390,16 +390,30 @@ class Engine:
         return loaded
 
     def drop_partition(self, partition: int, *, keep_delivering: bool = False) -> list[Task]:
-        """Forget a partition's tasks (handed back or lost): no journal write.
-        With ``keep_delivering``, its attempts in flight stay, to journal
-        their outcomes (a handoff); they are returned."""
+        """``drop_partitions`` of one partition."""
+        return self.drop_partitions({partition}, keep_delivering=keep_delivering)
+
+    def drop_partitions(
+        self,
+        partitions: Collection[int],
+        *,
+        keep_delivering: bool = False,
+        among: Iterable[str] | None = None,
+    ) -> list[Task]:
+        """Forget the tasks of ``partitions`` (handed back or lost): no journal
+        write. One pass over the task table for all of them (a pass over
+        1,000,000 tasks takes about half a second). With ``keep_delivering``,
+        their attempts in flight stay, to journal their outcomes (a handoff);
+        they are returned. ``among``: only these ids are looked at (the ones
+        kept by an earlier drop), not the whole table."""
         assert self.sharing is not None
         of = self.sharing.partition_of
-        self.schedules.drop(lambda key: of(key) == partition)
-        kept = self.table.drop(lambda task_id: of(task_id) == partition, keep_delivering)
-        self.attempts.forget(lambda task_id: of(task_id) == partition)
+        leaving = frozenset(partitions)
+        self.schedules.drop(lambda key: of(key) in leaving)
+        kept = self.table.drop(lambda task_id: of(task_id) in leaving, keep_delivering, among)
+        self.attempts.forget(lambda task_id: of(task_id) in leaving)
         staying = {id(task) for task in kept}
-        self.journal.forget(lambda task: id(task) not in staying and of(task.id) == partition)
+        self.journal.forget(lambda task: id(task) not in staying and of(task.id) in leaving)
         return kept
 
     def is_delivering(self, task: Task) -> bool:

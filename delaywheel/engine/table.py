@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import count
 from typing import TYPE_CHECKING, Any
 
@@ -284,14 +284,21 @@ class TaskTable:
             self.place(task)
         self.serve_waiters(self.wheel.now_s)
 
-    def drop(self, leaving: Callable[[str], bool], keep_delivering: bool = False) -> list[Task]:
+    def drop(
+        self,
+        leaving: Callable[[str], bool],
+        keep_delivering: bool = False,
+        among: Iterable[str] | None = None,
+    ) -> list[Task]:
         """Take every task whose id is ``leaving`` out of the table, without a
         journal write (its partition is another node's now; the store keeps
         it). With ``keep_delivering`` the delivering ones stay (their
-        attempts are in flight) and are returned."""
+        attempts are in flight) and are returned. ``among``: only these ids
+        are looked at, not every id in the table."""
         by_id = self.index.by_id
         delivering = []
-        for task_id in [task_id for task_id in by_id if leaving(task_id)]:
+        ids = by_id if among is None else [task_id for task_id in among if task_id in by_id]
+        for task_id in [task_id for task_id in ids if leaving(task_id)]:
             found = by_id[task_id]
             if isinstance(found, bytes):  # packed: counted as delayed, in no container
                 del by_id[task_id]
