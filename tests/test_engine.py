@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.queues import Waiter
-from delaywheel.engine.record import from_record, to_record
+from delaywheel.engine.record import TOPIC_FIELD, from_record, read_record, to_record
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.task import CHANGEABLE, STATES, TRANSITIONS, Task
 from delaywheel.engine.validate import Limits
@@ -661,3 +661,24 @@ def test_partitions_handed_back_together_leave_in_one_drop() -> None:
         assert set(engine.table.index.by_id) == set(rest)
 
     run(scenario, sharing=sharing)
+
+
+def test_an_exists_rewrite_never_undoes_a_later_change_of_its_batch() -> None:
+    """``exists`` journals the task's record again; a delete or an update of the
+    task in the same batch must win over that rewrite in the store (a task in
+    the wheel and a packed one)."""
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"topic": "t", "id": "near", "delay": 30}, T0)
+        engine.add({"topic": "t", "id": "far", "delay": 7 * 86_400}, T0)
+        await durable(engine)
+        for task_id in ("near", "far"):
+            assert code_of(lambda t=task_id: engine.add({"topic": "t", "id": t}, T0)) == "exists"
+        assert engine.delete("near") is True
+        engine.update("far", {"topic": "moved"}, T0)
+        await durable(engine)
+        assert await stored_ids(store) == {"far"}
+        records = {task_id: record async for batch in store.load() for task_id, record in batch}
+        assert read_record("far", records["far"])[TOPIC_FIELD] == "moved"
+
+    run(scenario)

@@ -181,8 +181,8 @@ class SharedKeyspace(Store):
             return
         partitions, epochs, keys = self.partitions, self.epochs, self._keys
         if len(changes) == 1:  # one request's change (one call at a time): no grouping
-            for task_id, record in changes.items():
-                self._submit_one(task_id, record, done)
+            ((task_id, record),) = changes.items()
+            self._submit_one(task_id, record, done)
             return
         writes: list[PartitionWrite] = []
         unowned: set[int] = set()

@@ -118,9 +118,11 @@ class Journal:
             asyncio.get_running_loop().call_soon(self._start)
 
     def record_other(self, key: str, record: bytes | None, undo: Callable[[], None]) -> None:
-        """Journal a record that is not a task's (a schedule's) in the same batch,
-        so it is one store write with the tasks changed beside it; ``undo``
-        puts the in-memory state back if that write fails."""
+        """Journal a record that is not a task's change (a schedule's, or a task's
+        record written again for ``exists``) in the same batch, so it is one
+        store write with the tasks changed beside it; a change of a task in the
+        batch wins over a record of its id. ``undo`` puts the in-memory state
+        back if that write fails."""
         batch = self._gathering
         if batch.records is None or batch.records_undo is None:
             batch.records, batch.records_undo = {}, []
@@ -176,8 +178,10 @@ class Journal:
             task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
         }
-        if batch.records is not None:  # schedules' records (rare beside tasks)
-            changes.update(batch.records)
+        if batch.records is not None:  # other records (rare beside tasks): schedules',
+            # and an exists' rewrite of a task, which a change of that task
+            # recorded after it in this batch must win over
+            changes = {**batch.records, **changes}
         batch.size = len(changes)
         if not self.inline:
             self.watch.started()
