@@ -24,6 +24,10 @@ def _seq_of(task: Task) -> int:
     return task.seq
 
 
+# The order list is compacted once its dead entries outnumber the live by this many.
+COMPACT_SLACK = 1024
+
+
 class TaskIndex:
     """Live tasks by id, and every task ever indexed in creation order.
 
@@ -59,7 +63,8 @@ class TaskIndex:
         order = self._order
         order.append(task)
         self._ordered += 1
-        if len(order) > 2 * self._ordered + 1024:  # _compact's test: no call per add
+        # _compact's test inline, so an add makes no call for it
+        if len(order) > 2 * self._ordered + COMPACT_SLACK:
             self._compact()
 
     def add_loaded(self, tasks: list[Task]) -> None:
@@ -106,7 +111,7 @@ class TaskIndex:
 
     def _compact(self) -> None:
         """Drop the dead from the order list once they outnumber the live."""
-        if len(self._order) > 2 * self._ordered + 1024:
+        if len(self._order) > 2 * self._ordered + COMPACT_SLACK:
             by_id = self.by_id
             self._order = [t for t in self._order if by_id.get(t.id) is t]
             self._ordered = len(self._order)
