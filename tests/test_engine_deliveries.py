@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
@@ -452,5 +452,45 @@ def test_a_held_attempt_that_failed_elsewhere_is_begun_anew_when_taken_again() -
         await here.journal.drain()
         assert [(d.task_id, d.attempt) for d in sent] == [(task_id, 2)]
         assert here.get(task_id)["state"] == "delivering"
+
+    asyncio.run(main())
+
+
+def test_an_attempt_begun_here_while_a_partition_loads_is_not_adopted() -> None:
+    """A partition taken over while this node is delivering (``load_partition``
+    awaits the store between batches): an attempt this node begins meanwhile,
+    of a task it already had, is in flight here and is not the previous
+    owner's. Adopted with the loaded ones, it was sent a second time at its
+    deadline, as a duplicate (scenario 6 on Redis Cluster, 2 runs in 8). Only
+    the loaded attempt is held and sent again."""
+
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        other = make_engine(store)
+        send_at_once(other, [])
+        target = {**HTTP, "timeout": 30}
+        taken_id = other.add({"topic": "hooks", "target": target}, T0)["id"]
+        other.advance(T0 + 1)  # the previous owner's attempt: delivering until T0 + 31
+        await other.journal.drain()
+        records = [(i, r) for batch in [b async for b in store.load()] for i, r in batch]
+
+        here = make_engine(MemoryStore("memory://"))
+        await here.store.open()
+        sent: list[Delivery] = []
+        send_at_once(here, sent)
+        own_id = here.add({"topic": "hooks", "delay": 3, "target": target}, T0)["id"]
+        await here.journal.drain()
+
+        async def batches() -> AsyncIterator[list[tuple[str, bytes]]]:
+            await asyncio.sleep(0)  # the store's round trip: this node goes on meanwhile
+            here.advance(T0 + 3)  # its own task is due: its attempt begins, and is sent
+            yield records
+
+        assert await here.load_partition(batches()) == 1
+        await here.journal.drain()
+        assert [(d.task_id, d.attempt) for d in sent] == [(own_id, 1)]
+        here.advance(T0 + 40)  # past both deadlines
+        assert [(d.task_id, d.attempt) for d in sent] == [(own_id, 1), (taken_id, 1)]
 
     asyncio.run(main())

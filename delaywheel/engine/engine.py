@@ -381,10 +381,29 @@ class Engine:
 
     async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Add a partition's tasks, while serving (a takeover): as ``load``, and
-        its attempts in flight at the previous owner's end are sent again."""
-        before = set(self.table.delivering)
-        loaded = await self.table.cold.load(self.schedules.split(batches))
-        adopted = [t for i, t in self.table.delivering.items() if i not in before]
+        its attempts in flight at the previous owner's end are sent again.
+
+        Those are the tasks the load itself made ``delivering``, noted batch by
+        batch. Not every new entry of ``delivering`` once the load is over: the
+        load awaits the store between batches, and meanwhile this node begins
+        attempts of its other partitions (or of a task this load brought in,
+        due already), which are in flight here; adopted too, each would be
+        sent a second time at its deadline."""
+        delivering = self.table.delivering
+        adopted: list[Task] = []
+
+        async def noting_adopted() -> AsyncIterator[list[tuple[str, bytes]]]:
+            async for batch in batches:
+                before = {task_id for task_id, _ in batch if task_id in delivering}
+                yield batch
+                # Back here when the next batch is asked for: this one is
+                # loaded, and nothing else has run since (no await between).
+                for task_id, _ in batch:
+                    task = delivering.get(task_id)
+                    if task is not None and task_id not in before:
+                        adopted.append(task)
+
+        loaded = await self.table.cold.load(self.schedules.split(noting_adopted()))
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded
