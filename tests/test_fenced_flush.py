@@ -31,7 +31,7 @@ from delaywheel.store.redis import RedisStore
 
 def part(p: int, epoch: int, changes: Changes) -> PartitionWrite:
     tag = f"{{delaywheel:p{p:03d}}}"
-    return PartitionWrite(p, epoch, f"{tag}:epoch", f"{tag}:tasks", changes)
+    return PartitionWrite(p, epoch, f"{tag}:epoch", f"{tag}:tasks", f"{tag}:lease", changes)
 
 
 async def flush(writer: FencedWriter, *writes: PartitionWrite) -> FlushOutcome:
@@ -79,6 +79,7 @@ def test_a_write_with_an_old_epoch_is_refused_and_writes_nothing(
 ) -> None:
     with redis_server.client(db_of(redis_url)) as client:
         client.set("{delaywheel:p001}:epoch", 5)
+        client.set("{delaywheel:p001}:lease", "5 node-b 10.0.0.2:7001", px=60_000)
         client.set("{delaywheel:p002}:epoch", 2)
         client.hset("{delaywheel:p001}:tasks", "kept", b"old")
 
@@ -100,7 +101,11 @@ def test_a_write_with_an_old_epoch_is_refused_and_writes_nothing(
     assert outcome.written == [2]
     assert sorted(outcome.fenced) == [1, 7]
     assert "{delaywheel:p001}:epoch is 5, not 4" in str(outcome.fenced[1])
-    assert "is unset, not 1" in str(outcome.fenced[7])
+    # The refusal names who holds the lease now (for the moved answer), if anyone.
+    assert "held by node-b at 10.0.0.2:7001 (epoch 5)" in str(outcome.fenced[1])
+    assert outcome.fenced[1].holder == ("node-b", "10.0.0.2:7001", 5)
+    assert "is unset, not 1; the lease is free" in str(outcome.fenced[7])
+    assert outcome.fenced[7].holder is None
     with redis_server.client(db_of(redis_url)) as client:
         assert client.hgetall("{delaywheel:p001}:tasks") == {b"kept": b"old"}
         assert client.hgetall("{delaywheel:p002}:tasks") == {b"mine": b"y"}
@@ -115,7 +120,7 @@ def test_one_change_packed_by_hand_lands_and_an_old_epoch_is_refused(
     with redis_server.client(db_of(redis_url)) as client:
         client.set("{delaywheel:p003}:epoch", 3)
         client.hset("{delaywheel:p003}:tasks", "gone", b"old")
-    keys = ("{delaywheel:p003}:epoch", "{delaywheel:p003}:tasks")
+    keys = ("{delaywheel:p003}:epoch", "{delaywheel:p003}:tasks", "{delaywheel:p003}:lease")
     record = b"\r\n$5\r\n\x00\xff" + "é".encode() * 40
 
     async def one(writer: FencedWriter, epoch: int, task_id: str, value: bytes | None) -> object:

@@ -159,7 +159,7 @@ def test_a_fenced_write_on_one_primary_is_refused_while_the_others_land(
             await acquire_all(shared)
             await shared.client.incr(layout.partition(victim).epoch)  # another node took it
             seen: list[tuple[set[int], set[int]]] = []
-            shared.on_fenced = lambda fenced, written: seen.append((fenced, written))
+            shared.on_fenced = lambda fenced, written, _holders: seen.append((fenced, written))
             error = await write(shared, {group[0]: b"x" for group in ids.values()})
             assert isinstance(error, FencedWrite) and error.reply_code == "moved"
             others = set(range(PARTITIONS)) - {victim}
@@ -198,13 +198,13 @@ def test_a_resharded_slot_is_followed_by_ask_then_moved(cluster6_redis: ClusterF
         async with keyspace(farm.url, "reshard") as shared:
             await acquire_all(shared)
             assert await write(shared, {ids[0]: b"before"}) is None
-            # Half-way through moving the slot: its keys are on the target already.
+            # Half-way through moving the slot: its keys are on the target already
+            # (a flush names all three of the partition's).
             with redis.Redis(port=target) as t, redis.Redis(port=source) as s:
                 t.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
                 s.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
-                s.execute_command(
-                    "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", keys.epoch, keys.tasks
-                )
+                moved = (keys.epoch, keys.tasks, keys.lease)
+                s.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *moved)
             assert await write(shared, {ids[1]: b"asked"}) is None  # ASK, then ASKING there
             writer = shared._writer
             assert isinstance(writer, ClusterFencedWriter) and writer.retried == 1

@@ -32,7 +32,8 @@ def tasks_key(partition: int) -> str:
     return f"{{delaywheel:p{partition:03d}}}:tasks"
 
 
-Told = list[tuple[set[int], set[int]]]  # on_fenced's calls: (fenced, written)
+# on_fenced's calls: (fenced, written, holders)
+Told = list[tuple[set[int], set[int], dict[int, tuple[str, str, int]]]]
 
 
 def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable[None]]) -> None:
@@ -44,7 +45,7 @@ def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable
         shared = SharedKeyspace(RedisStore(redis_url), partitions=PARTITIONS)
         await shared.open()
         told: Told = []
-        shared.on_fenced = lambda fenced, written: told.append((fenced, written))
+        shared.on_fenced = lambda fenced, written, holders: told.append((fenced, written, holders))
         try:
             for p in range(PARTITIONS):
                 await shared.client.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)
@@ -89,11 +90,13 @@ def test_one_change_for_a_partition_taken_or_dropped_is_refused_and_writes_nothi
         error = await write(shared, {taken: b"late"})
         assert isinstance(error, FencedWrite)
         assert (error.fenced, error.written) == ({0}, set())
-        assert error.reply_code == "moved" and error.reply_data["partition"] == 0
+        # No lease to name (it expired too): moved, to no owner yet.
+        assert error.reply_code == "moved"
+        assert error.reply_data == {"partition": 0, "owner": None, "epoch": None}
         del shared.epochs[3]  # self-fenced: refused here, without a round trip
         error = await write(shared, {dropped: b"late"})
         assert isinstance(error, FencedWrite) and error.fenced == {3}
-        assert told == [({0}, set()), ({3}, set())]
+        assert told == [({0}, set(), {}), ({3}, set(), {})]
 
     scenario_on(redis_url, body)
     with redis_server.client(db_of(redis_url)) as client:
@@ -115,3 +118,31 @@ def test_one_change_whose_partition_is_dropped_in_flight_is_of_unknown_outcome(
         assert told == []
 
     scenario_on(redis_url, body)
+
+
+def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    # The refusing script reads the partition's lease: the deposed node's
+    # requests are told where to go, as any moved answer (docs/protocol.md).
+    one, many = ids_in(0, 1)[0], ids_in(2, 3)
+
+    async def body(shared: SharedKeyspace, told: Told) -> None:
+        await shared.client.set("{delaywheel:p000}:epoch", 2)
+        await shared.client.set("{delaywheel:p000}:lease", "2 node-b 10.0.0.2:7001", px=60_000)
+        error = await write(shared, {one: b"late"})  # one change: the hand-packed flush
+        assert isinstance(error, FencedWrite)
+        assert error.reply_data == {"partition": 0, "owner": "10.0.0.2:7001", "epoch": 2}
+        await shared.client.set("{delaywheel:p002}:epoch", 7)
+        await shared.client.set("{delaywheel:p002}:lease", "7 node-c [::1]:7002", px=60_000)
+        error = await write(shared, dict.fromkeys(many, b"late"))  # a batch of three
+        assert isinstance(error, FencedWrite)
+        assert error.reply_data == {"partition": 2, "owner": "[::1]:7002", "epoch": 7}
+        assert told == [
+            ({0}, set(), {0: ("node-b", "10.0.0.2:7001", 2)}),
+            ({2}, set(), {2: ("node-c", "[::1]:7002", 7)}),
+        ]
+
+    scenario_on(redis_url, body)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.exists(tasks_key(0), tasks_key(2)) == 0

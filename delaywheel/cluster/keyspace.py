@@ -65,21 +65,28 @@ from delaywheel.store.redis_client import replicas_warning
 # flush at a time, so while replicas are missing every change waits this long.
 REPLICAS_WAIT_S = 1.0
 
-# (fenced partitions, partitions written in the same flush)
-OnFenced = Callable[[set[int], set[int]], None]
+# (fenced partitions, partitions written in the same flush, the holders the
+# refusals named: partition -> (node, address, epoch))
+Holders = dict[int, tuple[str, str, int]]
+OnFenced = Callable[[set[int], set[int], Holders], None]
 
 
 class FencedWrite(StoreError):
     """A flush refused for some partitions: their owner moved on. Its requests
-    are answered ``moved`` (``reply_code``), with the first fenced partition."""
+    are answered ``moved`` (``reply_code``), with the first fenced partition
+    and, when the refusal named it, that partition's new owner and epoch."""
 
     reply_code = "moved"
 
-    def __init__(self, message: str, fenced: set[int], written: set[int]) -> None:
+    def __init__(
+        self, message: str, fenced: set[int], written: set[int], holders: Holders | None = None
+    ) -> None:
         super().__init__(message)
         self.fenced = fenced
         self.written = written
-        self.reply_data: dict[str, Any] = {"partition": min(fenced), "owner": None, "epoch": None}
+        first = min(fenced)
+        _, address, epoch = (holders or {}).get(first, (None, None, None))
+        self.reply_data: dict[str, Any] = {"partition": first, "owner": address, "epoch": epoch}
 
 
 class SharedKeyspace(Store):
@@ -109,8 +116,8 @@ class SharedKeyspace(Store):
     async def open(self) -> None:
         self._start_open()
         await self.redis.open()
-        # Each partition's (epoch key, tasks key), made once: a flush names them.
-        self._keys = [(names.epoch, names.tasks) for names in self.layout]
+        # Each partition's (epoch, tasks, lease) keys, made once: a flush names them.
+        self._keys = [(names.epoch, names.tasks, names.lease) for names in self.layout]
         try:
             await record_partitions(self.client, self.layout)
             if isinstance(self.client, RedisCluster):
@@ -269,11 +276,17 @@ class SharedKeyspace(Store):
             # since (a new epoch), is not the coordinator's to drop now.
             epoch_of = {write.partition: write.epoch for write in writes}
             fenced = set(outcome.fenced)
+            holders = {
+                p: refused.holder
+                for p, refused in outcome.fenced.items()
+                if refused.holder is not None
+            }
             self._refuse(
                 fenced,
                 set(outcome.written),
                 done,
                 tell={p for p in fenced if self.epochs.get(p, epoch_of[p]) == epoch_of[p]},
+                holders=holders,
             )
 
         return finished
@@ -282,17 +295,26 @@ class SharedKeyspace(Store):
         return self.epochs.get(partition) == epoch
 
     def _refuse(
-        self, fenced: set[int], written: set[int], done: Done, *, tell: set[int] | None = None
+        self,
+        fenced: set[int],
+        written: set[int],
+        done: Done,
+        *,
+        tell: set[int] | None = None,
+        holders: Holders | None = None,
     ) -> None:
-        """Fail a batch ``FencedWrite``; ``tell`` the coordinator of these (all by default)."""
+        """Fail a batch ``FencedWrite``; ``tell`` the coordinator of these (all by
+        default), with the ``holders`` the store named."""
+        holders = holders or {}
         if self.on_fenced is not None:
-            self.on_fenced(fenced if tell is None else tell, written)
+            self.on_fenced(fenced if tell is None else tell, written, holders)
         done(
             FencedWrite(
                 f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
                 " this node's: the write was refused there",
                 fenced,
                 written,
+                holders,
             )
         )
 

@@ -60,7 +60,7 @@ from typing import Any
 
 from delaywheel.cluster._scripts import text
 from delaywheel.cluster.failover import stale_partitions
-from delaywheel.cluster.keyspace import SharedKeyspace
+from delaywheel.cluster.keyspace import Holders, SharedKeyspace
 from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases, parse_holder
 from delaywheel.cluster.membership import Membership, plan
 from delaywheel.engine.engine import Engine
@@ -306,8 +306,10 @@ class Coordinator:
         self.counts.lost += 1
         self._forget(partition)
 
-    def _fenced(self, fenced: set[int], written: set[int]) -> None:
-        """The keyspace's: a flush was refused for ``fenced``. Called before the
+    def _fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None:
+        """The keyspace's: a flush was refused for ``fenced``, whose new holders
+        the store named (``holders``: the next requests are answered ``moved``
+        to them, not ``tryagain`` until the next round). Called before the
         journal rolls the batch back, so the drops wait a loop turn."""
         self.counts.fenced_flushes += 1
         for partition in fenced:
@@ -319,6 +321,8 @@ class Coordinator:
             self.keeper.forget(partition)
             self.sharing.serving.pop(partition, None)
             self.keyspace.epochs.pop(partition, None)
+            if partition in holders:
+                self.sharing.owners[partition] = Owner(*holders[partition])
         loop = asyncio.get_running_loop()
         if fenced:
             loop.call_soon(partial(self.engine.drop_partitions, set(fenced)))

@@ -3,9 +3,11 @@
 How it works. A flush carries, for each partition it touches, the epoch its
 writer holds (the lease's fencing token, cluster/lease.py) and the batch of
 puts and removes. Each partition's batch is one EVALSHA of ``FLUSH_SCRIPT``
-over that partition's two keys, its epoch key and its tasks hash (one hash
-tag, so one Cluster slot): when the stored epoch is not the writer's, the
-script answers ``FENCED ...`` and writes nothing; otherwise it applies the
+over that partition's keys, its epoch key, its tasks hash and its lease key
+(one hash tag, so one Cluster slot): when the stored epoch is not the
+writer's, the script answers ``FENCED ...``, naming the lease's holder (who
+deposed the writer, for the ``moved`` answer), and writes nothing; otherwise
+it applies the
 HSET/HDEL batch. A script runs atomically, so no acquire can slip in between
 the check and the writes. A deposed owner's flush is refused, whatever it
 believes about its lease.
@@ -61,7 +63,9 @@ FLUSH_SCRIPT = f"""
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[1] then
   local now = epoch or 'unset'
-  return redis.error_reply('FENCED ' .. KEYS[1] .. ' is ' .. now .. ', not ' .. ARGV[1])
+  local held = redis.call('GET', KEYS[3]) or ''
+  local said = KEYS[1] .. ' is ' .. now .. ', not ' .. ARGV[1]
+  return redis.error_reply('FENCED ' .. said .. '; lease ' .. held)
 end
 if #ARGV == 4 and ARGV[2] == '1' then -- one put (one request): the commonest
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
@@ -87,7 +91,28 @@ _ASKING = hiredis.pack_command(("ASKING",))
 
 
 class Fenced(StoreError):
-    """A partition's write was refused: its epoch moved on (another node owns it)."""
+    """A partition's write was refused: its epoch moved on (another node owns it).
+    ``holder``: the lease's ``(node, address, epoch)`` as the refusing script
+    read it, None when the lease was free or the refusal was this node's own."""
+
+    def __init__(self, message: str, holder: tuple[str, str, int] | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+def refusal(partition: int, reply: str) -> Fenced:
+    """The ``Fenced`` of a script's ``FENCED <epoch key> is E, not W; lease <value>``
+    (the lease's value ``"<epoch> <node> <address>"``, cluster/lease.py, or empty)."""
+    said, _, held = reply[len("FENCED ") :].partition("; lease ")
+    epoch, _, rest = held.partition(" ")
+    node, _, address = rest.partition(" ")
+    if not (epoch.isdigit() and node and address):
+        return Fenced(f"partition {partition}: write refused, {said}; the lease is free")
+    return Fenced(
+        f"partition {partition}: write refused, {said}; held by {node} at {address}"
+        f" (epoch {epoch})",
+        (node, address, int(epoch)),
+    )
 
 
 class TooFewReplicas(StoreUnavailable):
@@ -102,6 +127,7 @@ class PartitionWrite(NamedTuple):
     epoch: int
     epoch_key: str
     tasks_key: str
+    lease_key: str  # read only by a refusal, to name the holder
     changes: Changes
 
 
@@ -120,6 +146,8 @@ class FlushOutcome:
 
 
 OnOutcome = Callable[[FlushOutcome], None]
+# A partition's (epoch key, tasks key, lease key), in the order a flush names them.
+PartitionKeys = tuple[str, str, str]
 
 
 def fenced_flush(
@@ -159,16 +187,16 @@ def _bulk(value: str | int) -> bytes:
 # partition at an epoch but the last two or three, and hiredis.pack_command
 # takes twice as long for the nine arguments as this join (docs/performance.md,
 # "Measurements behind the code").
-_ONE_PUT = b"*9\r\n"  # EVALSHA sha 2 epoch-key tasks-key epoch 1 id record
-_ONE_REMOVE = b"*8\r\n"  # EVALSHA sha 2 epoch-key tasks-key epoch 0 id
+_ONE_PUT = b"*10\r\n"  # EVALSHA sha 3 epoch-key tasks-key lease-key epoch 1 id record
+_ONE_REMOVE = b"*9\r\n"  # EVALSHA sha 3 epoch-key tasks-key lease-key epoch 0 id
 _PUTS_1 = _bulk(1)
 _PUTS_0 = _bulk(0)
 _CRLF = b"\r\n"
 
 
-def _head(epoch_key: str, tasks_key: str, epoch: int) -> bytes:
+def _head(keys: PartitionKeys, epoch: int) -> bytes:
     """The arguments of a partition's EVALSHA up to its epoch, packed."""
-    return b"".join(_bulk(arg) for arg in ("EVALSHA", FLUSH_SHA, 2, epoch_key, tasks_key, epoch))
+    return b"".join(_bulk(arg) for arg in ("EVALSHA", FLUSH_SHA, 3, *keys, epoch))
 
 
 def _evalsha(write: PartitionWrite) -> Any:
@@ -182,9 +210,10 @@ def _evalsha(write: PartitionWrite) -> Any:
     return (
         "EVALSHA",
         FLUSH_SHA,
-        2,
+        3,
         write.epoch_key,
         write.tasks_key,
+        write.lease_key,
         write.epoch,
         len(puts) // 2,
         *puts,
@@ -217,9 +246,7 @@ def outcome_of(
     for write, reply in zip(writes, replies, strict=False):
         if isinstance(reply, hiredis.ReplyError):
             if str(reply).startswith("FENCED "):
-                outcome.fenced[write.partition] = Fenced(
-                    f"partition {write.partition}: write refused, {str(reply)[7:]}"
-                )
+                outcome.fenced[write.partition] = refusal(write.partition, str(reply))
             elif keep_redirects and str(reply).startswith(REDIRECTS):
                 outcome.redirected[write.partition] = str(reply)
             elif outcome.error is None:
@@ -262,8 +289,8 @@ class FencedWriter:
         self.wait_timeout_ms = wait_timeout_ms
         # A Cluster primary's writer: redirects are routed by its caller.
         self.keep_redirects = keep_redirects
-        # ((epoch key, tasks key), epoch) -> _head(): submit_one's packed start
-        self._heads: dict[tuple[tuple[str, str], int], bytes] = {}
+        # (the partition's keys, epoch) -> _head(): submit_one's packed start
+        self._heads: dict[tuple[PartitionKeys, int], bytes] = {}
 
     @staticmethod
     def handshake(before: Sequence[Command] = ()) -> list[Command]:
@@ -305,13 +332,13 @@ class FencedWriter:
         self,
         partition: int,
         epoch: int,
-        keys: tuple[str, str],
+        keys: PartitionKeys,
         task_id: str,
         record: bytes | None,
         done: Callable[[FlushOutcome | None], None],
     ) -> None:
-        """``submit`` of one change (``keys``: the partition's epoch and tasks
-        keys), the flush of one request at a time. Its commonest answer, the
+        """``submit`` of one change (``keys``: the partition's epoch, tasks and
+        lease keys), the flush of one request at a time. Its commonest answer, the
         script wrote it, makes no outcome: ``done(None)``. Any other answer is
         ``done(outcome)`` as ``submit`` gives it."""
         if self.replicas:
@@ -321,7 +348,7 @@ class FencedWriter:
         if head is None:
             if len(self._heads) >= MAX_HEADS:  # epochs of partitions long gone
                 self._heads.clear()
-            head = self._heads[keys, epoch] = _head(keys[0], keys[1], epoch)
+            head = self._heads[keys, epoch] = _head(keys, epoch)
         id_bytes = task_id.encode()
         parts: tuple[bytes, ...]
         if record is None:
@@ -347,7 +374,7 @@ class FencedWriter:
                 done(None)
                 return
             where = f"{link.address[0]}:{link.address[1]}"
-            write = PartitionWrite(partition, epoch, keys[0], keys[1], {task_id: record})
+            write = PartitionWrite(partition, epoch, *keys, {task_id: record})
             done(outcome_of([write], 0, flush, exc, where, keep_redirects=self.keep_redirects))
 
         link.send(flush, finished)
