@@ -11,7 +11,8 @@ own ``stats`` then tells how many changes each store round trip carried,
 and its ``flushes`` (store writes completed) over the adds sent, the
 warm-up adds included, gives the store round trips per 100 writes: at this
 saturation group commit should make that at most 1.
-Target: >= 50,000 journaled adds per second on Redis.
+Target: >= 100,000 journaled adds per second on Redis (issue 16, "pipelined
+journaled adds"; issue 4 asked for 50,000).
 
 ``run(quick=True)`` does the same with ``QUICK`` counts: a smoke run.
 """
@@ -87,7 +88,7 @@ def run(quick: bool = False) -> Report:
             if redis_url is None:
                 progress("no redis-server installed: Redis skipped")
             else:
-                stores.append(("redis", redis_url, Target(">=", 50_000)))
+                stores.append(("redis", redis_url, Target(">=", 100_000)))
             for name, url, target in stores:
                 progress(f"{plan.adds:,} adds through the server on {name}")
                 with running_server(url) as address:
