@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING
 import pytest
 from conftest import RedisServer
 from delaywheel_client import Client, ClusterClient
+from delaywheel_client.errors import DelaywheelError
 from test_fenced_flush import primary_with_replica
 from test_ha import _metrics
 
@@ -290,7 +293,7 @@ def _shown(lines: list[tuple[int, int, int]]) -> str:
 
 
 def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_frozen(
-    redis_sentinels: SentinelFarm, tmp_path: Path
+    redis_sentinels: SentinelFarm,
 ) -> None:
     """A node's partitions self-fence while the primary is frozen; its next
     round, blocked on that primary, goes on once the primary wakes, when the
@@ -299,8 +302,10 @@ def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_
     for it, so the round claims nothing there (it did: it took every partition
     back on the woken primary, whose writes WAIT confirmed through the replica
     not yet re-pointed, and served them until its next look, 0.5 s later; the
-    failover discarded all of it). Every partition is served again, on the
-    new primary, after the failover line."""
+    failover discarded all of it: 147 adds acknowledged 50 ms after the
+    SIGCONT were gone in one run of three). Every partition is served again,
+    on the new primary, after the failover line, and every add acknowledged
+    from the SIGCONT on is there."""
     farm = redis_sentinels
     old = farm.primary
     assert old.proc is not None
@@ -309,6 +314,20 @@ def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_
         *("--replicas", "1"),
         store=_sentinel_url(farm),
     )
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def add_one_at_a_time() -> None:  # far in the future: none is delivered
+        with Client(*node.address, timeout_s=2) as dw:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                try:
+                    acknowledged.append(dw.add("t", id=f"woken-{n}", delay=3600)["id"])
+                except DelaywheelError:  # unavailable, moved, tryagain: not acknowledged
+                    time.sleep(0.005)
+
+    adding = threading.Thread(target=add_one_at_a_time)
     try:
         wait_until(lambda: _settled([node]), 30, "every partition served")
         old.proc.send_signal(signal.SIGSTOP)
@@ -322,14 +341,25 @@ def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_
             woken_at = len(node.log)
         finally:
             old.proc.send_signal(signal.SIGCONT)
+            adding.start()
         wait_until(lambda: FAILED_OVER.search(node.log_text()) is not None, 30, "the failover line")
         wait_until(lambda: _settled([node]), 30, "every partition served again")
+        time.sleep(1.0)  # adds acknowledged on the new primary too (time is the test)
+        stop.set()
+        adding.join()
+        assert acknowledged
+        with Client(*node.address, timeout_s=5) as dw:
+            lost = [task_id for task_id in acknowledged if dw.get(task_id) is None]
+        assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged adds lost: {lost[:5]}"
         after = list(node.log)[woken_at:]
         failed_over = next(i for i, line in enumerate(after) if FAILED_OVER.search(line))
         served_before = [line for line in after[:failed_over] if "serving partition" in line]
         assert not served_before, "\n".join(after)
         assert sum("serving partition" in line for line in after[failed_over:]) == PARTITIONS
     finally:
+        stop.set()
+        if adding.is_alive():
+            adding.join()
         node.stop()
 
 
