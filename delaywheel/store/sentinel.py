@@ -139,7 +139,7 @@ class _WatchedSentinel(Sentinel):
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         errors: list[str] = []
-        answers: list[_Answer] = []
+        answers: list[Answer] = []
         for sentinel in self.sentinels:
             try:
                 masters = cast("dict[str, dict[str, Any]]", await sentinel.sentinel_masters())
@@ -154,7 +154,7 @@ class _WatchedSentinel(Sentinel):
                 errors.append(f"{sentinel}: {exc!r}")
                 continue
             if current:
-                answers.append(_answer(state, current))
+                answers.append(answer_of(state, current))
         usable = [answer for answer in answers if not answer.down]
         self.doubtful = True  # until an answer is found that vouches for the primary
         if not usable:
@@ -164,9 +164,7 @@ class _WatchedSentinel(Sentinel):
         epoch, address = newest.epoch, newest.address
         if epoch < self.config_epoch and self.primary is not None:
             return self.primary  # only Sentinels behind the newest failover answered
-        # A Sentinel as new as the answer that still sees that primary down, or
-        # still failing it over, does not vouch for it.
-        self.doubtful = any(answer.epoch >= epoch and answer.doubts for answer in answers)
+        self.doubtful = not vouched([a for a in answers if a.epoch >= epoch])
         previous, self.primary, self.config_epoch = self.primary, address, epoch
         if previous is not None and previous != address and self.on_change is not None:
             self.on_change(*address)
@@ -174,16 +172,17 @@ class _WatchedSentinel(Sentinel):
 
 
 @dataclass(frozen=True)
-class _Answer:
+class Answer:
     """One Sentinel's view of the primary."""
 
     epoch: int  # config-epoch: bumped by each failover
     address: tuple[str, int]  # what GET-MASTER-ADDR-BY-NAME names
     down: bool  # it names the server it flags s_down or o_down: no primary to use
-    doubts: bool  # down, or it names the server it is failing over
+    # It names the server it flags o_down (a quorum agreed) or is failing over.
+    doubts: bool
 
 
-def _answer(state: dict[str, Any], current: tuple[bytes | str, int]) -> _Answer:
+def answer_of(state: dict[str, Any], current: tuple[bytes | str, int]) -> Answer:
     host = current[0].decode() if isinstance(current[0], bytes) else current[0]
     address = (host, int(current[1]))
     # The entry's address is the primary before a failover, until its end; a
@@ -192,8 +191,19 @@ def _answer(state: dict[str, Any], current: tuple[bytes | str, int]) -> _Answer:
     entry = address == (str(state["ip"]), int(state["port"]))
     down = entry and bool(state["is_sdown"] or state["is_odown"])
     failing_over = "failover_in_progress" in state["flags"]  # a str (RESP2) or a set (RESP3)
-    doubts = down or (entry and failing_over)
-    return _Answer(int(state.get("config-epoch", 0)), address, down, doubts)
+    doubts = entry and bool(state["is_odown"] or failing_over)
+    return Answer(int(state.get("config-epoch", 0)), address, down, doubts)
+
+
+def vouched(newest: list[Answer]) -> bool:
+    """Whether the answers of the Sentinels as new as the one taken vouch for
+    the primary named: none flags it o_down (a quorum agreed it is down) or
+    fails it over, and no more than half flag it down at all. One Sentinel's
+    own s_down is not enough to hold claims up (it may be the one cut off);
+    no failover starts without a quorum."""
+    if not newest or any(answer.doubts for answer in newest):
+        return False
+    return 2 * sum(answer.down for answer in newest) <= len(newest)
 
 
 class RedisSentinelStore(RedisStore):
