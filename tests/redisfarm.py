@@ -41,7 +41,9 @@ FAILOVER_TIMEOUT_MS = 3000
 # Cluster: a node unreachable this long is failing; its replica takes over.
 CLUSTER_NODE_TIMEOUT_MS = 1000
 # Redis 7 syncs a new replica diskless after a 5 s wait for more replicas to
-# join; ours start together, so no wait.
+# join; ours start together, so no wait. A Sentinel farm's replicas too: one
+# promoted by a failover is the primary the other resyncs from, and with the
+# wait every change after the failover was unavailable (WAIT 1) for 5.6 s.
 PRIMARY_ARGS = ("--repl-diskless-sync-delay", "0")
 
 
@@ -124,7 +126,7 @@ class SentinelFarm:
             (self.directory / f"replica{i}").mkdir()
             replica = RedisServer(
                 self.directory / f"replica{i}",
-                ["--replicaof", "127.0.0.1", str(self.primary.port)],
+                [*PRIMARY_ARGS, "--replicaof", "127.0.0.1", str(self.primary.port)],
             )
             self.replicas.append(replica)
             replica.start()

@@ -9,18 +9,29 @@ two ``delaywheel serve`` nodes with ``--replicas 1`` and L = 3 s on
   re-read, N partitions kept, M dropped``; what it decides is tested on its
   own against real servers (a partition is kept only when both its epoch and
   its lease are this node's).
+- A node claims partitions only on a primary the Sentinels vouch for: one
+  frozen through a failover and woken is not, while every Sentinel still
+  flags it down or the failover's leader names the promoted replica.
 - Scenario 3: kill -9 the Redis primary under load. Scenario 4: SIGSTOP it
   past Sentinel's down-after, then SIGCONT. The checker's figures are printed;
   each must end with 0 lost, resurrected, early and pending (every
   acknowledged task delivered within ``SETTLE_S`` of the load's end).
+  ``DW_HA_DUMP=DIR`` keeps each run's logs and what the servers hold of the
+  ids found wrong, to trace a failure (``_dump``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
+import json
+import os
 import re
+import shutil
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,13 +40,14 @@ from typing import TYPE_CHECKING
 import pytest
 from conftest import RedisServer
 from delaywheel_client import Client, ClusterClient
+from delaywheel_client.errors import DelaywheelError
 from test_fenced_flush import primary_with_replica
 from test_ha import _metrics
 
 from delaywheel.cluster.failover import stale_partitions
 from delaywheel.cluster.partitions import Layout
 from delaywheel.store.sentinel import RedisSentinelStore
-from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, check, sink
+from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until
 
@@ -166,8 +178,56 @@ def _under_load(
         report = check(requests.snapshot(), received.received(), pending, faults=faults)
         for task_id in pending:  # what each still is, for the failure's output
             print(f"pending {task_id}: {_shown_task(dw, task_id)}")
+        _dump(farm, nodes, requests, received, faults, report, pending)
     print(f"\n{report.summary()}")
     return report
+
+
+def _dump(
+    farm: SentinelFarm,
+    nodes: list[ServerProcess],
+    requests: RequestLog,
+    received: Sink,
+    faults: list[float | Fault],
+    report: Report,
+    pending: list[str],
+) -> None:
+    """With ``DW_HA_DUMP=DIR``, everything a failed run needs to be traced, in a
+    directory of its own under DIR: the request log and the deliveries (JSON
+    lines), the faults and the report, the nodes', servers' and Sentinels'
+    logs, and what each server holds of every id lost, pending or duplicated
+    without explanation (its record, and its partition's epoch and lease)."""
+    where = os.environ.get("DW_HA_DUMP")
+    if not where:
+        return
+    out = Path(where) / time.strftime("%H%M%S")
+    out.mkdir(parents=True)
+    with open(out / "requests.jsonl", "w") as file:
+        for request in requests.snapshot():
+            file.write(json.dumps(dataclasses.asdict(request), default=str) + "\n")
+    with open(out / "deliveries.jsonl", "w") as file:
+        for delivery in received.received():
+            file.write(json.dumps(dataclasses.asdict(delivery)) + "\n")
+    (out / "report.txt").write_text(f"{faults!r}\n{report.summary()}\n{report!r}\n")
+    for node in nodes:
+        name = node.args[node.args.index("--node") + 1]
+        (out / f"{name}.log").write_text(node.log_text())
+    for path in farm.directory.rglob("*.log"):
+        shutil.copy(path, out / f"{path.parent.name}-{path.name}")
+    layout = Layout("delaywheel", PARTITIONS)
+    lines = [f"primary {farm.primary.port}, replicas {[r.port for r in farm.replicas]}"]
+    for task_id in [*report.lost, *report.unexplained, *pending]:
+        keys = layout.of(task_id)
+        for server in farm.servers:
+            try:
+                with server.client() as client:
+                    role = client.execute_command("ROLE")[0]
+                    held = [client.hget(keys.tasks, task_id), client.get(keys.epoch)]
+                    shown = f"{role!r}: {held!r}, lease {client.get(keys.lease)!r}"
+            except Exception as exc:  # killed, or frozen
+                shown = repr(exc)
+            lines.append(f"{task_id} on :{server.port} {shown}")
+    (out / "held.txt").write_text("\n".join(lines) + "\n")
 
 
 def _shown_task(dw: ClusterClient, task_id: str) -> str:
@@ -184,6 +244,13 @@ def _shown_task(dw: ClusterClient, task_id: str) -> str:
 def _named_primary(farm: SentinelFarm) -> int | None:
     address = farm.sentinels[0].master_address()
     return None if address is None else address[1]
+
+
+def _any_names_another(farm: SentinelFarm, port: int) -> bool:
+    return any(
+        (address := sentinel.master_address()) is not None and address[1] != port
+        for sentinel in farm.sentinels
+    )
 
 
 def _held(dw: ClusterClient, task_id: str) -> bool:
@@ -223,6 +290,77 @@ def _assert_scenario(report: Report, nodes: list[ServerProcess], farm: SentinelF
 
 def _shown(lines: list[tuple[int, int, int]]) -> str:
     return "; ".join(f"failed over to :{p}, {k} kept, {d} dropped" for p, k, d in lines)
+
+
+def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_frozen(
+    redis_sentinels: SentinelFarm,
+) -> None:
+    """A node's partitions self-fence while the primary is frozen; its next
+    round, blocked on that primary, goes on once the primary wakes, when the
+    Sentinels have replaced it but not yet demoted it. Every Sentinel still
+    flags it down then, or names it while failing it over: no answer vouches
+    for it, so the round claims nothing there (it did: it took every partition
+    back on the woken primary, whose writes WAIT confirmed through the replica
+    not yet re-pointed, and served them until its next look, 0.5 s later; the
+    failover discarded all of it: 147 adds acknowledged 50 ms after the
+    SIGCONT were gone in one run of three). Every partition is served again,
+    on the new primary, after the failover line, and every add acknowledged
+    from the SIGCONT on is there."""
+    farm = redis_sentinels
+    old = farm.primary
+    assert old.proc is not None
+    node = ServerProcess(
+        *("--port", str(_free_port()), "--node", "node-a", "--lease", str(LEASE_S)),
+        *("--replicas", "1"),
+        store=_sentinel_url(farm),
+    )
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def add_one_at_a_time() -> None:  # far in the future: none is delivered
+        with Client(*node.address, timeout_s=2) as dw:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                try:
+                    acknowledged.append(dw.add("t", id=f"woken-{n}", delay=3600)["id"])
+                except DelaywheelError:  # unavailable, moved, tryagain: not acknowledged
+                    time.sleep(0.005)
+
+    adding = threading.Thread(target=add_one_at_a_time)
+    try:
+        wait_until(lambda: _settled([node]), 30, "every partition served")
+        old.proc.send_signal(signal.SIGSTOP)
+        try:
+            # The node's partitions self-fence (0.8 L without a renewal) before the
+            # failover's leader names the promoted replica; woken at once, the
+            # primary meets Sentinels that all still flag it down (the others
+            # follow the leader within a second or two).
+            wait_until(lambda: "fenced partition" in node.log_text(), 10, "self-fencing")
+            wait_until(lambda: _any_names_another(farm, old.port), 30, "a Sentinel to fail over")
+            woken_at = len(node.log)
+        finally:
+            old.proc.send_signal(signal.SIGCONT)
+            adding.start()
+        wait_until(lambda: FAILED_OVER.search(node.log_text()) is not None, 30, "the failover line")
+        wait_until(lambda: _settled([node]), 30, "every partition served again")
+        time.sleep(1.0)  # adds acknowledged on the new primary too (time is the test)
+        stop.set()
+        adding.join()
+        assert acknowledged
+        with Client(*node.address, timeout_s=5) as dw:
+            lost = [task_id for task_id in acknowledged if dw.get(task_id) is None]
+        assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged adds lost: {lost[:5]}"
+        after = list(node.log)[woken_at:]
+        failed_over = next(i for i, line in enumerate(after) if FAILED_OVER.search(line))
+        served_before = [line for line in after[:failed_over] if "serving partition" in line]
+        assert not served_before, "\n".join(after)
+        assert sum("serving partition" in line for line in after[failed_over:]) == PARTITIONS
+    finally:
+        stop.set()
+        if adding.is_alive():
+            adding.join()
+        node.stop()
 
 
 def test_scenario_3_kill_9_of_the_redis_primary_under_load(

@@ -3,7 +3,9 @@ its sink on a real HTTP port, and its request log's outcomes."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from delaywheel_client.errors import ConnectionFailed, NotFound, Unavailable
 from hacheck import Delivery, Fault, Request, RequestLog, check, outcome_of, sink
@@ -165,3 +167,24 @@ def test_the_sink_logs_each_delivery_over_http() -> None:
                 assert reply.status == 200
         received = running.received()
     assert [(d.task_id, d.epoch, d.attempt) for d in received] == [("t-1", 7, 2), ("t-1", None, 2)]
+
+
+def test_the_sink_takes_a_burst_of_deliveries_at_once() -> None:
+    """A node taking partitions over sends every overdue task at once: the sink
+    logs each as it comes, not a SYN retransmission (1 s) later, past the
+    checker's in-flight margin."""
+    burst = 64
+    with sink() as running:
+        started_s = time.time()
+
+        def deliver(n: int) -> None:
+            headers = {"Delaywheel-Id": f"t-{n}", "Delaywheel-Attempt": "1"}
+            request = urllib.request.Request(running.url, b"{}", headers, method="POST")
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                assert reply.status == 200
+
+        with ThreadPoolExecutor(burst) as pool:
+            list(pool.map(deliver, range(burst)))
+        received = running.received()
+    assert len(received) == burst
+    assert max(d.at_s for d in received) - started_s < 0.5

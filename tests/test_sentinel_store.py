@@ -15,7 +15,14 @@ from test_store import load_all, run
 
 from delaywheel.store import StoreConfigError, StoreError, open_store
 from delaywheel.store._redis_journal import JournalLink, pipeline
-from delaywheel.store.sentinel import RedisSentinelStore, SentinelTarget, parse_sentinel_url
+from delaywheel.store.sentinel import (
+    Answer,
+    RedisSentinelStore,
+    SentinelTarget,
+    answer_of,
+    parse_sentinel_url,
+    vouched,
+)
 
 if TYPE_CHECKING:
     from redisfarm import SentinelFarm
@@ -59,6 +66,46 @@ def test_a_bad_sentinel_url_is_named(url: str, why: str) -> None:
         open_store(url)
     assert "expected redis+sentinel://" in str(caught.value)
     assert "pw" not in str(caught.value)
+
+
+OLD = ("127.0.0.1", 7001)  # the primary before the failover
+PROMOTED = ("127.0.0.1", 7002)
+
+
+def seen(named: tuple[str, int], flags: str, epoch: int = 0) -> Answer:
+    """A Sentinel's answer: its SENTINEL MASTERS entry (for OLD, parsed as
+    redis-py parses it) and GET-MASTER-ADDR-BY-NAME's ``named``."""
+    given = set(flags.split(","))
+    state = {
+        "ip": OLD[0],
+        "port": OLD[1],
+        "flags": flags,
+        "is_sdown": "s_down" in given,
+        "is_odown": "o_down" in given,
+        "config-epoch": epoch,
+    }
+    return answer_of(state, (named[0].encode(), named[1]))
+
+
+@pytest.mark.parametrize(
+    ("answers", "usable", "vouches"),
+    [
+        ([seen(OLD, "master")] * 3, True, True),
+        # One Sentinel cut off from the primary: its own s_down holds nothing up.
+        ([seen(OLD, "s_down,master"), seen(OLD, "master"), seen(OLD, "master")], True, True),
+        # A primary frozen, then woken: every Sentinel still flags it down.
+        ([seen(OLD, "s_down,o_down,master")] * 2 + [seen(OLD, "s_down,master")], False, False),
+        # The leader, before it sees the replica promoted, names the old primary.
+        ([seen(OLD, "master,failover_in_progress"), seen(OLD, "master")], True, False),
+        # Then it names the promoted replica, its entry still the old one, down.
+        ([seen(PROMOTED, "s_down,o_down,master,failover_in_progress", epoch=1)], True, True),
+    ],
+)
+def test_an_answer_vouches_for_a_primary_no_quorum_sees_down_or_fails_over(
+    answers: list[Answer], usable: bool, vouches: bool
+) -> None:
+    assert any(not answer.down for answer in answers) == usable
+    assert vouched(answers) == vouches
 
 
 def sentinel_url(farm: SentinelFarm, db: int) -> str:

@@ -87,6 +87,15 @@ class Attempts:
             else:
                 self._resend(task)
 
+    def sent_here(self, tasks: list[Task]) -> list[Task]:
+        """Those of ``tasks`` (delivering) that are not attempts held by ``adopt``:
+        a held one is not in flight at this node, nothing of it is sent until
+        its deadline, and a node taking it over holds it to the same one."""
+        if not self.held:
+            return tasks
+        held = {id(task) for _, _, task in self.held}
+        return [task for task in tasks if id(task) not in held]
+
     def held_until_s(self) -> float | None:
         """When the first attempt held by ``adopt`` is due to be sent again."""
         return self.held[0][0] if self.held else None

@@ -191,11 +191,11 @@ class Coordinator:
             )
         if self._stopping:
             return
-        # Claim only on the primary the Sentinels name now: one frozen through
-        # a failover answers the calls above as a primary again once it wakes.
-        moves = self._primary_moves()
-        if await self._check_primary() != moves:
-            return  # the epochs are being read again; claim next round, there
+        # Claim only on a primary the Sentinels vouch for now: one frozen through
+        # a failover answers the calls above as a primary again once it wakes
+        # (when it moved, the epochs are being read again: claim next round, there).
+        if not await self._primary_confirmed():
+            return
         held = self.keeper.held
         todo = plan(sharing.node, live, sharing.partitions, owners, held)
         stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
@@ -223,9 +223,9 @@ class Coordinator:
         store = self.keyspace.redis
         return store.primary_moves if isinstance(store, RedisSentinelStore) else 0
 
-    async def _check_primary(self) -> int:
+    async def _primary_confirmed(self) -> bool:
         store = self.keyspace.redis
-        return await store.check_primary() if isinstance(store, RedisSentinelStore) else 0
+        return await store.confirm_primary() if isinstance(store, RedisSentinelStore) else True
 
     async def _claim(self, partition: int, holder: Holder | None) -> None:
         self._busy.add(partition)
@@ -240,7 +240,10 @@ class Coordinator:
                 return  # another node was quicker: the lease decides
             self.keyspace.epochs[partition] = got
             loaded = await self.engine.load_partition(self.keyspace.load_partition(partition))
-            if partition not in self.keeper.held or self._primary_moves() != moves:
+            # Asked again after the acquire: one sent to a primary that froze
+            # is answered when it wakes, maybe after a failover replaced it.
+            confirmed = await self._primary_confirmed()
+            if partition not in self.keeper.held or self._primary_moves() != moves or not confirmed:
                 # Lost while loading, or acquired on a primary that is one no more.
                 self.keeper.forget(partition)
                 self.keyspace.epochs.pop(partition, None)
@@ -276,7 +279,10 @@ class Coordinator:
             # Nothing fires from here on; attempts in flight stay in the table,
             # so that their outcomes are journaled as they come.
             kept = self.engine.drop_partitions(partitions, keep_delivering=True)
-            delivering = kept
+            # Not the attempts taken over and held to their deadline: waiting
+            # for those held a handoff after a takeover up to handoff_wait_s
+            # (6.3 s in scenario 4), the partition served by no one meanwhile.
+            delivering = self.engine.attempts.sent_here(kept)
             deadline_s = time.monotonic() + self.handoff_wait_s
             while delivering and time.monotonic() < deadline_s:
                 self._stop_step = f"waiting for {len(delivering)} attempts in flight"

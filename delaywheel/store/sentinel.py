@@ -17,7 +17,7 @@ Writes that fail meanwhile fail as on any unreachable Redis
 
 Telling the node. Every lookup, the journal links' and redis-py's, goes
 through one ``_WatchedSentinel``, and the coordinator asks it every round
-too (``check_primary``): a primary frozen through a failover answers its old
+too (``confirm_primary``): a primary frozen through a failover answers its old
 connections again as a primary once it wakes, until the Sentinels demote it.
 When the primary named differs from the one named before, every connection
 is moved (``_primary_moved``: the links reconnect and resend what was in
@@ -30,7 +30,6 @@ the last writes, an acquire's epoch among them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -118,6 +117,15 @@ class _WatchedSentinel(Sentinel):
     a leader asked first paired the new epoch with the old primary, and the
     nodes wrote to that primary, thawed from a SIGSTOP, for the failover
     timeout (3.1-3.2 s in scenario 4 with a 3 s timeout; docs/ha.md).
+
+    An entry flagged down (``s_down``, ``o_down``) is skipped only when the
+    Sentinel names that very server: the leader's entry keeps the old
+    primary flagged down until it answers again, while it names the promoted
+    replica already. Skipping it whole, a node learned of the failover only
+    once the woken old primary had answered the Sentinels' pings. And an
+    answer vouches for the primary (``doubtful`` False) only when no Sentinel
+    as new as it names that server while flagging it down or failing it over:
+    right when a replaced primary wakes, every Sentinel may still do so.
     """
 
     def __init__(self, sentinels: list[tuple[str, int]], **options: Any) -> None:
@@ -125,42 +133,77 @@ class _WatchedSentinel(Sentinel):
         self.primary: tuple[str, int] | None = None  # the newest one found
         self.config_epoch = -1  # its config-epoch
         self.on_change: OnPrimaryChanged | None = None
+        # The last answer does not vouch for the primary: no Sentinel named one,
+        # or one as new as the answer sees it down or is failing it over.
+        self.doubtful = True
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         errors: list[str] = []
-        newest: tuple[int, tuple[str, int]] | None = None
+        answers: list[Answer] = []
         for sentinel in self.sentinels:
             try:
                 masters = cast("dict[str, dict[str, Any]]", await sentinel.sentinel_masters())
+                state = masters.get(service_name)
+                if not state or state["num-other-sentinels"] < self.min_other_sentinels:
+                    continue
+                current = cast(
+                    "tuple[bytes | str, int] | None",
+                    await sentinel.sentinel_get_master_addr_by_name(service_name),
+                )
             except (RedisConnectionError, ResponseError, RedisTimeoutError) as exc:
                 errors.append(f"{sentinel}: {exc!r}")
                 continue
-            state = masters.get(service_name)
-            if state and self.check_master_state(state, service_name):
-                epoch = int(state.get("config-epoch", 0))
-                if newest is None or epoch > newest[0]:
-                    try:
-                        current = cast(
-                            "tuple[bytes | str, int] | None",
-                            await sentinel.sentinel_get_master_addr_by_name(service_name),
-                        )
-                    except (RedisConnectionError, ResponseError, RedisTimeoutError) as exc:
-                        errors.append(f"{sentinel}: {exc!r}")
-                        continue
-                    if current:
-                        host = current[0]
-                        host = host.decode() if isinstance(host, bytes) else host
-                        newest = (epoch, (host, int(current[1])))
-        if newest is None:
+            if current:
+                answers.append(answer_of(state, current))
+        usable = [answer for answer in answers if not answer.down]
+        self.doubtful = True  # until an answer is found that vouches for the primary
+        if not usable:
             detail = f": {', '.join(errors)}" if errors else ""
             raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
-        epoch, address = newest
+        newest = max(usable, key=lambda answer: answer.epoch)  # the first of the newest
+        epoch, address = newest.epoch, newest.address
         if epoch < self.config_epoch and self.primary is not None:
             return self.primary  # only Sentinels behind the newest failover answered
+        self.doubtful = not vouched([a for a in answers if a.epoch >= epoch])
         previous, self.primary, self.config_epoch = self.primary, address, epoch
         if previous is not None and previous != address and self.on_change is not None:
             self.on_change(*address)
         return address
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One Sentinel's view of the primary."""
+
+    epoch: int  # config-epoch: bumped by each failover
+    address: tuple[str, int]  # what GET-MASTER-ADDR-BY-NAME names
+    down: bool  # it names the server it flags s_down or o_down: no primary to use
+    # It names the server it flags o_down (a quorum agreed) or is failing over.
+    doubts: bool
+
+
+def answer_of(state: dict[str, Any], current: tuple[bytes | str, int]) -> Answer:
+    host = current[0].decode() if isinstance(current[0], bytes) else current[0]
+    address = (host, int(current[1]))
+    # The entry's address is the primary before a failover, until its end; a
+    # failover's leader names the promoted replica once it is promoted, while
+    # its entry still flags the old primary down and failing over.
+    entry = address == (str(state["ip"]), int(state["port"]))
+    down = entry and bool(state["is_sdown"] or state["is_odown"])
+    failing_over = "failover_in_progress" in state["flags"]  # a str (RESP2) or a set (RESP3)
+    doubts = entry and bool(state["is_odown"] or failing_over)
+    return Answer(int(state.get("config-epoch", 0)), address, down, doubts)
+
+
+def vouched(newest: list[Answer]) -> bool:
+    """Whether the answers of the Sentinels as new as the one taken vouch for
+    the primary named: none flags it o_down (a quorum agreed it is down) or
+    fails it over, and no more than half flag it down at all. One Sentinel's
+    own s_down is not enough to hold claims up (it may be the one cut off);
+    no failover starts without a quorum."""
+    if not newest or any(answer.doubts for answer in newest):
+        return False
+    return 2 * sum(answer.down for answer in newest) <= len(newest)
 
 
 class RedisSentinelStore(RedisStore):
@@ -190,15 +233,22 @@ class RedisSentinelStore(RedisStore):
         self._links.append(link)
         return link
 
-    async def check_primary(self) -> int:
-        """Ask the Sentinels which server is the primary now. The connections
-        ask only when they connect: a primary that was frozen through a
-        failover answers the old ones again as if it still were one (until the
-        Sentinels demote it), and takes their writes, all to be discarded.
-        Returns ``primary_moves`` after the answer."""
-        with contextlib.suppress(RedisError, OSError):
+    async def confirm_primary(self) -> bool:
+        """Whether the Sentinels vouch, now, for the primary this node writes to:
+        they name it still (no failover since the last look), and none as new
+        as that answer flags it down or is failing it over. The connections
+        ask only when they connect: a primary frozen through a failover answers
+        the old ones again as if it still were one (until the Sentinels demote
+        it), and takes their writes, all to be discarded. Right when it wakes
+        every Sentinel still flags it down, and the failover's leader may name
+        the old primary until it has seen the replica promoted: no answer that
+        vouches for it."""
+        moves = self.primary_moves
+        try:
             await self._sentinel.discover_master(self.target.master)
-        return self.primary_moves
+        except (RedisError, OSError):
+            return False
+        return self.primary_moves == moves and not self._sentinel.doubtful
 
     def _primary_moved(self, host: str, port: int) -> None:
         """Every connection to the previous primary goes: the write links
