@@ -132,7 +132,9 @@ async def _listen_until_stopped(
     """Start the metrics and dashboard listeners, then the port; at a signal,
     stop them in this order: the dashboard (its streams and bulk jobs end), the
     server (its deliveries get their grace), the coordinator (then it hands the
-    partitions back), the metrics last."""
+    partitions back), the metrics last. On a shared keyspace the coordinator
+    runs the server's stop before its own, within one bound counted from the
+    signal (engine/coordinator.py): both wait on Redis."""
     async with contextlib.AsyncExitStack() as running:
         metrics = await _start_metrics(server, settings)
         if metrics is not None:
@@ -149,8 +151,9 @@ async def _listen_until_stopped(
                 await dashboard.stop()
             raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
         if coordinator is not None:
-            running.push_async_callback(coordinator.stop)
-        running.push_async_callback(server.stop)
+            running.push_async_callback(coordinator.stop, server)
+        else:
+            running.push_async_callback(server.stop)
         if dashboard is not None:
             running.push_async_callback(dashboard.stop)
         running.callback(log.info, "shutting down")

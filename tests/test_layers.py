@@ -29,6 +29,8 @@ LAYERS: dict[str, int] = {
     "delaywheel": 0,
     "delaywheel.errors": 0,
     "delaywheel.tallies": 0,
+    # Cancelling tasks that may be inside a redis-py call (stores, brokers, leases).
+    "delaywheel.cancelling": 0,
     "delaywheel.checks": 1,
     "delaywheel.wheel": 2,
     "delaywheel.store": 2,

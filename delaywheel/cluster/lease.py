@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from delaywheel.cancelling import cancel_and_wait
 from delaywheel.cluster._scripts import NodeScripts, Script, text
 
 log = logging.getLogger("delaywheel.cluster")
@@ -39,6 +40,9 @@ log = logging.getLogger("delaywheel.cluster")
 FENCE_AFTER = 0.8
 # Renewals per lease period.
 RENEWALS_PER_LEASE = 3
+# Longest wait at close for the renewal task to end once cancelled (a renewal
+# in flight can swallow the cancel: delaywheel/cancelling.py).
+CLOSE_WAIT_S = 1.0
 
 _ACQUIRE = Script(
     """
@@ -239,11 +243,9 @@ class LeaseKeeper:
         log.debug("released partition %d, epoch %d", partition, held.epoch)
 
     async def close(self, *, release: bool = True) -> None:
-        if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
-            self._renewing = None
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None:
+            await cancel_and_wait({renewing}, CLOSE_WAIT_S)
         for partition in list(self._held):
             if release:
                 with contextlib.suppress(Exception):  # the lease expires by itself anyway
@@ -270,7 +272,9 @@ class LeaseKeeper:
     async def _renew_forever(self) -> None:
         loop = asyncio.get_running_loop()
         period_s = self.lease_s / RENEWALS_PER_LEASE
-        while True:
+        # Until close or forget_all lets go of this task: a renewal that
+        # swallowed their cancel must not go on renewing for ever.
+        while self._renewing is asyncio.current_task():
             started_s = loop.time()
             held = self.held
             if held:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar
 
+from delaywheel.cancelling import cancel_and_wait
 from delaywheel.delivery.base import Delivery, DeliveryFailed
 from delaywheel.store.base import scrub
 
@@ -36,6 +37,9 @@ RECONNECT_MAX_S = 2.0
 # An exception's text can be long (a traceback-ish repr from a driver);
 # stats and a task's last error only need the gist.
 MAX_ERROR_CHARS = 300
+# Longest wait at close for the background tasks (connecting, probing) to
+# end once cancelled; past it the connection is closed under them.
+CLOSE_WAIT_S = 1.0
 
 
 class BrokerLink:
@@ -93,11 +97,11 @@ class BrokerLink:
         }
 
     async def close(self) -> None:
-        self._closing = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._closing = True  # first: a retry loop whose cancel is swallowed ends on it
+        # Cancelled until they end, not once and waited for: a Redis sender's
+        # connection attempt swallowed the cancel and held a SIGTERM for as
+        # long as Redis was paused (delaywheel/cancelling.py).
+        await cancel_and_wait(self._tasks, CLOSE_WAIT_S)
         await self._release()
         self.connected = False
 

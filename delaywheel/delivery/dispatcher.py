@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
+from delaywheel.cancelling import cancel_and_wait
 from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
 from delaywheel.tallies import DELIVERY_BOUNDS_S, Histogram
 
@@ -44,6 +45,10 @@ BROKER_LANE_LIMIT = 256
 # asyncio pool has at most 100: past that, pushes fail at once ("Too many
 # connections"), which bench/deliveries.py saw for 94 % of a 20,000 burst.
 REDIS_LANE_LIMIT = 64
+# Longest wait for the deliveries cut off at shutdown to end once cancelled:
+# a Redis push can swallow its cancel (delaywheel/cancelling.py) and would
+# otherwise hold the stop until its reply or its timeout.
+CUT_WAIT_S = 1.0
 
 # (task id, attempt, error or None, now_s): Engine.delivered.
 Report = Callable[[str, int, str | None, float], None]
@@ -188,9 +193,7 @@ class Dispatcher:
             await asyncio.wait(set(self._running), timeout=grace_s)
         self._closed = True
         cut = list(self._running)
-        for task in cut:
-            task.cancel()
         if cut:
-            await asyncio.wait(cut)
+            await cancel_and_wait(cut, CUT_WAIT_S)
             log.warning("shutdown: %d deliveries cut off, tried again after a restart", len(cut))
         return len(cut)

@@ -31,11 +31,18 @@ task table, not one pass each.
 A stop is bounded: past ``handoff_wait_s`` plus ``STOP_BOUND_LEASES`` lease
 periods it gives up with one warning line naming the step it was waiting
 on, and the process exits; the leases it still holds expire and another
-node takes over, as after a crash. The rounds end on ``_stopping``, not on
-the cancel alone: redis-py (8.2, on Python 3.11) swallows a cancel that
-lands while a command is being sent (its ``asyncio.wait_for`` around the
-send returns the finished send), and a stop that waited on the cancelled
-round loop then waited for ever, while that loop went on running rounds.
+node takes over, as after a crash. The bound counts from the start of the
+node's stop, the server's own included (its replies, its deliveries'
+grace, its journal: ``stop(server)``), since each of those waits on Redis
+too: counted from the handoff alone, a stop with Redis paused once waited
+out the pause in the server's stop (a broker's connection attempt that
+swallowed its cancel), and meanwhile its rounds took back the partitions
+it had self-fenced. From the stop's start no round claims or hands back.
+The rounds end on ``_stopping``, not on the cancel alone: redis-py (8.2,
+on Python 3.11) swallows a cancel that lands while a command is being sent
+(its ``asyncio.wait_for`` around the send returns the finished send), and a
+stop that waited on the cancelled round loop then waited for ever, while
+that loop went on running rounds (delaywheel/cancelling.py).
 
 A partition lost (the keeper's renewal was refused, or 0.8 L passed without
 one: self-fenced) or fenced (a flush was refused) is dropped at once: no
@@ -56,7 +63,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from delaywheel.cluster._scripts import text
 from delaywheel.cluster.failover import stale_partitions
@@ -74,6 +81,12 @@ log = logging.getLogger("delaywheel.cluster")
 HANDOFF_WAIT_S = 10.0
 # A stop gives up after handoff_wait_s and this many lease periods more.
 STOP_BOUND_LEASES = 3
+
+
+class StopsFirst(Protocol):
+    """The server, whose stop runs first, within the node's bound (net/server.py)."""
+
+    async def stop(self, until_s: float | None = None) -> str | None: ...
 
 
 class Coordinator:
@@ -101,6 +114,7 @@ class Coordinator:
         self._loop_task: asyncio.Task[None] | None = None
         self._busy: set[int] = set()  # partitions being loaded or handed back
         self._stopping = False
+        self._gave_up = False  # a hand-back whose cancel was swallowed ends on it
         self._stop_step = ""  # what a stop waits on now, for its give-up line
         self._dropping: set[int] = set()  # lost, their tasks to be dropped next turn
         keyspace.on_fenced = self._fenced
@@ -122,24 +136,30 @@ class Coordinator:
         await self._round()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> None:
-        """Hand every partition back (a graceful stop: the next owner takes over
-        at once), or give up after ``stop_bound_s`` (see the module docstring)."""
-        self._stopping = True
+    async def stop(self, server: StopsFirst | None = None) -> None:
+        """Stop ``server`` first, when given, then hand every partition back (a
+        graceful stop: the next owner takes over at once); give up
+        ``stop_bound_s`` after the call (see the module docstring)."""
+        self._stopping = True  # from now on no round claims or hands back
         bound_s = self.stop_bound_s
-        stopping = asyncio.get_running_loop().create_task(self._hand_all_back())
-        # Waited on, not wait_for'ed: a cancel of the handoff could be
-        # swallowed as the round loop's was.
-        await asyncio.wait({stopping}, timeout=bound_s)
-        if stopping.done():
-            return
-        stopping.cancel()
+        until_s = time.monotonic() + bound_s
+        waiting_on = None if server is None else await server.stop(until_s)
+        if waiting_on is None:  # the journal is drained: the partitions can go back
+            stopping = asyncio.get_running_loop().create_task(self._hand_all_back())
+            # Waited on, not wait_for'ed: a cancel of the handoff could be
+            # swallowed as the round loop's was.
+            await asyncio.wait({stopping}, timeout=max(0.0, until_s - time.monotonic()))
+            if stopping.done():
+                return
+            stopping.cancel()
+            waiting_on = self._stop_step
+        self._gave_up = True
         held = sorted(self.keeper.held)
         log.warning(
             "graceful stop gave up after %g s %s: partitions %s are left to their leases,"
             " which expire within %g s",
-            *(bound_s, self._stop_step, held, self.sharing.lease_s),
-            extra={"waiting_on": self._stop_step, "partitions": held},
+            *(bound_s, waiting_on, held, self.sharing.lease_s),
+            extra={"waiting_on": waiting_on, "partitions": held},
         )
         self.keeper.forget_all()
 
@@ -157,6 +177,8 @@ class Coordinator:
         if held:
             with contextlib.suppress(Exception):
                 await self._hand_back(held)
+        if self._gave_up:
+            return
         self._stop_step = "leaving the members"
         with contextlib.suppress(Exception):
             await self.membership.leave()

@@ -62,10 +62,16 @@ class Server:
         host, port = self.listener.sockets[0].getsockname()[:2]
         return host, port
 
-    async def stop(self) -> None:
+    async def stop(self, until_s: float | None = None) -> str | None:
         """Stop accepting and reading, answer what is in flight, close the
         connections, give deliveries in flight their grace period, and wait
-        for the journal to drain."""
+        for the journal to drain.
+
+        With ``until_s`` (a ``time.monotonic()`` time: a node's stop is
+        bounded, engine/coordinator.py) nothing waits past it: a change not
+        durable by then is never answered (its client sees the connection
+        close: outcome unknown), and the deliveries get what is left of their
+        grace. Returns what it stopped waiting on then, or None."""
         self.ticker.stop()  # the wheel stops: nothing fires, no delivery starts
         self.listener.close()
         if self._sweeper is not None:
@@ -77,12 +83,30 @@ class Server:
         # the next turns; then every reply waits only for the journal.
         while any(conn.busy for conn in self.connections):
             await asyncio.sleep(0)
-        await self.engine.journal.drain()
+        gave_up = None if await self._drained(until_s) else "waiting for the journal to drain"
         for conn in list(self.connections):
             conn.close()
         if self.deliveries is not None:
-            await self.deliveries.stop(self.settings.shutdown_grace_s)
-        await self.engine.journal.drain()
+            grace_s = self.settings.shutdown_grace_s
+            if until_s is not None:
+                grace_s = min(grace_s, max(0.0, until_s - time.monotonic()))
+            await self.deliveries.stop(grace_s)
+        if not await self._drained(until_s):  # the outcomes of the deliveries
+            gave_up = "waiting for the journal to drain"
+        return gave_up
+
+    async def _drained(self, until_s: float | None) -> bool:
+        """Wait for the journal to drain, until ``until_s`` when given."""
+        if until_s is None or self.engine.journal.pending() is None:
+            await self.engine.journal.drain()
+            return True
+        # drain() waits on the batches' futures, not on Redis: cancelled at once.
+        left_s = max(0.0, until_s - time.monotonic())
+        try:
+            await asyncio.wait_for(self.engine.journal.drain(), left_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def rearm(self) -> None:
         """A change may have moved the next timer earlier: the driver looks again."""
