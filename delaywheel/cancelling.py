@@ -22,10 +22,14 @@ from typing import Any
 
 # How often a task that is still running is cancelled again.
 RECANCEL_EVERY_S = 0.02
+# How long a close waits, by default, for its tasks to end once cancelled
+# (connecting, probing, renewing, resending, a delivery cut off at shutdown);
+# past it they are left to end by themselves and the close goes on.
+CANCEL_WAIT_S = 1.0
 
 
 async def cancel_and_wait(
-    tasks: Iterable[asyncio.Task[Any]], within_s: float
+    tasks: Iterable[asyncio.Task[Any]], within_s: float = CANCEL_WAIT_S
 ) -> set[asyncio.Task[Any]]:
     """Cancel ``tasks`` until they end, for up to ``within_s``; returns those
     still running then (left to end by themselves)."""

@@ -115,6 +115,24 @@ def own_redis(tmp_path: Path) -> RedisServer:
         server.kill()
 
 
+def _pause(redis_server: RedisServer) -> None:
+    """Pause every client of ``redis_server`` for 10 s: longer than the give-up
+    bound (grace + 3 L = 4 s; it took 4.1 s), so no hand-back can get through;
+    not much longer, since the test then waits the pause out (CLIENT UNPAUSE
+    waits behind it too)."""
+    with redis_server.client() as client:
+        client.execute_command("CLIENT", "PAUSE", "10000", "ALL")
+
+
+def _sigterm_and_wait(node: ServerProcess) -> tuple[int, float]:
+    """SIGTERM ``node``; its exit code and how long it took to exit."""
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGTERM)
+    started_s = time.monotonic()
+    code = node.proc.wait(30)
+    return code, time.monotonic() - started_s
+
+
 @pytest.mark.process
 @pytest.mark.redis
 @pytest.mark.slow
@@ -131,16 +149,8 @@ def test_a_stop_that_cannot_hand_back_gives_up_within_its_bound_and_says_why(
         while "serving partition 15" not in node.log_text():
             assert time.monotonic() < deadline_s, node.log_text()
             time.sleep(0.05)
-        with own_redis.client() as client:
-            # Longer than the give-up bound (grace + 3 L = 4 s; it took 4.1 s),
-            # so no hand-back can get through; not much longer, since the test
-            # then waits the pause out (CLIENT UNPAUSE waits behind it too).
-            client.execute_command("CLIENT", "PAUSE", "10000", "ALL")
-        assert node.proc is not None
-        node.proc.send_signal(signal.SIGTERM)
-        started_s = time.monotonic()
-        code = node.proc.wait(30)
-        took_s = time.monotonic() - started_s
+        _pause(own_redis)
+        code, took_s = _sigterm_and_wait(node)
     finally:
         with own_redis.client() as client:
             client.execute_command("CLIENT", "UNPAUSE")
@@ -189,14 +199,9 @@ def test_a_stop_with_writes_stuck_in_a_paused_redis_gives_up_and_loses_nothing_a
         for writer in writers:
             writer.start()
         wait_until(lambda: sum(map(len, acknowledged)) >= 200, 20, "adds acknowledged")
-        with own_redis.client() as client:
-            client.execute_command("CLIENT", "PAUSE", "10000", "ALL")  # as the test above
+        _pause(own_redis)
         time.sleep(0.2)  # the writers' next adds wait on a flush Redis holds
-        assert node.proc is not None
-        node.proc.send_signal(signal.SIGTERM)
-        started_s = time.monotonic()
-        code = node.proc.wait(30)
-        took_s = time.monotonic() - started_s
+        code, took_s = _sigterm_and_wait(node)
     finally:
         with own_redis.client() as client:
             client.execute_command("CLIENT", "UNPAUSE")

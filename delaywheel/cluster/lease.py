@@ -40,9 +40,6 @@ log = logging.getLogger("delaywheel.cluster")
 FENCE_AFTER = 0.8
 # Renewals per lease period.
 RENEWALS_PER_LEASE = 3
-# Longest wait at close for the renewal task to end once cancelled (a renewal
-# in flight can swallow the cancel: delaywheel/cancelling.py).
-CLOSE_WAIT_S = 1.0
 
 _ACQUIRE = Script(
     """
@@ -245,7 +242,7 @@ class LeaseKeeper:
     async def close(self, *, release: bool = True) -> None:
         renewing, self._renewing = self._renewing, None
         if renewing is not None:
-            await cancel_and_wait({renewing}, CLOSE_WAIT_S)
+            await cancel_and_wait({renewing})  # a renewal in flight can swallow a cancel
         for partition in list(self._held):
             if release:
                 with contextlib.suppress(Exception):  # the lease expires by itself anyway

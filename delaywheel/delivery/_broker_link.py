@@ -37,9 +37,6 @@ RECONNECT_MAX_S = 2.0
 # An exception's text can be long (a traceback-ish repr from a driver);
 # stats and a task's last error only need the gist.
 MAX_ERROR_CHARS = 300
-# Longest wait at close for the background tasks (connecting, probing) to
-# end once cancelled; past it the connection is closed under them.
-CLOSE_WAIT_S = 1.0
 
 
 class BrokerLink:
@@ -100,8 +97,9 @@ class BrokerLink:
         self._closing = True  # first: a retry loop whose cancel is swallowed ends on it
         # Cancelled until they end, not once and waited for: a Redis sender's
         # connection attempt swallowed the cancel and held a SIGTERM for as
-        # long as Redis was paused (delaywheel/cancelling.py).
-        await cancel_and_wait(self._tasks, CLOSE_WAIT_S)
+        # long as Redis was paused (delaywheel/cancelling.py); past the bound the
+        # connection is closed under them.
+        await cancel_and_wait(self._tasks)
         await self._release()
         self.connected = False
 

@@ -45,10 +45,6 @@ BROKER_LANE_LIMIT = 256
 # asyncio pool has at most 100: past that, pushes fail at once ("Too many
 # connections"), which bench/deliveries.py saw for 94 % of a 20,000 burst.
 REDIS_LANE_LIMIT = 64
-# Longest wait for the deliveries cut off at shutdown to end once cancelled:
-# a Redis push can swallow its cancel (delaywheel/cancelling.py) and would
-# otherwise hold the stop until its reply or its timeout.
-CUT_WAIT_S = 1.0
 
 # (task id, attempt, error or None, now_s): Engine.delivered.
 Report = Callable[[str, int, str | None, float], None]
@@ -194,6 +190,8 @@ class Dispatcher:
         self._closed = True
         cut = list(self._running)
         if cut:
-            await cancel_and_wait(cut, CUT_WAIT_S)
+            # A Redis push can swallow its cancel and would hold the stop until
+            # its reply or its timeout (delaywheel/cancelling.py).
+            await cancel_and_wait(cut)
             log.warning("shutdown: %d deliveries cut off, tried again after a restart", len(cut))
         return len(cut)

@@ -40,7 +40,7 @@ from functools import partial
 
 from redis.asyncio import RedisCluster
 
-from delaywheel.cancelling import cancel_and_wait
+from delaywheel.cancelling import CANCEL_WAIT_S, cancel_and_wait
 from delaywheel.store._redis_journal import JournalLink
 from delaywheel.store.base import StoreUnavailable
 from delaywheel.store.fenced import Fenced, FencedWriter, FlushOutcome, OnOutcome, PartitionWrite
@@ -52,9 +52,6 @@ log = logging.getLogger("delaywheel.store")
 RETRY_FOR_S = 5.0
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 0.5
-# Longest wait at close for the resends to end once cancelled: a resend reads
-# the slot map with redis-py, which can swallow a cancel (delaywheel/cancelling.py).
-CLOSE_WAIT_S = 1.0
 
 Address = tuple[str, int]
 MakeLink = Callable[[str, int], JournalLink]
@@ -269,8 +266,9 @@ class ClusterFencedWriter:
 
     async def close(self) -> None:
         self._closed = True
-        # Again while a resend that ended started another, within one bound.
-        deadline_s = time.monotonic() + CLOSE_WAIT_S
+        # Again while a resend that ended started another, within one bound (a
+        # resend reads the slot map with redis-py, which can swallow a cancel).
+        deadline_s = time.monotonic() + CANCEL_WAIT_S
         while self._tasks and time.monotonic() < deadline_s:
             await cancel_and_wait(list(self._tasks), deadline_s - time.monotonic())
         writers, self._writers = list(self._writers.values()), {}
