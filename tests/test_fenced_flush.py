@@ -102,10 +102,10 @@ def test_a_write_with_an_old_epoch_is_refused_and_writes_nothing(
     assert sorted(outcome.fenced) == [1, 7]
     assert "{delaywheel:p001}:epoch is 5, not 4" in str(outcome.fenced[1])
     # The refusal names who holds the lease now (for the moved answer), if anyone.
-    assert "held by node-b at 10.0.0.2:7001 (epoch 5)" in str(outcome.fenced[1])
-    assert outcome.fenced[1].holder == ("node-b", "10.0.0.2:7001", 5)
+    assert "the lease is '5 node-b 10.0.0.2:7001'" in str(outcome.fenced[1])
+    assert outcome.fenced[1].lease == "5 node-b 10.0.0.2:7001"
     assert "is unset, not 1; the lease is free" in str(outcome.fenced[7])
-    assert outcome.fenced[7].holder is None
+    assert outcome.fenced[7].lease is None
     with redis_server.client(db_of(redis_url)) as client:
         assert client.hgetall("{delaywheel:p001}:tasks") == {b"kept": b"old"}
         assert client.hgetall("{delaywheel:p002}:tasks") == {b"mine": b"y"}

@@ -45,7 +45,9 @@ def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable
         shared = SharedKeyspace(RedisStore(redis_url), partitions=PARTITIONS)
         await shared.open()
         told: Told = []
-        shared.on_fenced = lambda fenced, written, holders: told.append((fenced, written, holders))
+        shared.on_fenced = lambda fenced, written, holders: told.append(
+            (fenced, written, {p: (h.node, h.address, h.epoch) for p, h in holders.items()})
+        )
         try:
             for p in range(PARTITIONS):
                 await shared.client.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)

@@ -42,6 +42,7 @@ from typing import Any, cast
 
 from redis.asyncio import RedisCluster
 
+from delaywheel.cluster.lease import Holder, parse_holder
 from delaywheel.cluster.migrate import migrate
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
 from delaywheel.cluster.spread import SPREAD, Spread, spread
@@ -66,8 +67,8 @@ from delaywheel.store.redis_client import replicas_warning
 REPLICAS_WAIT_S = 1.0
 
 # (fenced partitions, partitions written in the same flush, the holders the
-# refusals named: partition -> (node, address, epoch))
-Holders = dict[int, tuple[str, str, int]]
+# refusals named, by partition)
+Holders = dict[int, Holder]
 OnFenced = Callable[[set[int], set[int], Holders], None]
 
 
@@ -85,8 +86,12 @@ class FencedWrite(StoreError):
         self.fenced = fenced
         self.written = written
         first = min(fenced)
-        _, address, epoch = (holders or {}).get(first, (None, None, None))
-        self.reply_data: dict[str, Any] = {"partition": first, "owner": address, "epoch": epoch}
+        holder = (holders or {}).get(first)
+        self.reply_data: dict[str, Any] = {
+            "partition": first,
+            "owner": None if holder is None else holder.address,
+            "epoch": None if holder is None else holder.epoch,
+        }
 
 
 class SharedKeyspace(Store):
@@ -277,9 +282,9 @@ class SharedKeyspace(Store):
             epoch_of = {write.partition: write.epoch for write in writes}
             fenced = set(outcome.fenced)
             holders = {
-                p: refused.holder
+                p: parse_holder(refused.lease, 0)  # its time left unknown, as a round's
                 for p, refused in outcome.fenced.items()
-                if refused.holder is not None
+                if refused.lease is not None
             }
             self._refuse(
                 fenced,

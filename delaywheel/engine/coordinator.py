@@ -349,8 +349,9 @@ class Coordinator:
             self.keeper.forget(partition)
             self.sharing.serving.pop(partition, None)
             self.keyspace.epochs.pop(partition, None)
-            if partition in holders:
-                self.sharing.owners[partition] = Owner(*holders[partition])
+            holder = holders.get(partition)
+            if holder is not None:
+                self.sharing.owners[partition] = Owner(holder.node, holder.address, holder.epoch)
         loop = asyncio.get_running_loop()
         if fenced:
             loop.call_soon(partial(self.engine.drop_partitions, set(fenced)))

@@ -92,27 +92,21 @@ _ASKING = hiredis.pack_command(("ASKING",))
 
 class Fenced(StoreError):
     """A partition's write was refused: its epoch moved on (another node owns it).
-    ``holder``: the lease's ``(node, address, epoch)`` as the refusing script
-    read it, None when the lease was free or the refusal was this node's own."""
+    ``lease``: the partition's lease key's value as the refusing script read
+    it (its holder, ``cluster.lease.parse_holder`` reads it), None when the
+    lease was free or the refusal was this node's own."""
 
-    def __init__(self, message: str, holder: tuple[str, str, int] | None = None) -> None:
+    def __init__(self, message: str, lease: str | None = None) -> None:
         super().__init__(message)
-        self.holder = holder
+        self.lease = lease
 
 
 def refusal(partition: int, reply: str) -> Fenced:
-    """The ``Fenced`` of a script's ``FENCED <epoch key> is E, not W; lease <value>``
-    (the lease's value ``"<epoch> <node> <address>"``, cluster/lease.py, or empty)."""
-    said, _, held = reply[len("FENCED ") :].partition("; lease ")
-    epoch, _, rest = held.partition(" ")
-    node, _, address = rest.partition(" ")
-    if not (epoch.isdigit() and node and address):
+    """The ``Fenced`` of a script's ``FENCED <epoch key> is E, not W; lease <value>``."""
+    said, _, lease = reply[len("FENCED ") :].partition("; lease ")
+    if not lease:
         return Fenced(f"partition {partition}: write refused, {said}; the lease is free")
-    return Fenced(
-        f"partition {partition}: write refused, {said}; held by {node} at {address}"
-        f" (epoch {epoch})",
-        (node, address, int(epoch)),
-    )
+    return Fenced(f"partition {partition}: write refused, {said}; the lease is {lease!r}", lease)
 
 
 class TooFewReplicas(StoreUnavailable):
