@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import RedisServer
+from conftest import RedisServer, free_port
 from delaywheel_client import Client, errors
 from serverproc import LISTENING, START_TIMEOUT_S, ServerProcess
 from services import need_program
@@ -505,32 +505,172 @@ def test_the_client_wheel_alone_needs_msgpack_only(
 HA_COMPOSE_FILE = ROOT / "docker-compose-ha-sample.yml"
 
 
+HA_REDIS = ("redis-primary", "redis-replica-1", "redis-replica-2")
+HA_SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+
+
 def test_the_ha_compose_sample_is_valid_and_wires_sentinel() -> None:
-    """A primary, a replica, three Sentinels (quorum 2) and two nodes on them."""
+    """A primary, two replicas, three Sentinels (quorum 2) and two nodes on them."""
     _run(_compose(HA_COMPOSE_FILE, "config", "-q"), "config -q", env=_clean_env(**COMPOSE_ENV))
     services = _resolved(HA_COMPOSE_FILE)["services"]
-    sentinels = [f"sentinel-{i}" for i in (1, 2, 3)]
-    assert sorted(services) == sorted(
-        ["redis-primary", "redis-replica", *sentinels, "node-1", "node-2"]
-    )
-    assert "--replicaof redis-primary 6379" in services["redis-replica"]["command"]
-    for name in ("redis-primary", "redis-replica"):
-        assert "--appendonly yes" in services[name]["command"]
-        assert "--maxmemory-policy noeviction" in services[name]["command"]
-    for name in sentinels:
+    assert sorted(services) == sorted([*HA_REDIS, *HA_SENTINELS, "node-1", "node-2"])
+    # Two replicas of the first primary: with --replicas 1, a failover leaves
+    # the promoted one a replica to confirm WAIT 1 (docs/ha.md).
+    assert [services[name]["environment"].get("REPLICAOF") for name in HA_REDIS] == [
+        None,
+        "redis-primary",
+        "redis-primary",
+    ]
+    for name in (*HA_REDIS, *HA_SENTINELS):
+        # Each server keeps its config file on a volume of its own, for
+        # Sentinel to rewrite; each has a health check the nodes wait for.
+        script = " ".join(services[name]["command"])
+        assert "if [ ! -f /data/" in script, name
+        assert [_volume(v)[1] for v in services[name]["volumes"]] == ["/data"], name
+        assert "redis-cli" in services[name]["healthcheck"]["test"], name
+    for name in HA_REDIS:
+        script = " ".join(services[name]["command"])
+        assert "appendonly yes" in script and "maxmemory-policy noeviction" in script, name
+    for name in HA_SENTINELS:
         script = " ".join(services[name]["command"])
         assert "sentinel monitor dwmaster redis-primary 6379 2" in script
         assert "--sentinel" in script
-    seeds = ",".join(f"{name}:26379" for name in sentinels)
-    for name in ("node-1", "node-2"):
+    volumes = {_volume(services[name]["volumes"][0])[0] for name in (*HA_REDIS, *HA_SENTINELS)}
+    assert len(volumes) == len(HA_REDIS) + len(HA_SENTINELS)
+    seeds = ",".join(f"{name}:26379" for name in HA_SENTINELS)
+    for number, name in enumerate(("node-1", "node-2"), start=1):
         environment = services[name]["environment"]
         assert environment["DELAYWHEEL_STORE"] == f"redis+sentinel://{seeds}/dwmaster/0"
         assert environment["DELAYWHEEL_TOKEN"] == COMPOSE_ENV["DELAYWHEEL_TOKEN"]
-        # The HA settings are real, not commented out: a name and an address
-        # of its own each, and the replica awaited before every reply.
+        # The HA settings are real, not commented out: a name of its own, the
+        # address the host reaches it on (its published port: the header runs
+        # the CLI from the host), and a replica awaited before every reply.
         assert environment["DELAYWHEEL_NODE"] == name
-        assert environment["DELAYWHEEL_ADVERTISE"] == f"{name}:3450"
+        assert environment["DELAYWHEEL_ADVERTISE"] == f"127.0.0.1:345{number}"
         assert environment["DELAYWHEEL_REPLICAS"] == "1"
-        assert set(services[name]["depends_on"]) == set(sentinels)
-    ports = [services[name]["ports"] for name in ("node-1", "node-2")]
-    assert ports == [["127.0.0.1:3451:3450/tcp"], ["127.0.0.1:3452:3450/tcp"]]
+        waits = services[name]["depends_on"]
+        assert set(waits) == {"redis-primary", *HA_SENTINELS}
+        assert {wait["condition"] for wait in waits.values()} == {"service_healthy"}
+        assert services[name]["ports"] == [f"127.0.0.1:345{number}:3450/tcp"]
+    header = HA_COMPOSE_FILE.read_text().split("\nx-", 1)[0]
+    assert "--server 127.0.0.1:3451,127.0.0.1:3452" in header
+
+
+def _volume(volume: str | dict[str, str]) -> tuple[str, str]:
+    """(source, target) of a volume as docker-compose v1 ("src:/data:rw") or v2 shows it."""
+    if isinstance(volume, dict):
+        return volume["source"], volume["target"]
+    source, target = volume.split(":")[:2]
+    return source, target
+
+
+def _ha_script(services: dict[str, Any], name: str, data: Path, ports: dict[str, int]) -> str:
+    """Service ``name``'s shell script, run here: its /data is ``data``, and each
+    compose name with its port 6379 or 26379 is 127.0.0.1 on a port of ``ports``."""
+    # `$$` is compose's escape of `$` (docker-compose v1's config keeps it).
+    script = services[name]["command"][-1].replace("$$", "$").replace("/data", str(data))
+    own = ports[name]
+    script = script.replace("port 26379", f"port {own}").replace("'port 6379'", f"'port {own}'")
+    script = script.replace("redis-primary 6379", f"127.0.0.1 {ports['redis-primary']}")
+    return script.replace("$REPLICAOF 6379", f"$REPLICAOF {ports['redis-primary']}")
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_the_ha_samples_servers_keep_their_roles_across_a_failover(tmp_path: Path) -> None:
+    """The sample's Redis and Sentinel scripts, run here on private ports: the
+    Sentinels fail the primary over to a replica, which still has a replica
+    (the other follows it), and both rewrite their config files, so a replica
+    restarted from its script follows the new primary, not the dead one."""
+    need_program("redis-server", "redis-server")
+    services = _resolved(HA_COMPOSE_FILE)["services"]
+    ports = {name: free_port() for name in (*HA_REDIS, *HA_SENTINELS)}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str) -> None:
+        data = tmp_path / name
+        data.mkdir(exist_ok=True)
+        environment = services[name].get("environment", {})
+        env = {
+            **_clean_env(),
+            "ANNOUNCE": "127.0.0.1",
+            **({"REPLICAOF": "127.0.0.1"} if "REPLICAOF" in environment else {}),
+        }
+        procs[name] = subprocess.Popen(
+            ["sh", "-c", _ha_script(services, name, data, ports)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def redis(name: str) -> Any:
+        import redis as redis_py
+
+        return redis_py.Redis(port=ports[name], socket_timeout=2, decode_responses=True)
+
+    def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except Exception:  # not up yet
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"timed out waiting for {what}")
+
+    try:
+        for name in (*HA_REDIS, *HA_SENTINELS):
+            start(name)
+            wait_for(f"{name} to answer", lambda name=name: redis(name).ping())
+        for name in HA_REDIS[1:]:
+            wait_for(
+                f"{name} to sync",
+                lambda name=name: redis(name).info("replication")["master_link_status"] == "up",
+            )
+        primary = redis("redis-primary")
+        primary.set("before-the-failover", "1")
+        assert primary.wait(2, 2000) == 2
+        procs["redis-primary"].kill()
+        procs["redis-primary"].wait()
+
+        def promoted() -> str | None:
+            for name in HA_REDIS[1:]:
+                if redis(name).info("replication")["role"] == "master":
+                    return name
+            return None
+
+        wait_for("a replica to be promoted", lambda: promoted() is not None, timeout_s=40)
+        new_primary = promoted()
+        assert new_primary is not None
+        other = next(name for name in HA_REDIS[1:] if name != new_primary)
+        # The promoted primary still has a replica: WAIT 1 is confirmed.
+        wait_for(
+            f"{other} to follow {new_primary}",
+            lambda: redis(new_primary).info("replication")["connected_slaves"] == 1,
+            timeout_s=40,
+        )
+        redis(new_primary).set("after-the-failover", "1")
+        assert redis(new_primary).wait(1, 2000) == 1
+        # Sentinel rewrote both files: no replicaof in the promoted one's,
+        # the new primary's port in the other's.
+        promoted_conf = (tmp_path / new_primary / "redis.conf").read_text()
+        assert "replicaof" not in promoted_conf
+        other_conf = (tmp_path / other / "redis.conf").read_text()
+        assert f"replicaof 127.0.0.1 {ports[new_primary]}" in other_conf
+        # A restart from the same script keeps the role Sentinel gave it.
+        procs[other].kill()
+        procs[other].wait()
+        start(other)
+        wait_for(
+            f"{other} to follow {new_primary} after its restart",
+            lambda: redis(other).info("replication")["master_port"] == ports[new_primary]
+            and redis(other).info("replication")["master_link_status"] == "up",
+        )
+        assert redis(other).get("after-the-failover") == "1"
+        for name in HA_SENTINELS:
+            assert f"{ports[new_primary]}" in (tmp_path / name / "sentinel.conf").read_text()
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
