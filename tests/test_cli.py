@@ -167,6 +167,24 @@ def test_process_serve_bad_setting_exits_2_with_one_line() -> None:
 # -- help, usage errors ------------------------------------------------------------------------
 
 
+STORE_URL_FORMS = ("redis://", "rediss://", "redis+sentinel://", "sqlite:///", "memory://")
+
+
+def test_every_store_url_form_is_named_by_serve_help_the_operations_guide_and_the_readme() -> None:
+    """An operator finds each form where they look first (issue 35: the help and
+    the guide's table left out rediss:// and redis+sentinel://)."""
+    result = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    help_text = " ".join(result.output.split())
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    store_row = next(line for line in operations.splitlines() if line.startswith("| `--store`"))
+    durability = (ROOT / "README.md").read_text().split("## Durability", 1)[1].split("##", 1)[0]
+    for form in STORE_URL_FORMS:
+        assert form in help_text, form
+        assert form in store_row, form
+        assert form.rstrip("/") in durability, form
+
+
 def test_serve_help_lists_the_env_vars() -> None:
     result = CliRunner().invoke(main, ["serve", "--help"])
     assert result.exit_code == 0

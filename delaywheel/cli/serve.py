@@ -53,7 +53,8 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     "store_url",
     default=DEFAULT_STORE,
     show_default=True,
-    help="redis://host:port/db, sqlite:///path or memory://",
+    help="redis://host:port/db, rediss:// (TLS), redis+sentinel://host:port,.../MASTER/db,"
+    " sqlite:///path or memory://",
 )
 @_serve_option(
     "--redis-prefix", default="delaywheel", show_default=True, help="Key prefix in Redis."
