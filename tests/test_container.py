@@ -336,14 +336,32 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src") / "delaywheel"
     shutil.copytree(ROOT, src, ignore=SKIPPED_IN_COPY)
     out = tmp_path_factory.mktemp("dist")
+    said = []
     for project in (src / "client", src):
-        _run(
+        done = _run(
             [sys.executable, "-m", "build", "--outdir", str(out), str(project)],
             f"building {project.name}",
             timeout=PIP_TIMEOUT_S,
             env=_clean_env(),
         )
+        said.append(done.stdout + done.stderr)
+    _build_output(out).write_text("\n".join(said))
     return out
+
+
+def _build_output(dists: Path) -> Path:
+    """Where what the builds printed is kept: beside the distributions' folder."""
+    return dists.with_name(f"{dists.name}-build-output.txt")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_build_prints_no_package_warning(dists: Path) -> None:
+    """setuptools once warned "Package would be ignored" for web/templates and
+    web/static, about 100 lines on `make install`'s first run: it looked broken."""
+    said = _build_output(dists).read_text()
+    assert "would be ignored" not in said
+    assert "is absent from the `packages` configuration" not in said
 
 
 def _venv(path: Path, *requirements: str) -> Path:
