@@ -42,9 +42,10 @@ def test_next_shows_the_london_autumn_night_once() -> None:
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
         "At 01:30 every day (Europe/London; DST by Debian cron's rule)",
-        "2025-10-26T01:30:00+01:00  (1761438600)",
-        "2025-10-27T01:30:00+00:00  (1761528600)",
-        "2025-10-28T01:30:00+00:00  (1761615000)",
+        # The zone's time with its offset, then UTC (the README says "local and UTC").
+        "2025-10-26T01:30:00+01:00  (2025-10-26T00:30:00Z)",
+        "2025-10-27T01:30:00+00:00  (2025-10-27T01:30:00Z)",
+        "2025-10-28T01:30:00+00:00  (2025-10-28T01:30:00Z)",
     ]
 
 

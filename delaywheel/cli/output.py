@@ -206,8 +206,15 @@ def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     )
 
 
+# The LAST ERROR column's width: a table line stays readable; --json and `get`
+# show the whole error.
+LAST_ERROR_CHARS = 60
+
+
 def task_table(tasks: list[dict[str, Any]]) -> str:
-    header = ("ID", "TOPIC", "STATE", "DUE", "ATTEMPTS")
+    """id, topic, state, due and attempts; and the last error, when a task has one
+    (a dead task's, or one waiting to be tried again)."""
+    header: tuple[str, ...] = ("ID", "TOPIC", "STATE", "DUE", "ATTEMPTS")
     rows = [
         (
             str(t.get("id")),
@@ -218,7 +225,15 @@ def task_table(tasks: list[dict[str, Any]]) -> str:
         )
         for t in tasks
     ]
+    if any(t.get("last_error") for t in tasks):
+        header += ("LAST ERROR",)
+        rows = [(*row, _short(t.get("last_error"))) for row, t in zip(rows, tasks, strict=True)]
     return table(header, rows)
+
+
+def _short(error: Any) -> str:
+    text = " ".join(str(error or "").split())  # one line
+    return text if len(text) <= LAST_ERROR_CHARS else text[: LAST_ERROR_CHARS - 1] + "…"
 
 
 def stats_text(stats: Any, indent: int = 0) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -317,8 +318,9 @@ def next_(
     from_s: float | None,
 ) -> None:
     """The next occurrences of a spec, offline (--cron or --every), or of a saved
-    schedule ID on the server: local time with its offset, Unix seconds, and the
-    plan in plain English (the DST rule applied)."""
+    schedule ID on the server: the plan in plain English (the DST rule applied),
+    then each time in the schedule's zone with its offset and in UTC. With --json:
+    the reply, each time's Unix seconds under "utc"."""
     given = {"cron": cron, "tz": tz, "every": every, "anchor": anchor}
     spec: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     if schedule_id is not None:
@@ -329,8 +331,17 @@ def next_(
             reply = env.client().schedule_next(schedule_id, count)
     else:
         reply = _preview(spec, count, from_s)
-    lines = [reply["description"], *(f"{t['local']}  ({t['utc']})" for t in reply["times"])]
+    lines = [
+        reply["description"],
+        *(f"{t['local']}  ({_utc_text(t['utc'])})" for t in reply["times"]),
+    ]
     env.emit(reply, "\n".join(lines))
+
+
+def _utc_text(unix_s: float) -> str:
+    """``2026-12-07T01:30:00Z``: the reply's ``utc`` (Unix seconds) as a UTC time."""
+    shown = datetime.fromtimestamp(unix_s, timezone.utc).isoformat(timespec="seconds")
+    return shown.replace("+00:00", "Z")
 
 
 def _preview(spec: dict[str, Any], count: int, from_s: float | None) -> dict[str, Any]:

@@ -226,8 +226,9 @@ def list_(
 ) -> None:
     """List tasks, oldest first, one page unless --all.
 
-    The table shows id, topic, state, due time and attempts. With --json it prints
-    {"tasks": [...], "next": cursor or null}.
+    The table shows id, topic, state, due time and attempts, and the last error
+    (its first 60 characters) when a listed task has one. With --json it prints
+    {"tasks": [...], "next": cursor or null}, each error whole.
     """
     client = env.client()
     cursor = _cursor(cursor_text)
