@@ -37,7 +37,7 @@ from delaywheel import __version__
 from delaywheel.cli import backup, cluster, consume, importer, schedules, serve, tasks
 from delaywheel.cli.env import DEFAULT_TIMEOUT_S, Env
 from delaywheel.cli.errors import EXIT_FAILED
-from delaywheel.cli.params import DURATION, ServerList
+from delaywheel.cli.params import DURATION, EnvOption, ServerList
 from delaywheel.config import DEFAULT_PORT
 
 __all__ = ["main"]
@@ -111,6 +111,7 @@ def _command_name(ctx: click.Context | None) -> str:
     show_default=True,
     envvar="DELAYWHEEL_SERVER",
     show_envvar=True,
+    cls=EnvOption,
     help="Server to talk to, HOST:PORT; or the nodes of one keyspace, comma-separated "
     "(each task's call then goes to its owner; see `delaywheel cluster`).",
 )
@@ -118,6 +119,7 @@ def _command_name(ctx: click.Context | None) -> str:
     "--token",
     envvar="DELAYWHEEL_TOKEN",
     show_envvar=True,
+    cls=EnvOption,
     help="Sent with auth before the first request (the server's --token).",
 )
 @click.option(
@@ -126,6 +128,7 @@ def _command_name(ctx: click.Context | None) -> str:
     is_flag=True,
     envvar="DELAYWHEEL_JSON",
     show_envvar=True,
+    cls=EnvOption,
     help='Machine output: one JSON document per command on stdout; bytes as {"$bin": base64}.',
 )
 @click.option(
@@ -136,6 +139,7 @@ def _command_name(ctx: click.Context | None) -> str:
     show_default=True,
     envvar="DELAYWHEEL_TIMEOUT",
     show_envvar=True,
+    cls=EnvOption,
     help="Seconds to wait for each reply (reserve adds its own --timeout).",
 )
 @click.option(
@@ -143,6 +147,7 @@ def _command_name(ctx: click.Context | None) -> str:
     is_flag=True,
     envvar="DELAYWHEEL_TLS",
     show_envvar=True,
+    cls=EnvOption,
     help="Connect with TLS, verifying the server's certificate (the system's CAs).",
 )
 @click.option(
@@ -150,6 +155,7 @@ def _command_name(ctx: click.Context | None) -> str:
     type=_TLS_FILE,
     envvar="DELAYWHEEL_TLS_CA",
     show_envvar=True,
+    cls=EnvOption,
     help="Trust this PEM CA for the server's certificate (implies --tls).",
 )
 @click.option(
@@ -157,6 +163,7 @@ def _command_name(ctx: click.Context | None) -> str:
     type=_TLS_FILE,
     envvar="DELAYWHEEL_TLS_CLIENT_CERT",
     show_envvar=True,
+    cls=EnvOption,
     help="This client's PEM certificate, for a server that wants one (implies --tls).",
 )
 @click.option(
@@ -164,6 +171,7 @@ def _command_name(ctx: click.Context | None) -> str:
     type=_TLS_FILE,
     envvar="DELAYWHEEL_TLS_CLIENT_KEY",
     show_envvar=True,
+    cls=EnvOption,
     help="The PEM private key of --tls-cert (if not in the same file).",
 )
 @click.version_option(__version__, prog_name="delaywheel")

@@ -9,6 +9,7 @@ import click
 from delaywheel.cli.env import Env, pass_env
 from delaywheel.cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, cli_error
 from delaywheel.cli.output import plural
+from delaywheel.cli.params import EnvOption
 from delaywheel.config import DEFAULT_STORE
 
 
@@ -20,6 +21,7 @@ from delaywheel.config import DEFAULT_STORE
     show_default=True,
     envvar="DELAYWHEEL_STORE",
     show_envvar=True,
+    cls=EnvOption,
     help="The store to copy: sqlite:///PATH, or redis://HOST:PORT/DB (the whole instance).",
 )
 @click.option(
@@ -28,6 +30,7 @@ from delaywheel.config import DEFAULT_STORE
     show_default=True,
     envvar="DELAYWHEEL_REDIS_PREFIX",
     show_envvar=True,
+    cls=EnvOption,
     help="Key prefix in Redis (only to count the store's tasks).",
 )
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))

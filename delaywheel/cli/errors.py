@@ -57,10 +57,18 @@ def cli_error(message: str, exit_code: int = EXIT_FAILED) -> CliError:
     return kind(message)
 
 
+# What a CLI user does about ``unauthorized``: the server's message speaks the
+# protocol ("send auth [token]"), which a CLI user never types.
+TOKEN_HINT = "give the server's token with --token or DELAYWHEEL_TOKEN"
+
+
 def server_error(exc: BaseException) -> CliError:
     """A ``delaywheel_client.errors.DelaywheelError`` as a one-line ``CliError``."""
     code = str(getattr(exc, "code", "internal"))
-    return failure(code, str(getattr(exc, "message", exc)))
+    message = str(getattr(exc, "message", exc))
+    if code == "unauthorized":
+        message = f"{message.replace(' (send auth [token])', '')}: {TOKEN_HINT}"
+    return failure(code, message)
 
 
 def failure(code: str, message: str, prefix: str = "", suffix: str = "") -> CliError:

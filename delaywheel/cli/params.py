@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 import click
+from click.core import ParameterSource
 
 from delaywheel.cli.durations import parse_duration, parse_when
 from delaywheel.config import DEFAULT_PORT
@@ -105,3 +106,17 @@ def address_text(host: str, port: int) -> str:
 
 DURATION = Duration()
 WHEN = When()
+
+
+class EnvOption(click.Option):
+    """An option also read from its ``DELAYWHEEL_*`` variable, shown in --help. A bad
+    value's error names the variable only when the value came from it: click names
+    it always, so ``--server 127.0.0.1:notaport`` given as a flag was reported as
+    coming from DELAYWHEEL_SERVER."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        if ctx is not None and ctx.get_parameter_source(self.name or "") is not (
+            ParameterSource.ENVIRONMENT
+        ):
+            return click.Parameter.get_error_hint(self, ctx)  # without the variable
+        return super().get_error_hint(ctx)

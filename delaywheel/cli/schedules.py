@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import functools
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import IO, Any, TypeVar
 
 import click

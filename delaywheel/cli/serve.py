@@ -11,7 +11,7 @@ import click
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
 from delaywheel.cli.errors import EXIT_CANNOT_LISTEN, EXIT_UNREACHABLE
-from delaywheel.cli.params import Duration
+from delaywheel.cli.params import Duration, EnvOption
 from delaywheel.config import (
     DEFAULT_HOST,
     DEFAULT_HTTP_ALLOW,
@@ -40,7 +40,7 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     """A ``serve`` option read also from ``DELAYWHEEL_<OPTION>``, shown in --help."""
     flag = next(name for name in names if name.startswith("--"))
     envvar = "DELAYWHEEL_" + flag[2:].upper().replace("-", "_")
-    return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+    return click.option(*names, envvar=envvar, show_envvar=True, cls=EnvOption, **kwargs)
 
 
 @click.command()
