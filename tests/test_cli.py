@@ -413,6 +413,21 @@ def test_add_readable_output(address: str) -> None:
     assert "cycle " in line and "slot " in line
 
 
+def test_an_at_in_the_past_is_added_due_now_and_said(address: str) -> None:
+    """Accepted (the server takes a past time as now), but a year typed wrong
+    should not pass unseen: one note on stderr; none for a time ahead."""
+    result = cli(address, "add", "--topic", unique(), "--at", "2019-06-01T00:00:00Z")
+    assert result.exit_code == 0, result.stderr
+    assert one_line(result.stderr).startswith("note: --at 2019-06-01")
+    assert "is in the past: the task is due now" in result.stderr
+    assert "ago)" in result.stdout
+    task_id = result.stdout.split()[1].rstrip(",")
+    updated = cli(address, "update", task_id, "--at", "2020-01-01T00:00:00Z")
+    assert updated.exit_code == 0 and "is in the past" in updated.stderr
+    ahead = cli(address, "add", "--topic", unique(), "--at", "2h")
+    assert ahead.exit_code == 0 and ahead.stderr == ""
+
+
 def test_add_at_iso_time_and_duration(address: str) -> None:
     when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     added = cli_json(address, "add", "--topic", unique(), "--at", "2030-01-02T03:04:05Z")

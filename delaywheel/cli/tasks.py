@@ -152,6 +152,7 @@ def add(env: Env, topic: str, task_id: str | None, changes: dict[str, Any]) -> N
     Prints the id, due time, and the task's cycle and slot in the wheel (when it is in it).
     """
     payload = changes.pop("body", None)
+    _warn_if_past(changes)
     result = env.client().add(topic, payload, id=task_id, **changes)
     wheel = wheel_text(result)
     env.emit(
@@ -177,9 +178,26 @@ def update(env: Env, task_id: str, topic: str | None, changes: dict[str, Any]) -
         changes["topic"] = topic
     if not changes:
         raise click.UsageError("nothing to update: give at least one option")
+    _warn_if_past(changes)
     with missing_is(task_id):
         task = env.client().update(task_id, **changes)
     env.emit(task, lambda: task_text(task))
+
+
+# A time this far in the past is a mistake more often than "now" (a year typed
+# wrong, a naive local time taken for UTC): it is accepted, and said.
+PAST_NOTE_S = 1.0
+
+
+def _warn_if_past(changes: dict[str, Any]) -> None:
+    """A note on stderr when ``--at`` is in the past: the server takes it as due now."""
+    at = changes.get("at")
+    now_s = time.time()
+    if isinstance(at, (int, float)) and at < now_s - PAST_NOTE_S:
+        click.echo(
+            f"note: --at {when_text(at, now_s)} is in the past: the task is due now",
+            err=True,
+        )
 
 
 @click.command()
