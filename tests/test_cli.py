@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from serverproc import ServerProcess
@@ -198,6 +199,39 @@ def test_a_bad_flag_is_reported_as_the_flag_and_a_bad_variable_as_the_variable()
     assert "(env var: 'DELAYWHEEL_SERVER')" in by_variable.stderr
     serve_flag = CliRunner().invoke(main, ["serve", "--port", "notaport"])
     assert serve_flag.exit_code == 2 and "DELAYWHEEL_PORT" not in serve_flag.stderr
+
+
+def test_serve_help_puts_every_option_in_one_section_each_described() -> None:
+    from delaywheel.cli.serve import HELP_SECTIONS, serve
+
+    named = [name for names in HELP_SECTIONS.values() for name in names]
+    options = [max(p.opts, key=len) for p in serve.params if isinstance(p, click.Option)]
+    assert sorted(named) == sorted(options)  # each once, none left in "Other options"
+    assert all(p.help for p in serve.params if isinstance(p, click.Option)), "an option has no help"
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    assert result.exit_code == 0
+    for title in HELP_SECTIONS:
+        assert f"\n{title}:\n" in result.output
+    assert "Other options:" in result.output  # --help alone
+    assert "The least severe level logged." in result.output
+
+
+@pytest.mark.process
+def test_version_flag_and_shell_completion() -> None:
+    from delaywheel import __version__
+
+    for flag in ("-V", "--version"):
+        result = CliRunner().invoke(main, [flag])
+        assert (result.exit_code, result.output) == (0, f"delaywheel, version {__version__}\n")
+    # docs/cli.md's completion line, as bash would run it (the installed command:
+    # click names the variable after the program, `_DELAYWHEEL_COMPLETE`).
+    env = {**os.environ, "_DELAYWHEEL_COMPLETE": "bash_source"}
+    command = str(Path(sys.executable).parent / "delaywheel")
+    done = subprocess.run([command], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "complete -o nosort -F" in done.stdout and "_DELAYWHEEL_COMPLETE" in done.stdout
+    docs = (ROOT / "docs" / "cli.md").read_text()
+    assert 'eval "$(_DELAYWHEEL_COMPLETE=bash_source delaywheel)"' in docs
 
 
 def test_serve_help_lists_the_env_vars() -> None:

@@ -682,8 +682,10 @@ def test_the_ha_samples_servers_keep_their_roles_across_a_failover(tmp_path: Pat
         start(other)
         wait_for(
             f"{other} to follow {new_primary} after its restart",
-            lambda: redis(other).info("replication")["master_port"] == ports[new_primary]
-            and redis(other).info("replication")["master_link_status"] == "up",
+            lambda: (
+                redis(other).info("replication")["master_port"] == ports[new_primary]
+                and redis(other).info("replication")["master_link_status"] == "up"
+            ),
         )
         assert redis(other).get("after-the-failover") == "1"
         for name in HA_SENTINELS:

@@ -174,7 +174,7 @@ def _command_name(ctx: click.Context | None) -> str:
     cls=EnvOption,
     help="The PEM private key of --tls-cert (if not in the same file).",
 )
-@click.version_option(__version__, prog_name="delaywheel")
+@click.version_option(__version__, "-V", "--version", prog_name="delaywheel")
 @click.pass_context
 def main(
     ctx: click.Context,

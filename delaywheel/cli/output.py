@@ -215,7 +215,7 @@ def task_table(tasks: list[dict[str, Any]]) -> str:
     """id, topic, state, due and attempts; and the last error, when a task has one
     (a dead task's, or one waiting to be tried again)."""
     header: tuple[str, ...] = ("ID", "TOPIC", "STATE", "DUE", "ATTEMPTS")
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             str(t.get("id")),
             str(t.get("topic")),

@@ -43,7 +43,51 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     return click.option(*names, envvar=envvar, show_envvar=True, cls=EnvOption, **kwargs)
 
 
-@click.command()
+# serve --help in sections, each option in one (tests/test_cli.py holds every
+# option of serve to exactly one section). Options keep their declaration order
+# within a section.
+HELP_SECTIONS: dict[str, tuple[str, ...]] = {
+    "Listening and auth": (
+        "--host", "--port", "--token", "--insecure-no-auth", "--tls-cert", "--tls-key",
+        "--tls-client-ca",
+    ),
+    "Store": ("--store", "--redis-prefix", "--slow-flush"),
+    "The wheel": ("--slots", "--tick"),
+    "Limits": ("--max-message", "--max-body", "--max-connections", "--message-timeout"),
+    "Deliveries": (
+        "--http-allow", "--http-concurrency", "--signing-secret", "--broker", "--retry-base",
+        "--retry-cap", "--shutdown-grace",
+    ),
+    "Several nodes (docs/ha.md)": (
+        "--node", "--advertise", "--partitions", "--lease", "--replicas",
+    ),
+    "Metrics": ("--metrics-port", "--metrics-host", "--metrics-topics"),
+    "Dashboard (docs/dashboard.md)": (
+        "--web-port", "--web-host", "--web-base-path", "--web-viewer-token", "--web-hide-bodies",
+        "--web-insecure",
+    ),
+    "Logs": ("--log-level", "--log-format"),
+}  # fmt: skip
+
+
+class _SectionedCommand(click.Command):
+    """A command whose --help lists its options under ``HELP_SECTIONS``' titles."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[str, tuple[str, str]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows[max(param.opts, key=len)] = record
+        for title, names in HELP_SECTIONS.items():
+            with formatter.section(title):
+                formatter.write_dl([rows.pop(name) for name in names if name in rows])
+        if rows:  # --help itself, and any option not given a section yet
+            with formatter.section("Other options"):
+                formatter.write_dl(list(rows.values()))
+
+
+@click.command(cls=_SectionedCommand)
 @_serve_option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
 @_serve_option(
     "--port", default=DEFAULT_PORT, show_default=True, type=int, help="0 picks a free port."
@@ -264,6 +308,7 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
+    help="The least severe level logged.",
 )
 @_serve_option(
     "--log-format",
