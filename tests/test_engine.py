@@ -608,7 +608,7 @@ def test_a_node_of_a_shared_keyspace_serves_only_its_partitions() -> None:
     with no partition served, an id-less ``add`` is ``tryagain`` too."""
     from delaywheel_client.partitions import partition_of
 
-    from delaywheel.engine.sharing import Owner, Sharing
+    from delaywheel.ha.sharing import Owner, Sharing
 
     sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=16, lease_s=10.0)
 
@@ -643,7 +643,7 @@ def test_partitions_handed_back_together_leave_in_one_drop() -> None:
     step of a handoff: the attempts kept in flight)."""
     from delaywheel_client.partitions import partition_of
 
-    from delaywheel.engine.sharing import Sharing
+    from delaywheel.ha.sharing import Sharing
 
     sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=16, lease_s=10.0)
 

@@ -24,8 +24,8 @@ from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.record import from_record, read_record, to_record
 from delaywheel.engine.retry import RetryPolicy
-from delaywheel.engine.sharing import Sharing
 from delaywheel.errors import RequestError
+from delaywheel.ha.sharing import Sharing
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
 

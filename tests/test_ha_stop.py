@@ -31,9 +31,9 @@ from serverproc import ServerProcess
 from waiting import wait_until
 
 from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.sharing import Sharing
+from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.sharing import Sharing
 from delaywheel.store.redis import RedisStore
 
 PARTITIONS = 4

@@ -348,7 +348,7 @@ def test_the_cluster_page_on_a_single_node_is_one_partition_it_owns() -> None:
 
 
 def test_the_cluster_map_of_a_shared_keyspace_marks_this_nodes_partitions_escaped() -> None:
-    from delaywheel.engine.sharing import Owner, Sharing
+    from delaywheel.ha.sharing import Owner, Sharing
 
     async def scenario(d: Dash) -> None:
         here, other = HOSTILE[0], HOSTILE[1]

@@ -29,12 +29,12 @@ from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.schedules import Hooks, ScheduleTable, is_record_key
-from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
+from delaywheel.ha.sharing import Sharing
 from delaywheel.store.base import Store
 
 # How many tasks one list call may look at before it returns a short page: a
@@ -56,7 +56,7 @@ class Engine:
         sharing: Sharing | None = None,
     ) -> None:
         self.store = store
-        # A shared keyspace: the partitions this node serves (engine/sharing.py).
+        # A shared keyspace: the partitions this node serves (ha/sharing.py).
         self.sharing = sharing
         self.limits = limits or Limits()
         self.targets = targets or TargetRules()
@@ -438,3 +438,12 @@ class Engine:
     def is_delivering(self, task: Task) -> bool:
         """Whether ``task``'s attempt is still in flight (its outcome not in yet)."""
         return self.table.delivering.get(task.id) is task
+
+    def sent_here(self, kept: list[Task]) -> list[Task]:
+        """Those of ``kept`` (delivering) whose attempt this node sent: not the
+        ones taken over and held to their deadline (``Attempts.sent_here``)."""
+        return self.attempts.sent_here(kept)
+
+    async def drain(self) -> None:
+        """Wait until every change made so far is durable or has failed."""
+        await self.journal.drain()

@@ -63,7 +63,7 @@ from delaywheel.tallies import EventCounts
 from delaywheel.wheel import TimingWheel
 
 if TYPE_CHECKING:
-    from delaywheel.engine.sharing import Sharing
+    from delaywheel.ha.sharing import Sharing
 
 
 def _occurrence_in_utc(task_id: str) -> Occurrence | None:
@@ -93,7 +93,7 @@ class TaskTable:
         # a str object of 64 bytes, not the 80 that a 17-character id takes.
         self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
-        # Set when the keyspace is shared (engine/sharing.py): which partitions
+        # Set when the keyspace is shared (ha/sharing.py): which partitions
         # this node serves, so that server-made ids fall in one of them.
         self.sharing: Sharing | None = None
         # A schedule's occurrence as its deliveries and task maps show it; the

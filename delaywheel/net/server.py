@@ -18,8 +18,8 @@ from delaywheel_client.protocol import Encoder
 
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries
-from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
+from delaywheel.ha.coordinator import Coordinator
 from delaywheel.net.connection import Connection
 from delaywheel.net.listener import Listener
 from delaywheel.net.routes import Method, routes_for
@@ -50,7 +50,7 @@ class Server:
         self.accepted = 0  # connections, since the start
         self.refused: dict[str, int] = {}  # connections closed by the server, by code
         self.accept_errors = self.listener.errors  # failed accepts, by errno name
-        # Set by app.py on a shared keyspace (engine/coordinator.py), for metrics.
+        # Set by app.py on a shared keyspace (ha/coordinator.py), for metrics.
         self.coordinator: Coordinator | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -68,7 +68,7 @@ class Server:
         for the journal to drain.
 
         With ``until_s`` (a ``time.monotonic()`` time: a node's stop is
-        bounded, engine/coordinator.py) nothing waits past it: a change not
+        bounded, ha/coordinator.py) nothing waits past it: a change not
         durable by then is never answered (its client sees the connection
         close: outcome unknown), and the deliveries get what is left of their
         grace. Returns what it stopped waiting on then, or None."""

@@ -3,7 +3,7 @@
 Every ``period_s`` (a third of the lease, at most half a second, so that a
 released partition is taken over in well under a second) the coordinator:
 
-1. registers this node (cluster/membership.py; the expiry from Redis TIME),
+1. registers this node (ha/membership.py; the expiry from Redis TIME),
 2. reads the live members and every partition's lease (the owner map that
    ``cluster`` answers and ``moved`` names),
 3. claims the free partitions it ranks first by rendezvous hashing among
@@ -52,7 +52,7 @@ store refuses any flush of it still in flight.
 After a Sentinel failover (the store names a new primary) every owned
 partition's epoch and lease are read again on the new primary, and those
 that are not this node's as it holds them are dropped, to be acquired anew
-by the next round (cluster/failover.py). One log line per failover.
+by the next round (ha/failover.py). One log line per failover.
 """
 
 from __future__ import annotations
@@ -61,17 +61,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from delaywheel.cluster._scripts import text
-from delaywheel.cluster.failover import stale_partitions
+from delaywheel.cluster.holder import Holder, parse_holder
 from delaywheel.cluster.keyspace import Holders, SharedKeyspace
-from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases, parse_holder
-from delaywheel.cluster.membership import Membership, plan
-from delaywheel.engine.engine import Engine
-from delaywheel.engine.sharing import Owner, Sharing
+from delaywheel.ha.failover import stale_partitions
+from delaywheel.ha.lease import LeaseKeeper, Leases
+from delaywheel.ha.membership import Membership, plan
+from delaywheel.ha.sharing import Owner, Sharing
 from delaywheel.store.sentinel import RedisSentinelStore
 from delaywheel.tallies import ClusterCounts
 
@@ -83,6 +83,49 @@ HANDOFF_WAIT_S = 10.0
 STOP_BOUND_LEASES = 3
 
 
+class HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+Kept = TypeVar("Kept", bound=HasId)
+
+
+class Host(Protocol[Kept]):
+    """What the coordinator asks of the engine (engine/engine.py keeps it).
+
+    ``Kept`` is the engine's task: the coordinator holds the ones a handoff
+    keeps (their attempts in flight) and gives them back by id."""
+
+    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+        """Add a partition's tasks from the store's records; how many."""
+        ...
+
+    def drop_partitions(
+        self,
+        partitions: Collection[int],
+        *,
+        keep_delivering: bool = False,
+        among: Iterable[str] | None = None,
+    ) -> list[Kept]:
+        """Forget the tasks of ``partitions``; with ``keep_delivering`` those
+        whose attempts are in flight stay and are returned; ``among``: only
+        these ids are looked at."""
+        ...
+
+    def sent_here(self, kept: list[Kept]) -> list[Kept]:
+        """Those of ``kept`` whose attempt this node sent (not held to a deadline)."""
+        ...
+
+    def is_delivering(self, task: Kept) -> bool:
+        """Whether ``task``'s attempt is still in flight."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until every change made so far is durable (or failed)."""
+        ...
+
+
 class StopsFirst(Protocol):
     """The server, whose stop runs first, within the node's bound (net/server.py)."""
 
@@ -92,7 +135,7 @@ class StopsFirst(Protocol):
 class Coordinator:
     def __init__(
         self,
-        engine: Engine,
+        engine: Host[Any],
         keyspace: SharedKeyspace,
         sharing: Sharing,
         *,
@@ -269,7 +312,7 @@ class Coordinator:
                 # Lost while loading, or acquired on a primary that is one no more.
                 self.keeper.forget(partition)
                 self.keyspace.epochs.pop(partition, None)
-                self.engine.drop_partition(partition)
+                self.engine.drop_partitions({partition})
                 return
             self.sharing.serving[partition] = got
             self.sharing.owners[partition] = Owner(self.sharing.node, self.sharing.address, got)
@@ -285,7 +328,7 @@ class Coordinator:
         except Exception:
             self.keyspace.epochs.pop(partition, None)
             self.sharing.serving.pop(partition, None)
-            self.engine.drop_partition(partition)
+            self.engine.drop_partitions({partition})
             with contextlib.suppress(Exception):
                 await self.keeper.release(partition)
             raise
@@ -304,14 +347,14 @@ class Coordinator:
             # Not the attempts taken over and held to their deadline: waiting
             # for those held a handoff after a takeover up to handoff_wait_s
             # (6.3 s in scenario 4), the partition served by no one meanwhile.
-            delivering = self.engine.attempts.sent_here(kept)
+            delivering = self.engine.sent_here(kept)
             deadline_s = time.monotonic() + self.handoff_wait_s
             while delivering and time.monotonic() < deadline_s:
                 self._stop_step = f"waiting for {len(delivering)} attempts in flight"
                 await asyncio.sleep(0.02)
                 delivering = [t for t in delivering if self.engine.is_delivering(t)]
             self._stop_step = "waiting for the journal to drain"
-            await self.engine.journal.drain()
+            await self.engine.drain()
             # Only the tasks kept are left of these partitions (requests for them
             # are answered moved): no second pass over the whole table.
             self.engine.drop_partitions(partitions, among=[task.id for task in kept])
@@ -413,7 +456,7 @@ class Coordinator:
         if partition not in self.sharing.serving or partition in self._busy:
             return
         epoch = self.sharing.serving.pop(partition)
-        self.engine.drop_partition(partition)
+        self.engine.drop_partitions({partition})
 
         async def reload() -> None:
             self._busy.add(partition)
@@ -423,7 +466,7 @@ class Coordinator:
                     self.sharing.serving[partition] = epoch
                     self.rearm()
                 else:
-                    self.engine.drop_partition(partition)
+                    self.engine.drop_partitions({partition})
             finally:
                 self._busy.discard(partition)
 

@@ -6,7 +6,7 @@ cluster/partitions.py), and the engine holds
 and serves only the tasks of the partitions this node owns now. A request
 naming a task of any other partition is answered ``moved`` with the owner
 the store last showed, or ``tryagain`` while it has none. ``serving`` is
-what requests see; the coordinator (engine/coordinator.py) fills it as it
+what requests see; the coordinator (ha/coordinator.py) fills it as it
 acquires partitions and empties it first when it hands one back or loses
 it. A single-node store (memory, SQLite) has no ``Sharing``: the engine
 serves every id, at no cost per request.
