@@ -297,9 +297,8 @@ def test_a_first_round_that_loads_for_longer_than_the_lease_keeps_every_partitio
         thresholds = gc.get_threshold()
         try:
             started_s = time.monotonic()
-            await _take_partitions(
-                coordinator, server.engine, store
-            )  # as a starting server does (collector off)
+            # As a starting server does (collector off).
+            await _take_partitions(coordinator, server, store)
             took_s = time.monotonic() - started_s
             assert coordinator.counts.lost == 0, f"self-fenced during a {took_s:.2f} s start"
             assert sorted(coordinator.sharing.serving) == list(range(16))

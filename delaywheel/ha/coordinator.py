@@ -65,8 +65,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from delaywheel.cluster._scripts import text
-from delaywheel.cluster.holder import Holder, parse_holder
+from delaywheel.cluster.holder import Holder
 from delaywheel.cluster.keyspace import Holders, SharedKeyspace
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
@@ -81,6 +80,10 @@ log = logging.getLogger("delaywheel.cluster")
 HANDOFF_WAIT_S = 10.0
 # A stop gives up after handoff_wait_s and this many lease periods more.
 STOP_BOUND_LEASES = 3
+
+
+def _nothing_to_rearm() -> None:
+    pass
 
 
 class HasId(Protocol):
@@ -139,13 +142,14 @@ class Coordinator:
         keyspace: SharedKeyspace,
         sharing: Sharing,
         *,
-        rearm: Callable[[], None] = lambda: None,
         handoff_wait_s: float = HANDOFF_WAIT_S,
     ) -> None:
         self.engine = engine
         self.keyspace = keyspace
         self.sharing = sharing
-        self.rearm = rearm
+        # The tick driver's look at the next timer, after a partition's tasks
+        # came in (given at start: the server that owns it is built after this).
+        self.rearm: Callable[[], None] = _nothing_to_rearm
         self.handoff_wait_s = handoff_wait_s
         client = keyspace.client
         layout = keyspace.layout
@@ -168,8 +172,10 @@ class Coordinator:
 
     # -- life cycle ----------------------------------------------------------
 
-    async def start(self) -> None:
-        """Register and take this node's first partitions (loaded before it serves)."""
+    async def start(self, rearm: Callable[[], None] = _nothing_to_rearm) -> None:
+        """Register and take this node's first partitions (loaded before it serves);
+        ``rearm`` is called after each partition's tasks come in."""
+        self.rearm = rearm
         await self.leases.load()
         await self.membership.load()
         # Renewing before the first round: that round acquires and loads every
@@ -244,7 +250,7 @@ class Coordinator:
         sharing = self.sharing
         await self.membership.register(round(sharing.lease_s * 1000))
         live = await self.membership.live()
-        holders = await self._holders()
+        holders = await self.leases.holders()
         owners: dict[int, str | None] = {}
         for partition in range(sharing.partitions):
             holder = holders.get(partition)
@@ -272,17 +278,6 @@ class Coordinator:
         leaving = {p for p in todo.hand_back if p in held and p not in self._busy}
         if leaving and not self._stopping:
             await self._hand_back(leaving)
-
-    async def _holders(self) -> dict[int, Holder]:
-        pipe = self.keyspace.client.pipeline(transaction=False)
-        for keys in self.keyspace.layout:
-            pipe.get(keys.lease)
-        values = await pipe.execute()
-        return {
-            partition: parse_holder(text(value), 0)
-            for partition, value in enumerate(values)
-            if value is not None
-        }
 
     def _primary_moves(self) -> int:
         store = self.keyspace.redis
@@ -314,8 +309,7 @@ class Coordinator:
                 self.keyspace.epochs.pop(partition, None)
                 self.engine.drop_partitions({partition})
                 return
-            self.sharing.serving[partition] = got
-            self.sharing.owners[partition] = Owner(self.sharing.node, self.sharing.address, got)
+            self.sharing.serve(partition, got)
             took_s = time.monotonic() - started_s
             self.counts.takeovers += 1
             self.counts.takeover_seconds += took_s
@@ -327,7 +321,7 @@ class Coordinator:
             self.rearm()
         except Exception:
             self.keyspace.epochs.pop(partition, None)
-            self.sharing.serving.pop(partition, None)
+            self.sharing.unserve(partition)
             self.engine.drop_partitions({partition})
             with contextlib.suppress(Exception):
                 await self.keeper.release(partition)
@@ -340,7 +334,7 @@ class Coordinator:
         self._busy.update(partitions)
         try:
             for partition in partitions:
-                self.sharing.serving.pop(partition, None)
+                self.sharing.unserve(partition)
             # Nothing fires from here on; attempts in flight stay in the table,
             # so that their outcomes are journaled as they come.
             kept = self.engine.drop_partitions(partitions, keep_delivering=True)
@@ -390,7 +384,7 @@ class Coordinator:
                 extra={"partition": partition},
             )
             self.keeper.forget(partition)
-            self.sharing.serving.pop(partition, None)
+            self.sharing.unserve(partition)
             self.keyspace.epochs.pop(partition, None)
             holder = holders.get(partition)
             if holder is not None:
@@ -442,7 +436,7 @@ class Coordinator:
         at the next loop turn, with every other partition lost in this one, in
         one pass (16 fence timers firing together once cost 16 passes, ten
         seconds over 1,000,000 tasks, during which no renewal was sent)."""
-        self.sharing.serving.pop(partition, None)
+        self.sharing.unserve(partition)
         self.keyspace.epochs.pop(partition, None)
         if not self._dropping:
             asyncio.get_running_loop().call_soon(self._drop_forgotten)
@@ -455,15 +449,15 @@ class Coordinator:
     def _reload(self, partition: int) -> None:
         if partition not in self.sharing.serving or partition in self._busy:
             return
-        epoch = self.sharing.serving.pop(partition)
+        epoch = self.sharing.unserve(partition)
         self.engine.drop_partitions({partition})
 
         async def reload() -> None:
             self._busy.add(partition)
             try:
                 await self.engine.load_partition(self.keyspace.load_partition(partition))
-                if self.keyspace.epochs.get(partition) == epoch:
-                    self.sharing.serving[partition] = epoch
+                if epoch is not None and self.keyspace.epochs.get(partition) == epoch:
+                    self.sharing.serve(partition, epoch)
                     self.rearm()
                 else:
                     self.engine.drop_partitions({partition})

@@ -138,6 +138,19 @@ class Leases(NodeScripts):
         value, ttl_ms = await pipe.execute()
         return None if value is None else parse_holder(text(value), int(ttl_ms))
 
+    async def holders(self) -> dict[int, Holder]:
+        """Every partition's holder, from one pipeline of GETs (no time left:
+        ``ttl_ms`` 0); a free partition is missing."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys in self.layout:
+            pipe.get(keys.lease)
+        values = await pipe.execute()
+        return {
+            partition: parse_holder(text(value), 0)
+            for partition, value in enumerate(values)
+            if value is not None
+        }
+
 
 # (partition, epoch, why): "lost" when Redis said the lease is not ours any
 # more, "fenced" when 0.8 L passed with no successful renewal.
