@@ -107,8 +107,8 @@ def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | N
         targets=rules,
         retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
         ownership=sharing,
+        slow_flush_s=settings.slow_flush_s,
     )
-    engine.journal.watch.slow_s = settings.slow_flush_s
     deliveries = Deliveries(
         rules,
         http_concurrency=settings.http_concurrency,

@@ -37,6 +37,7 @@ from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.store.base import Store
+from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S
 
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
@@ -55,6 +56,7 @@ class Engine:
         targets: TargetRules | None = None,
         retry: RetryPolicy | None = None,
         ownership: Ownership | None = None,
+        slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
     ) -> None:
         self.store = store
         # Which ids this node serves (ha/ownership.py): all of them unless given.
@@ -68,6 +70,7 @@ class Engine:
             now_s=now_s,
             ownership=own,
             occurrence_of=self._occurrence_of,
+            slow_flush_s=slow_flush_s,
         )
         # The table's parts the verbs use (and the server reads).
         self.wheel, self.queues, self.journal = table.wheel, table.queues, table.journal

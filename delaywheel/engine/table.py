@@ -60,6 +60,7 @@ from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence, occurrence
 from delaywheel.store.base import Store
+from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S
 from delaywheel.tallies import EventCounts
 from delaywheel.wheel import TimingWheel
 
@@ -78,6 +79,7 @@ class TaskTable:
         now_s: float,
         ownership: Ownership | None = None,
         occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc,
+        slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
     ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
@@ -93,7 +95,7 @@ class TaskTable:
         # For metrics, read only when scraped (delaywheel.tallies): events
         # counted where each is handled.
         self.events = EventCounts()
-        self.journal = Journal(store, self)
+        self.journal = Journal(store, self, slow_flush_s=slow_flush_s)
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
         # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
