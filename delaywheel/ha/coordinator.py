@@ -53,6 +53,11 @@ After a Sentinel failover (the store names a new primary) every owned
 partition's epoch and lease are read again on the new primary, and those
 that are not this node's as it holds them are dropped, to be acquired anew
 by the next round (ha/failover.py). One log line per failover.
+
+The coordinator sits below the engine and imports nothing of it: it asks
+the engine only what ``Host`` names, and changes what requests see through
+the ``Sharing`` the engine was given (``serve`` a partition gained,
+``unserve`` one lost or handed back).
 """
 
 from __future__ import annotations
