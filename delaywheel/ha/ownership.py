@@ -66,8 +66,12 @@ class Ownership(Protocol):
 class WholeKeyspace:
     """A single node's ownership: every id is served here, in partition 0, epoch 0."""
 
-    owns_all: bool = True
-    node: str | None = None
+    def __init__(self) -> None:
+        # Instance attributes, not class ones: CPython 3.11 specializes an
+        # instance's attribute read, not a class attribute read through one
+        # (the hot paths read owns_all on every add).
+        self.owns_all = True
+        self.node: str | None = None
 
     def partition_of(self, task_id: str) -> int:
         return 0

@@ -79,13 +79,14 @@ class Sharing:
 
     def new_id(self, first: str, more: Callable[[], str]) -> str:
         """A server-made id in a partition this node serves (P / served tries on average)."""
-        if self.owns(first):
+        serving, partitions = self.serving, self.partitions
+        if partition_of(first, partitions) in serving:
             return first
-        if not self.serving:
+        if not serving:
             raise self.none_served()
         while True:
             task_id = more()
-            if self.owns(task_id):
+            if partition_of(task_id, partitions) in serving:
                 return task_id
 
     def epoch_of(self, task_id: str) -> int:
