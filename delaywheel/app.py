@@ -25,9 +25,9 @@ from delaywheel.cluster.partitions import DEFAULT_PARTITIONS
 from delaywheel.config import DEFAULT_LEASE_S, Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
-from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.sharing import Sharing
+from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.sharing import Sharing
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.listen import listen_error
@@ -65,7 +65,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
             log.warning("store %s: %s", store.url, warning)
         server, coordinator = _assemble(settings, store)
         if coordinator is not None:
-            await _take_partitions(coordinator)
+            await _take_partitions(coordinator, server, store)
         else:
             await recover(server.engine, store)
         await _listen_until_stopped(server, coordinator, settings, ready)
@@ -106,21 +106,24 @@ def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | N
         limits=settings.limits,
         targets=rules,
         retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
-        sharing=sharing,
+        ownership=sharing,
+        slow_flush_s=settings.slow_flush_s,
     )
-    engine.journal.watch.slow_s = settings.slow_flush_s
     deliveries = Deliveries(
         rules,
         http_concurrency=settings.http_concurrency,
         signing_secret=settings.signing_secret,
     )
-    server = Server(settings, engine, deliveries)
+    coordinator = _coordinator(settings, engine, store, sharing)
+    return Server(settings, engine, deliveries, coordinator), coordinator
+
+
+def _coordinator(
+    settings: Settings, engine: Engine, store: Store, sharing: Sharing | None
+) -> Coordinator | None:
     if not isinstance(store, SharedKeyspace) or sharing is None:
-        return server, None
-    server.coordinator = Coordinator(
-        engine, store, sharing, rearm=server.rearm, handoff_wait_s=settings.shutdown_grace_s
-    )
-    return server, server.coordinator
+        return None
+    return Coordinator(engine, store, sharing, handoff_wait_s=settings.shutdown_grace_s)
 
 
 async def _listen_until_stopped(
@@ -134,7 +137,7 @@ async def _listen_until_stopped(
     server (its deliveries get their grace), the coordinator (then it hands the
     partitions back), the metrics last. On a shared keyspace the coordinator
     runs the server's stop before its own, within one bound counted from the
-    signal (engine/coordinator.py): both wait on Redis."""
+    signal (ha/coordinator.py): both wait on Redis."""
     async with contextlib.AsyncExitStack() as running:
         metrics = await _start_metrics(server, settings)
         if metrics is not None:
@@ -203,18 +206,18 @@ def _sharing(settings: Settings, store: Store) -> Sharing | None:
     )
 
 
-async def _take_partitions(coordinator: Coordinator) -> None:
+async def _take_partitions(coordinator: Coordinator, server: Server, store: Store) -> None:
     """Join the keyspace: take this node's partitions and load them, before serving."""
     started = time.perf_counter()
     gc.disable()
     try:
-        await coordinator.start()
+        await coordinator.start(server.rearm)
     finally:
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         gc.enable()
     took_s = time.perf_counter() - started
-    loaded, url = len(coordinator.engine.table.index), coordinator.keyspace.url
+    loaded, url = len(server.engine.table.index), store.url
     log.info(
         "loaded %d tasks from %s in %.2f s",
         *(loaded, url, took_s),

@@ -116,7 +116,7 @@ class Histogram:
 
 
 class ClusterCounts:
-    """A node's events in a shared keyspace (engine/coordinator.py), for metrics."""
+    """A node's events in a shared keyspace (ha/coordinator.py), for metrics."""
 
     __slots__ = ("fenced_flushes", "handoffs", "lost", "takeover_seconds", "takeovers")
 

@@ -18,9 +18,10 @@ from redis.asyncio import RedisCluster as AsyncRedisCluster
 from test_store import run
 
 from delaywheel.cluster._scripts import NodeNameError
-from delaywheel.cluster.lease import Holder, LeaseError, LeaseKeeper, Leases
-from delaywheel.cluster.membership import Membership
+from delaywheel.cluster.holder import Holder
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
+from delaywheel.ha.lease import LeaseError, LeaseKeeper, Leases
+from delaywheel.ha.membership import Membership
 
 LAYOUT = Layout("delaywheel", 16)
 
@@ -291,16 +292,17 @@ def test_a_first_round_that_loads_for_longer_than_the_lease_keeps_every_partitio
         )
         store = shared_store(settings)
         await store.open()
-        _, coordinator = _assemble(settings, store)
+        server, coordinator = _assemble(settings, store)
         assert coordinator is not None
         thresholds = gc.get_threshold()
         try:
             started_s = time.monotonic()
-            await _take_partitions(coordinator)  # as a starting server does (collector off)
+            # As a starting server does (collector off).
+            await _take_partitions(coordinator, server, store)
             took_s = time.monotonic() - started_s
             assert coordinator.counts.lost == 0, f"self-fenced during a {took_s:.2f} s start"
             assert sorted(coordinator.sharing.serving) == list(range(16))
-            assert len(coordinator.engine.table.index) == tasks
+            assert len(server.engine.table.index) == tasks
             print(f"first round {took_s:.2f} s with L = {lease_s} s: every partition kept")
         finally:
             gc.unfreeze()  # what the start froze, and its thresholds: this process goes on

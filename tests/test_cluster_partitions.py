@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delaywheel.cluster.membership import assignment, first_choice, plan, ranking
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
+from delaywheel.ha.membership import assignment, first_choice, plan, ranking
 
 
 def crc32_by_the_book(data: bytes) -> int:

@@ -608,14 +608,15 @@ def test_a_node_of_a_shared_keyspace_serves_only_its_partitions() -> None:
     with no partition served, an id-less ``add`` is ``tryagain`` too."""
     from delaywheel_client.partitions import partition_of
 
-    from delaywheel.engine.sharing import Owner, Sharing
+    from delaywheel.ha.sharing import Owner, Sharing
 
     sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=16, lease_s=10.0)
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         assert code_of(lambda: engine.add({"topic": "t"}, T0)) == "tryagain"  # serves none yet
-        sharing.serving = {3: 7, 11: 2}
-        sharing.owners = {5: Owner("b", "10.0.0.2:3450", 4)}
+        sharing.serve(3, 7)
+        sharing.serve(11, 2)
+        sharing.owners[5] = Owner("b", "10.0.0.2:3450", 4)
         made = [engine.add({"topic": "t"}, T0)["id"] for _ in range(50)]
         assert {partition_of(i, 16) for i in made} == {3, 11}  # both, and only those
         moved_id = next(f"x{n}" for n in range(1000) if partition_of(f"x{n}", 16) == 5)
@@ -634,7 +635,46 @@ def test_a_node_of_a_shared_keyspace_serves_only_its_partitions() -> None:
         assert tryagain.value.code == "tryagain"
         assert tryagain.value.data == {"partition": 6, "retry_after_ms": 250}
 
-    run(scenario, sharing=sharing)
+    run(scenario, ownership=sharing)
+
+
+def test_a_node_that_owns_every_partition_asks_its_ownership_nothing_per_request() -> None:
+    """The ownership interface's short cut (delaywheel/ha/ownership.py): while
+    ``owns_all`` holds (a single node always, a node of several serving every
+    partition), add, get and ack make no call to it: no hash, no call per
+    request. Served partitions come and go through ``serve`` and ``unserve``,
+    which keep ``owns_all`` true to them."""
+    from delaywheel.ha.ownership import WholeKeyspace
+    from delaywheel.ha.sharing import Sharing
+
+    asked: list[str] = []
+
+    class Counting(WholeKeyspace):
+        def check(self, task_id: str) -> None:
+            asked.append(task_id)
+
+        def new_id(self, first: str, more: Callable[[], str]) -> str:
+            asked.append(first)
+            return first
+
+    sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=2, lease_s=10.0)
+    assert not sharing.owns_all
+    sharing.serve(0, 1)
+    assert not sharing.owns_all and sharing.owners[0].node == "a"
+    sharing.serve(1, 1)
+    assert sharing.owns_all and sharing.owns("any id") and sharing.epoch_of("any id") == 1
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        made = engine.add({"topic": "t"}, T0)["id"]
+        engine.add({"topic": "t", "id": "given"}, T0)
+        assert engine.get("given") is not None and engine.get(made) is not None
+        reserved = engine.try_reserve(["t"], T0)
+        assert reserved is not None and engine.ack(reserved["id"])
+        assert asked == []
+
+    run(scenario, ownership=Counting())
+    run(scenario)  # no ownership given: the whole keyspace
+    assert sharing.unserve(1) == 1 and not sharing.owns_all and sharing.unserve(1) is None
 
 
 def test_partitions_handed_back_together_leave_in_one_drop() -> None:
@@ -643,12 +683,13 @@ def test_partitions_handed_back_together_leave_in_one_drop() -> None:
     step of a handoff: the attempts kept in flight)."""
     from delaywheel_client.partitions import partition_of
 
-    from delaywheel.engine.sharing import Sharing
+    from delaywheel.ha.sharing import Sharing
 
     sharing = Sharing(node="a", address="10.0.0.1:3450", partitions=16, lease_s=10.0)
 
     async def scenario(engine: Engine, store: MemoryStore) -> None:
-        sharing.serving = {3: 1, 5: 1, 11: 1}
+        for partition in (3, 5, 11):
+            sharing.serve(partition, 1)
         made = [engine.add({"topic": "t", "delay": 5 * (n % 2)}, T0)["id"] for n in range(90)]
         by_partition = {p: {i for i in made if partition_of(i, 16) == p} for p in (3, 5, 11)}
         assert all(by_partition.values())
@@ -660,7 +701,7 @@ def test_partitions_handed_back_together_leave_in_one_drop() -> None:
         engine.drop_partitions({5}, among=[one, "not-a-task"])
         assert set(engine.table.index.by_id) == set(rest)
 
-    run(scenario, sharing=sharing)
+    run(scenario, ownership=sharing)
 
 
 def test_an_exists_rewrite_never_undoes_a_later_change_of_its_batch() -> None:

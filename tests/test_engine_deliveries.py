@@ -24,8 +24,8 @@ from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.record import from_record, read_record, to_record
 from delaywheel.engine.retry import RetryPolicy
-from delaywheel.engine.sharing import Sharing
 from delaywheel.errors import RequestError
+from delaywheel.ha.sharing import Sharing
 from delaywheel.store import open_store
 from delaywheel.store.memory import MemoryStore
 
@@ -435,18 +435,18 @@ def test_a_held_attempt_that_failed_elsewhere_is_begun_anew_when_taken_again() -
         await other.journal.drain()
 
         sharing = Sharing(node="b", address="127.0.0.1:7002", partitions=1, lease_s=10.0)
-        here = make_engine(store, sharing=sharing)
+        here = make_engine(store, ownership=sharing)
         sent: list[Delivery] = []
         send_at_once(here, sent)
-        sharing.serving[0] = 1
+        sharing.serve(0, 1)
         here.advance(T0 + 5)
         assert await here.load_partition(store.load()) == 1  # held to T0 + 31
-        sharing.serving.pop(0)
+        sharing.unserve(0)
         here.drop_partition(0)
 
         other.delivered(task_id, 1, "HTTP 503", T0 + 6)  # failed: due again at T0 + 7
         await other.journal.drain()
-        sharing.serving[0] = 2
+        sharing.serve(0, 2)
         assert await here.load_partition(store.load()) == 1
         here.advance(T0 + 8)
         await here.journal.drain()

@@ -28,10 +28,11 @@ from serverproc import ServerProcess
 from test_store import run
 from waiting import wait_until
 
+from delaywheel.cluster.holder import Holder
 from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
-from delaywheel.cluster.lease import Holder, Leases
 from delaywheel.cluster.partitions import Layout, partition_of
 from delaywheel.cluster.spread import SEALED, SPREAD
+from delaywheel.ha.lease import Leases
 from delaywheel.store.base import Changes
 from delaywheel.store.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
 from delaywheel.store.redis import RedisStore

@@ -44,8 +44,8 @@ from delaywheel_client.errors import DelaywheelError
 from test_fenced_flush import primary_with_replica
 from test_ha import _metrics
 
-from delaywheel.cluster.failover import stale_partitions
 from delaywheel.cluster.partitions import Layout
+from delaywheel.ha.failover import stale_partitions
 from delaywheel.store.sentinel import RedisSentinelStore
 from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
 from tests.serverproc import ServerProcess

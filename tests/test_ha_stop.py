@@ -31,9 +31,9 @@ from serverproc import ServerProcess
 from waiting import wait_until
 
 from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.sharing import Sharing
+from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.sharing import Sharing
 from delaywheel.store.redis import RedisStore
 
 PARTITIONS = 4
@@ -69,7 +69,7 @@ async def _stop_in_mid_round(url: str, after_s: float) -> tuple[bool, bool, int]
         sharing = Sharing(
             node="a", address="127.0.0.1:7001", partitions=PARTITIONS, lease_s=LEASE_S
         )
-        engine = Engine(keyspace, now_s=time.time(), sharing=sharing)
+        engine = Engine(keyspace, now_s=time.time(), ownership=sharing)
         coordinator = Coordinator(engine, keyspace, sharing, handoff_wait_s=0.5)
         await coordinator.start()
         # Rounds back to back: a stop then nearly always lands inside a Redis

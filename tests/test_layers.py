@@ -37,19 +37,22 @@ LAYERS: dict[str, int] = {
     # Recurring schedules, the pure part: cron, the schedule map, the planner.
     "delaywheel.schedules": 2,
     "delaywheel.delivery": 3,
+    # The shared keyspace's Redis side: partitions' keys, the fenced flush's keyspace.
     "delaywheel.cluster": 3,
-    "delaywheel.engine": 4,
+    # High availability: leases, membership, the coordinator, the ownership the engine gets.
+    "delaywheel.ha": 4,
+    "delaywheel.engine": 5,
     # Certificate loading, which the settings use to check the files at start.
-    "delaywheel.net.tls": 5,
-    "delaywheel.config": 6,
-    "delaywheel.net": 7,
-    "delaywheel.logs": 8,
-    "delaywheel.metrics": 8,
+    "delaywheel.net.tls": 6,
+    "delaywheel.config": 7,
+    "delaywheel.net": 8,
+    "delaywheel.logs": 9,
+    "delaywheel.metrics": 9,
     # The dashboard: reads the running server, its settings shown as the logs show them.
-    "delaywheel.web": 9,
-    "delaywheel.app": 10,
-    "delaywheel.cli": 11,
-    "delaywheel.__main__": 12,
+    "delaywheel.web": 10,
+    "delaywheel.app": 11,
+    "delaywheel.cli": 12,
+    "delaywheel.__main__": 13,
 }
 
 

@@ -31,10 +31,10 @@ from hacheck import Sink, sink
 from serverproc import ServerProcess
 from waiting import wait_until
 
-from delaywheel.cluster.membership import first_choice
 from delaywheel.cluster.partitions import Layout
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
+from delaywheel.ha.membership import first_choice
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 

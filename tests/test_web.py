@@ -348,7 +348,7 @@ def test_the_cluster_page_on_a_single_node_is_one_partition_it_owns() -> None:
 
 
 def test_the_cluster_map_of_a_shared_keyspace_marks_this_nodes_partitions_escaped() -> None:
-    from delaywheel.engine.sharing import Owner, Sharing
+    from delaywheel.ha.sharing import Owner, Sharing
 
     async def scenario(d: Dash) -> None:
         here, other = HOSTILE[0], HOSTILE[1]
@@ -358,7 +358,7 @@ def test_the_cluster_map_of_a_shared_keyspace_marks_this_nodes_partitions_escape
             1: Owner(other, HOSTILE[2], 9),
             2: Owner(here, "10.0.0.1:7711", 4),
         }  # partition 3: no owner just now
-        d.engine.sharing = sharing  # read by the page only: no request goes through it
+        d.engine.ownership = sharing  # read by the page only: no request goes through it
         await d.login()
         html = await (await d.client.get("/cluster")).text()
         assert re.findall(r'<tr class="mine" data-partition="(\d+)">', html) == ["0", "2"]

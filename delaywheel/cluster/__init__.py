@@ -1,11 +1,10 @@
-"""Several nodes on one keyspace: partitions, leases, membership (issue 16).
+"""The Redis side of a keyspace several nodes share (issue 16).
 
 - ``partitions``: which partition a task id is in, and the Redis key layout.
-- ``lease``: acquiring, renewing and releasing a partition's lease, and the
-  keeper that renews them and self-fences a partition it may have lost.
-- ``membership``: the live nodes (registered with expiries from Redis
-  ``TIME``) and the rendezvous assignment of partitions over them.
+- ``holder``: the lease key's value read as its holder.
+- ``keyspace``: the store the server runs on Redis, one fenced flush per partition.
+- ``migrate``, ``spread``: the single-node hash and the old layout moved into partitions.
 
-The engine is wired to these next; the fenced journal flush they rely on is
-``delaywheel.store.fenced``.
+Leases, membership and the coordinator are ``delaywheel.ha``; the fenced
+journal flush is ``delaywheel.store.fenced``.
 """

@@ -42,7 +42,7 @@ from typing import Any, cast
 
 from redis.asyncio import RedisCluster
 
-from delaywheel.cluster.lease import Holder, parse_holder
+from delaywheel.cluster.holder import Holder, parse_holder
 from delaywheel.cluster.migrate import migrate
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
 from delaywheel.cluster.spread import SPREAD, Spread, spread

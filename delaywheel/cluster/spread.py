@@ -54,7 +54,7 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
-from delaywheel.cluster.lease import parse_holder
+from delaywheel.cluster.holder import parse_holder
 from delaywheel.cluster.migrate import (
     COPY_SCRIPT,
     DEFAULT_BATCH,

@@ -173,8 +173,7 @@ class Attempts:
         single-node store), and for a schedule's occurrence, what it is."""
         assert task.target is not None
         table = self._table
-        sharing = table.sharing
-        epoch = 0 if sharing is None else sharing.serving.get(sharing.partition_of(task.id), 0)
+        epoch = table.ownership.epoch_of(task.id)
         found = table.occurrence_of(task.id) if task.id.startswith("s:") else None
         return Delivery(
             task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target,

@@ -29,13 +29,15 @@ from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.schedules import Hooks, ScheduleTable, is_record_key
-from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
+from delaywheel.ha.ownership import Ownership, WholeKeyspace
+from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.store.base import Store
+from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S
 
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
@@ -53,21 +55,29 @@ class Engine:
         limits: Limits | None = None,
         targets: TargetRules | None = None,
         retry: RetryPolicy | None = None,
-        sharing: Sharing | None = None,
+        ownership: Ownership | None = None,
+        slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
     ) -> None:
         self.store = store
-        # A shared keyspace: the partitions this node serves (engine/sharing.py).
-        self.sharing = sharing
+        # Which ids this node serves (ha/ownership.py): all of them unless given.
+        self.ownership = own = WholeKeyspace() if ownership is None else ownership
         self.limits = limits or Limits()
         self.targets = targets or TargetRules()
-        self.table = table = TaskTable(store, slots=slots, tick_s=tick_s, now_s=now_s)
+        self.table = table = TaskTable(
+            store,
+            slots=slots,
+            tick_s=tick_s,
+            now_s=now_s,
+            ownership=own,
+            occurrence_of=self._occurrence_of,
+            slow_flush_s=slow_flush_s,
+        )
         # The table's parts the verbs use (and the server reads).
         self.wheel, self.queues, self.journal = table.wheel, table.queues, table.journal
         self._tasks, self.events = table.index, table.events
         self.attempts = Attempts(table, retry or RetryPolicy())
         self.firing = Firing(table, self.attempts)
         self.started_s = now_s
-        table.sharing = sharing
         self.schedules = ScheduleTable(
             self.journal,
             Hooks(
@@ -78,7 +88,6 @@ class Engine:
             ),
             tick_s,
         )
-        table.occurrence_of = self.schedules.occurrence
 
     # -- requests ------------------------------------------------------------
 
@@ -114,8 +123,8 @@ class Engine:
         new = validate.new_task(fields, now_s, self.limits)
         if new.id is not None and is_record_key(new.id):
             raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
-        if new.id is not None and self.sharing is not None:
-            self.sharing.check(new.id)
+        if new.id is not None and not self.ownership.owns_all:  # no call on one node
+            self.ownership.check(new.id)
         if new.target is not None:
             new.target = self.targets.check(
                 new.target, new.body_packed, task_id=new.id, topic=new.topic
@@ -305,8 +314,12 @@ class Engine:
         return task is not None and task.state not in (DEAD, GONE)
 
     def _check_served(self, schedule_id: str) -> None:
-        if self.sharing is not None:
-            self.sharing.check(schedule_id)
+        self.ownership.check(schedule_id)
+
+    def _occurrence_of(self, task_id: str) -> Occurrence | None:
+        """A schedule's occurrence as its task's map and deliveries show it (the
+        table's look-up: each schedule knows its zone)."""
+        return self.schedules.occurrence(task_id)
 
     def _revive(self, task: Task, now_s: float) -> None:
         """A dead task back to life with its attempts counted afresh."""
@@ -359,8 +372,8 @@ class Engine:
     def _served(self, task_id: Any) -> str:
         """``task_id`` checked, and served here (``moved`` or ``tryagain`` if not)."""
         checked = validate.task_id(task_id)
-        if self.sharing is not None:
-            self.sharing.check(checked)
+        if not self.ownership.owns_all:  # as in _checked
+            self.ownership.check(checked)
         return checked
 
     def _find(self, task_id: Any) -> Task:
@@ -425,8 +438,7 @@ class Engine:
         their attempts in flight stay, to journal their outcomes (a handoff);
         they are returned. ``among``: only these ids are looked at (the ones
         kept by an earlier drop), not the whole table."""
-        assert self.sharing is not None
-        of = self.sharing.partition_of
+        of = self.ownership.partition_of
         leaving = frozenset(partitions)
         self.schedules.drop(lambda key: of(key) in leaving)
         kept = self.table.drop(lambda task_id: of(task_id) in leaving, keep_delivering, among)
@@ -438,3 +450,12 @@ class Engine:
     def is_delivering(self, task: Task) -> bool:
         """Whether ``task``'s attempt is still in flight (its outcome not in yet)."""
         return self.table.delivering.get(task.id) is task
+
+    def sent_here(self, kept: list[Task]) -> list[Task]:
+        """Those of ``kept`` (delivering) whose attempt this node sent: not the
+        ones taken over and held to their deadline (``Attempts.sent_here``)."""
+        return self.attempts.sent_here(kept)
+
+    async def drain(self) -> None:
+        """Wait until every change made so far is durable or has failed."""
+        await self.journal.drain()

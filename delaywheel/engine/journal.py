@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
 from delaywheel.store.base import Store, StoreError
-from delaywheel.store.watch import StoreWatch
+from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S, StoreWatch
 
 if TYPE_CHECKING:
     from delaywheel.engine.table import TaskTable
@@ -82,7 +82,9 @@ class Batch:
 
 
 class Journal:
-    def __init__(self, store: Store, table: TaskTable) -> None:
+    def __init__(
+        self, store: Store, table: TaskTable, *, slow_flush_s: float = DEFAULT_SLOW_FLUSH_S
+    ) -> None:
         self._store = store
         # The table calls record(); the journal calls its rollback(), and its
         # cold tasks' pack() once a batch is durable.
@@ -102,7 +104,7 @@ class Journal:
         # Logs outages and slow writes (its slow_s is the server's --slow-flush).
         # An inline store's write is a dict update, done before submit returns:
         # it is not timed (two clock reads per add, on the memory store's path).
-        self.watch = StoreWatch(store.url, histograms=not store.inline)
+        self.watch = StoreWatch(store.url, slow_s=slow_flush_s, histograms=not store.inline)
 
     def record(self, task: Task, before: tuple[Any, ...] | None) -> None:
         """Journal ``task``'s new state. ``before`` is its snapshot before this change

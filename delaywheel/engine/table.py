@@ -35,7 +35,7 @@ import base64
 import os
 from collections.abc import Callable, Iterable
 from itertools import count
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
@@ -57,13 +57,12 @@ from delaywheel.engine.task import (
 )
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
+from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence, occurrence
 from delaywheel.store.base import Store
+from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S
 from delaywheel.tallies import EventCounts
 from delaywheel.wheel import TimingWheel
-
-if TYPE_CHECKING:
-    from delaywheel.engine.sharing import Sharing
 
 
 def _occurrence_in_utc(task_id: str) -> Occurrence | None:
@@ -71,7 +70,17 @@ def _occurrence_in_utc(task_id: str) -> Occurrence | None:
 
 
 class TaskTable:
-    def __init__(self, store: Store, *, slots: int, tick_s: float, now_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        slots: int,
+        tick_s: float,
+        now_s: float,
+        ownership: Ownership | None = None,
+        occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc,
+        slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
+    ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
         # Due targeted tasks waiting for their destination's turn: delayed,
@@ -86,19 +95,19 @@ class TaskTable:
         # For metrics, read only when scraped (delaywheel.tallies): events
         # counted where each is handled.
         self.events = EventCounts()
-        self.journal = Journal(store, self)
+        self.journal = Journal(store, self, slow_flush_s=slow_flush_s)
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
         # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
         # a str object of 64 bytes, not the 80 that a 17-character id takes.
         self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
-        # Set when the keyspace is shared (engine/sharing.py): which partitions
-        # this node serves, so that server-made ids fall in one of them.
-        self.sharing: Sharing | None = None
+        # Which ids this node serves (ha/ownership.py), so that server-made ids
+        # fall in a partition it serves.
+        self.ownership = WholeKeyspace() if ownership is None else ownership
         # A schedule's occurrence as its deliveries and task maps show it; the
-        # engine sets its schedules' look-up, which knows each one's zone.
-        self.occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc
+        # engine gives its schedules' look-up, which knows each one's zone.
+        self.occurrence_of = occurrence_of
 
     # -- where a task lives --------------------------------------------------
 
@@ -164,9 +173,9 @@ class TaskTable:
         the ready queue), indexed and added: delayed, or ready when due now."""
         task_id = new.id
         if task_id is None:
-            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
-            if self.sharing is not None and not self.sharing.owns(task_id):
-                task_id = self._owned_id(self.sharing)
+            task_id = f"{self._id_prefix}{next(self._id_counter):x}"  # as _new_id, inline
+            if not self.ownership.owns_all:  # no call on one node
+                task_id = self.ownership.new_id(task_id, self._new_id)
         elif task_id in self.index:
             raise self.exists(task_id)
         target = new.target
@@ -192,14 +201,9 @@ class TaskTable:
         self.events.added += 1
         return task
 
-    def _owned_id(self, sharing: Sharing) -> str:
-        """A server-made id in a partition this node serves (P / served tries on average)."""
-        if not sharing.serving:
-            raise sharing.none_served()
-        while True:
-            task_id = f"{self._id_prefix}{next(self._id_counter):x}"
-            if sharing.owns(task_id):
-                return task_id
+    def _new_id(self) -> str:
+        """A server-made id: the per-process prefix and the next count."""
+        return f"{self._id_prefix}{next(self._id_counter):x}"
 
     def move(self, task: Task, event: str, to: str, **fields: Any) -> None:
         """The one way a request changes a task: check, unplace, change, place, journal."""
@@ -263,10 +267,11 @@ class TaskTable:
 
     def rollback(self, undo: Undo) -> None:
         """Put back the tasks of batches the store failed to write (the journal's)."""
-        sharing = self.sharing
+        ownership = self.ownership
+        owns_all = ownership.owns_all
         by_id = self.index.by_id
         for task, snap in undo:
-            if sharing is not None and not sharing.owns(task.id):
+            if not owns_all and not ownership.owns(task.id):
                 continue  # its partition was dropped: the store has its truth
             current = by_id.get(task.id)
             if current is not task and not (current is None and task.state == GONE):

@@ -18,8 +18,8 @@ from delaywheel_client.protocol import Encoder
 
 from delaywheel.config import Settings
 from delaywheel.delivery.service import Deliveries
-from delaywheel.engine.coordinator import Coordinator
 from delaywheel.engine.engine import Engine
+from delaywheel.ha.coordinator import Coordinator
 from delaywheel.net.connection import Connection
 from delaywheel.net.listener import Listener
 from delaywheel.net.routes import Method, routes_for
@@ -28,7 +28,11 @@ from delaywheel.net.ticker import Ticker
 
 class Server:
     def __init__(
-        self, settings: Settings, engine: Engine, deliveries: Deliveries | None = None
+        self,
+        settings: Settings,
+        engine: Engine,
+        deliveries: Deliveries | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -50,8 +54,8 @@ class Server:
         self.accepted = 0  # connections, since the start
         self.refused: dict[str, int] = {}  # connections closed by the server, by code
         self.accept_errors = self.listener.errors  # failed accepts, by errno name
-        # Set by app.py on a shared keyspace (engine/coordinator.py), for metrics.
-        self.coordinator: Coordinator | None = None
+        # A node of several on a shared keyspace (ha/coordinator.py), for metrics.
+        self.coordinator = coordinator
 
     async def start(self) -> tuple[str, int]:
         self.listener.start(self.settings.host, self.settings.port)
@@ -68,7 +72,7 @@ class Server:
         for the journal to drain.
 
         With ``until_s`` (a ``time.monotonic()`` time: a node's stop is
-        bounded, engine/coordinator.py) nothing waits past it: a change not
+        bounded, ha/coordinator.py) nothing waits past it: a change not
         durable by then is never answered (its client sees the connection
         close: outcome unknown), and the deliveries get what is left of their
         grace. Returns what it stopped waiting on then, or None."""
@@ -124,9 +128,9 @@ class Server:
     def stats(self, now_s: float) -> dict[str, Any]:
         """What ``stats`` answers: the engine's figures and the server's own."""
         stats = self.engine.snapshot().stats(now_s)
-        sharing = self.engine.sharing
-        stats["node"] = None if sharing is None else sharing.node
-        stats["partitions"] = None if sharing is None else sharing.stats()
+        ownership = self.engine.ownership
+        stats["node"] = ownership.node
+        stats["partitions"] = ownership.stats()
         stats["connections"] = len(self.connections)
         stats["schedules"] = self.engine.schedules.stats()
         stats["tls"] = self.settings.tls_cert is not None
@@ -135,17 +139,8 @@ class Server:
         return stats
 
     def cluster_map(self) -> dict[str, Any]:
-        """The ``cluster`` reply. A single-node store is one partition this node owns."""
-        sharing = self.engine.sharing
-        if sharing is not None:
-            return sharing.cluster_map()
+        """The ``cluster`` reply (a single-node store: one partition, this node's)."""
         host, port = (
             self.listener.sockets[0].getsockname()[:2] if self.listener.sockets else ("", 0)
         )
-        address = f"{host}:{port}"
-        return {
-            "node": address,
-            "partitions": 1,
-            "lease_s": None,
-            "owners": [{"partition": 0, "node": address, "address": address, "epoch": 0}],
-        }
+        return self.engine.ownership.cluster_map(f"{host}:{port}")

@@ -6,14 +6,16 @@ cluster/partitions.py), and the engine holds
 and serves only the tasks of the partitions this node owns now. A request
 naming a task of any other partition is answered ``moved`` with the owner
 the store last showed, or ``tryagain`` while it has none. ``serving`` is
-what requests see; the coordinator (engine/coordinator.py) fills it as it
-acquires partitions and empties it first when it hands one back or loses
-it. A single-node store (memory, SQLite) has no ``Sharing``: the engine
-serves every id, at no cost per request.
+what requests see; the coordinator (ha/coordinator.py) fills it as it
+acquires partitions (``serve``) and empties it first when it hands one back
+or loses it (``unserve``). It is the engine's ``Ownership`` (ha/ownership.py)
+on a node of several; a single-node store (memory, SQLite) gets
+``WholeKeyspace`` instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +41,25 @@ class Sharing:
         self.address = address
         self.partitions = partitions
         self.lease_s = lease_s
-        self.serving: dict[int, int] = {}  # partition -> epoch, for requests
+        # partition -> epoch, for requests: changed only by serve and unserve,
+        # which keep owns_all (the engine's short cut, ha/ownership.py) true to it.
+        self.serving: dict[int, int] = {}
+        self.owns_all = False
         # Who owns each partition, as the store showed at the coordinator's
         # last look (read by ``cluster`` and the ``moved`` answers).
         self.owners: dict[int, Owner] = {}
+
+    def serve(self, partition: int, epoch: int) -> None:
+        """Serve ``partition`` from now on, under ``epoch`` (a partition gained)."""
+        self.serving[partition] = epoch
+        self.owners[partition] = Owner(self.node, self.address, epoch)
+        self.owns_all = len(self.serving) == self.partitions
+
+    def unserve(self, partition: int) -> int | None:
+        """Serve ``partition`` no more (handed back or lost); its epoch, if it was served."""
+        epoch = self.serving.pop(partition, None)
+        self.owns_all = len(self.serving) == self.partitions
+        return epoch
 
     def partition_of(self, task_id: str) -> int:
         return partition_of(task_id, self.partitions)
@@ -50,16 +67,30 @@ class Sharing:
     def owns(self, task_id: str) -> bool:
         # Serving every partition (one node, the default), every id is ours: no
         # hash per add (docs/performance.md, "Measurements behind the code").
-        serving = self.serving
-        return len(serving) == self.partitions or partition_of(task_id, self.partitions) in serving
+        return self.owns_all or partition_of(task_id, self.partitions) in self.serving
 
     def check(self, task_id: str) -> None:
         """Raise ``moved`` or ``tryagain`` unless this node serves ``task_id`` now."""
-        if len(self.serving) == self.partitions:  # as in owns
+        if self.owns_all:  # as in owns
             return
         partition = partition_of(task_id, self.partitions)
         if partition not in self.serving:
             raise self.elsewhere(partition, task_id)
+
+    def new_id(self, first: str, more: Callable[[], str]) -> str:
+        """A server-made id in a partition this node serves (P / served tries on average)."""
+        serving, partitions = self.serving, self.partitions
+        if partition_of(first, partitions) in serving:
+            return first
+        if not serving:
+            raise self.none_served()
+        while True:
+            task_id = more()
+            if partition_of(task_id, partitions) in serving:
+                return task_id
+
+    def epoch_of(self, task_id: str) -> int:
+        return self.serving.get(partition_of(task_id, self.partitions), 0)
 
     def elsewhere(self, partition: int, task_id: str | None = None) -> RequestError:
         owner = self.owners.get(partition)
@@ -86,8 +117,9 @@ class Sharing:
             {"partition": None, "retry_after_ms": RETRY_AFTER_MS},
         )
 
-    def cluster_map(self) -> dict[str, Any]:
-        """The ``cluster`` reply: every partition's owner as last seen."""
+    def cluster_map(self, here: str = "") -> dict[str, Any]:
+        """The ``cluster`` reply: every partition's owner as last seen (``here``,
+        the listening address, is not needed: this node's is ``address``)."""
         owners = []
         for partition in range(self.partitions):
             owner = self.owners.get(partition)

@@ -3,7 +3,7 @@
 Every ``period_s`` (a third of the lease, at most half a second, so that a
 released partition is taken over in well under a second) the coordinator:
 
-1. registers this node (cluster/membership.py; the expiry from Redis TIME),
+1. registers this node (ha/membership.py; the expiry from Redis TIME),
 2. reads the live members and every partition's lease (the owner map that
    ``cluster`` answers and ``moved`` names),
 3. claims the free partitions it ranks first by rendezvous hashing among
@@ -52,7 +52,12 @@ store refuses any flush of it still in flight.
 After a Sentinel failover (the store names a new primary) every owned
 partition's epoch and lease are read again on the new primary, and those
 that are not this node's as it holds them are dropped, to be acquired anew
-by the next round (cluster/failover.py). One log line per failover.
+by the next round (ha/failover.py). One log line per failover.
+
+The coordinator sits below the engine and imports nothing of it: it asks
+the engine only what ``Host`` names, and changes what requests see through
+the ``Sharing`` the engine was given (``serve`` a partition gained,
+``unserve`` one lost or handed back).
 """
 
 from __future__ import annotations
@@ -61,17 +66,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from delaywheel.cluster._scripts import text
-from delaywheel.cluster.failover import stale_partitions
+from delaywheel.cluster.holder import Holder
 from delaywheel.cluster.keyspace import Holders, SharedKeyspace
-from delaywheel.cluster.lease import Holder, LeaseKeeper, Leases, parse_holder
-from delaywheel.cluster.membership import Membership, plan
-from delaywheel.engine.engine import Engine
-from delaywheel.engine.sharing import Owner, Sharing
+from delaywheel.ha.failover import stale_partitions
+from delaywheel.ha.lease import LeaseKeeper, Leases
+from delaywheel.ha.membership import Membership, plan
+from delaywheel.ha.sharing import Owner, Sharing
 from delaywheel.store.sentinel import RedisSentinelStore
 from delaywheel.tallies import ClusterCounts
 
@@ -83,6 +87,53 @@ HANDOFF_WAIT_S = 10.0
 STOP_BOUND_LEASES = 3
 
 
+def _nothing_to_rearm() -> None:
+    pass
+
+
+class HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+Kept = TypeVar("Kept", bound=HasId)
+
+
+class Host(Protocol[Kept]):
+    """What the coordinator asks of the engine (engine/engine.py keeps it).
+
+    ``Kept`` is the engine's task: the coordinator holds the ones a handoff
+    keeps (their attempts in flight) and gives them back by id."""
+
+    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+        """Add a partition's tasks from the store's records; how many."""
+        ...
+
+    def drop_partitions(
+        self,
+        partitions: Collection[int],
+        *,
+        keep_delivering: bool = False,
+        among: Iterable[str] | None = None,
+    ) -> list[Kept]:
+        """Forget the tasks of ``partitions``; with ``keep_delivering`` those
+        whose attempts are in flight stay and are returned; ``among``: only
+        these ids are looked at."""
+        ...
+
+    def sent_here(self, kept: list[Kept]) -> list[Kept]:
+        """Those of ``kept`` whose attempt this node sent (not held to a deadline)."""
+        ...
+
+    def is_delivering(self, task: Kept) -> bool:
+        """Whether ``task``'s attempt is still in flight."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until every change made so far is durable (or failed)."""
+        ...
+
+
 class StopsFirst(Protocol):
     """The server, whose stop runs first, within the node's bound (net/server.py)."""
 
@@ -92,17 +143,18 @@ class StopsFirst(Protocol):
 class Coordinator:
     def __init__(
         self,
-        engine: Engine,
+        engine: Host[Any],
         keyspace: SharedKeyspace,
         sharing: Sharing,
         *,
-        rearm: Callable[[], None] = lambda: None,
         handoff_wait_s: float = HANDOFF_WAIT_S,
     ) -> None:
         self.engine = engine
         self.keyspace = keyspace
         self.sharing = sharing
-        self.rearm = rearm
+        # The tick driver's look at the next timer, after a partition's tasks
+        # came in (given at start: the server that owns it is built after this).
+        self.rearm: Callable[[], None] = _nothing_to_rearm
         self.handoff_wait_s = handoff_wait_s
         client = keyspace.client
         layout = keyspace.layout
@@ -125,8 +177,10 @@ class Coordinator:
 
     # -- life cycle ----------------------------------------------------------
 
-    async def start(self) -> None:
-        """Register and take this node's first partitions (loaded before it serves)."""
+    async def start(self, rearm: Callable[[], None] = _nothing_to_rearm) -> None:
+        """Register and take this node's first partitions (loaded before it serves);
+        ``rearm`` is called after each partition's tasks come in."""
+        self.rearm = rearm
         await self.leases.load()
         await self.membership.load()
         # Renewing before the first round: that round acquires and loads every
@@ -201,7 +255,7 @@ class Coordinator:
         sharing = self.sharing
         await self.membership.register(round(sharing.lease_s * 1000))
         live = await self.membership.live()
-        holders = await self._holders()
+        holders = await self.leases.holders()
         owners: dict[int, str | None] = {}
         for partition in range(sharing.partitions):
             holder = holders.get(partition)
@@ -229,17 +283,6 @@ class Coordinator:
         leaving = {p for p in todo.hand_back if p in held and p not in self._busy}
         if leaving and not self._stopping:
             await self._hand_back(leaving)
-
-    async def _holders(self) -> dict[int, Holder]:
-        pipe = self.keyspace.client.pipeline(transaction=False)
-        for keys in self.keyspace.layout:
-            pipe.get(keys.lease)
-        values = await pipe.execute()
-        return {
-            partition: parse_holder(text(value), 0)
-            for partition, value in enumerate(values)
-            if value is not None
-        }
 
     def _primary_moves(self) -> int:
         store = self.keyspace.redis
@@ -269,10 +312,9 @@ class Coordinator:
                 # Lost while loading, or acquired on a primary that is one no more.
                 self.keeper.forget(partition)
                 self.keyspace.epochs.pop(partition, None)
-                self.engine.drop_partition(partition)
+                self.engine.drop_partitions({partition})
                 return
-            self.sharing.serving[partition] = got
-            self.sharing.owners[partition] = Owner(self.sharing.node, self.sharing.address, got)
+            self.sharing.serve(partition, got)
             took_s = time.monotonic() - started_s
             self.counts.takeovers += 1
             self.counts.takeover_seconds += took_s
@@ -284,8 +326,8 @@ class Coordinator:
             self.rearm()
         except Exception:
             self.keyspace.epochs.pop(partition, None)
-            self.sharing.serving.pop(partition, None)
-            self.engine.drop_partition(partition)
+            self.sharing.unserve(partition)
+            self.engine.drop_partitions({partition})
             with contextlib.suppress(Exception):
                 await self.keeper.release(partition)
             raise
@@ -297,21 +339,21 @@ class Coordinator:
         self._busy.update(partitions)
         try:
             for partition in partitions:
-                self.sharing.serving.pop(partition, None)
+                self.sharing.unserve(partition)
             # Nothing fires from here on; attempts in flight stay in the table,
             # so that their outcomes are journaled as they come.
             kept = self.engine.drop_partitions(partitions, keep_delivering=True)
             # Not the attempts taken over and held to their deadline: waiting
             # for those held a handoff after a takeover up to handoff_wait_s
             # (6.3 s in scenario 4), the partition served by no one meanwhile.
-            delivering = self.engine.attempts.sent_here(kept)
+            delivering = self.engine.sent_here(kept)
             deadline_s = time.monotonic() + self.handoff_wait_s
             while delivering and time.monotonic() < deadline_s:
                 self._stop_step = f"waiting for {len(delivering)} attempts in flight"
                 await asyncio.sleep(0.02)
                 delivering = [t for t in delivering if self.engine.is_delivering(t)]
             self._stop_step = "waiting for the journal to drain"
-            await self.engine.journal.drain()
+            await self.engine.drain()
             # Only the tasks kept are left of these partitions (requests for them
             # are answered moved): no second pass over the whole table.
             self.engine.drop_partitions(partitions, among=[task.id for task in kept])
@@ -347,7 +389,7 @@ class Coordinator:
                 extra={"partition": partition},
             )
             self.keeper.forget(partition)
-            self.sharing.serving.pop(partition, None)
+            self.sharing.unserve(partition)
             self.keyspace.epochs.pop(partition, None)
             holder = holders.get(partition)
             if holder is not None:
@@ -399,7 +441,7 @@ class Coordinator:
         at the next loop turn, with every other partition lost in this one, in
         one pass (16 fence timers firing together once cost 16 passes, ten
         seconds over 1,000,000 tasks, during which no renewal was sent)."""
-        self.sharing.serving.pop(partition, None)
+        self.sharing.unserve(partition)
         self.keyspace.epochs.pop(partition, None)
         if not self._dropping:
             asyncio.get_running_loop().call_soon(self._drop_forgotten)
@@ -412,18 +454,18 @@ class Coordinator:
     def _reload(self, partition: int) -> None:
         if partition not in self.sharing.serving or partition in self._busy:
             return
-        epoch = self.sharing.serving.pop(partition)
-        self.engine.drop_partition(partition)
+        epoch = self.sharing.unserve(partition)
+        self.engine.drop_partitions({partition})
 
         async def reload() -> None:
             self._busy.add(partition)
             try:
                 await self.engine.load_partition(self.keyspace.load_partition(partition))
-                if self.keyspace.epochs.get(partition) == epoch:
-                    self.sharing.serving[partition] = epoch
+                if epoch is not None and self.keyspace.epochs.get(partition) == epoch:
+                    self.sharing.serve(partition, epoch)
                     self.rearm()
                 else:
-                    self.engine.drop_partition(partition)
+                    self.engine.drop_partitions({partition})
             finally:
                 self._busy.discard(partition)
 

@@ -1,0 +1,15 @@
+"""High availability: several nodes serving one shared Redis keyspace (docs/ha.md).
+
+- ``sharing``: which partitions this node serves, and the ``moved`` or
+  ``tryagain`` answer for a task of any other; the engine is given it.
+- ``lease``: acquiring, renewing and releasing a partition's lease, and the
+  keeper that renews them and self-fences a partition it may have lost.
+- ``membership``: the live nodes (registered with expiries from Redis
+  ``TIME``) and the assignment of partitions over them.
+- ``failover``: after a Sentinel failover, which partitions may still be served.
+- ``coordinator``: the node's rounds: claim, load, serve, hand back, drop.
+
+Below the engine: the coordinator asks of it only what ``coordinator.Host``
+names. The store's side (the partitions' keys, the fenced flush) is
+``delaywheel.cluster`` and ``delaywheel.store``.
+"""
