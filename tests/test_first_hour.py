@@ -46,3 +46,22 @@ def test_the_sqlite_lock_file_is_ignored_by_git(tmp_path: Path) -> None:
             check=False,
         )
         assert done.returncode == 0, f"{name} is not ignored"
+
+
+# Words of the project's own history: a user reading the docs was never in
+# its sessions and has no issue tracker to look "issue 16" up in.
+HISTORY = re.compile(
+    r"\bissue \d+|issue's|where the issue is silent|state of the work|not built yet"
+    r"|this session|the session's (start|end)|end of the session|last session|this stop",
+    re.IGNORECASE,
+)
+
+
+def test_user_docs_speak_of_no_project_history() -> None:
+    found = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in USER_PAGES
+        for number, line in enumerate(page.read_text().splitlines(), start=1)
+        if HISTORY.search(line)
+    ]
+    assert found == []
