@@ -33,13 +33,18 @@ def _packages_under(directory: Path, top: str) -> set[str]:
     }
 
 
-def test_the_server_distribution_lists_its_packages_and_not_the_clients() -> None:
-    config = _pyproject(ROOT)
-    listed = set(config["tool"]["setuptools"]["packages"])
+def test_the_server_distribution_finds_its_packages_and_not_the_clients() -> None:
+    """pyproject.toml lets setuptools find the packages (a new one needs no line):
+    what it finds is every package under delaywheel/ and nothing else."""
+    from setuptools import find_namespace_packages
+
+    setuptools_config = _pyproject(ROOT)["tool"]["setuptools"]
+    find = setuptools_config["packages"]["find"]
+    shipped = set(find_namespace_packages(where=str(ROOT), include=find["include"]))
     found = _packages_under(ROOT, "delaywheel")
-    assert found <= listed, f"missing from [tool.setuptools] packages: {sorted(found - listed)}"
-    assert all(name.split(".")[0] == "delaywheel" for name in listed), listed
-    assert "package-dir" not in config["tool"]["setuptools"]  # no client/ mapped in
+    assert found <= shipped, f"not found by setuptools: {sorted(found - shipped)}"
+    assert all(name.split(".")[0] == "delaywheel" for name in shipped), shipped
+    assert "package-dir" not in setuptools_config  # no client/ mapped in
 
 
 def test_the_client_distribution_lists_its_packages() -> None:
