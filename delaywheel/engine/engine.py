@@ -372,6 +372,22 @@ class Engine:
     def describe(self, task: Task) -> dict[str, Any]:
         return self.table.describe(task)
 
+    # What the dashboard reads (web/views.py): no request pays for these.
+
+    def decoded_tasks(self) -> list[Task]:
+        """The tasks held decoded, in no order: a copy, which the caller may walk
+        while the loop runs on. Packed tasks are left out (``engine.cold``): they
+        are due after the cold window, later than any decoded delayed task."""
+        return [task for task in self._tasks.by_id.values() if isinstance(task, Task)]
+
+    def oldest_ready(self, topic: str) -> Task | None:
+        """``topic``'s oldest due ready task (it stays queued)."""
+        return self.queues.oldest_ready([topic])
+
+    def dead_tasks(self, topic: str) -> list[Task]:
+        """``topic``'s dead tasks, oldest first: a copy."""
+        return self.queues.oldest_dead(topic, len(self._tasks))
+
     # -- recovery ----------------------------------------------------------------
 
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
