@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
+from delaywheel_client.partitions import record_key
 from hacheck import Sink
 
-from delaywheel.engine.schedules import record_key
 from delaywheel.schedules.state import read_record
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until

@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import DelaywheelError
-from delaywheel_client.partitions import partition_of
+from delaywheel_client.partitions import occurrence_id, partition_of
 from test_schedule_durable import SCHEDULE, _assert_each_once, _node, _nominals
 
 from delaywheel.engine.engine import Engine
-from delaywheel.schedules.planner import occurrence_id
 from delaywheel.store.memory import MemoryStore
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until

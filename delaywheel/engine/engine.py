@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
+from delaywheel_client.partitions import is_record_key
+
 from delaywheel import checks
 from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
@@ -28,7 +30,7 @@ from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
-from delaywheel.engine.schedules import Hooks, ScheduleTable, is_record_key
+from delaywheel.engine.schedules import Hooks, ScheduleTable
 from delaywheel.engine.sharing import Sharing
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
