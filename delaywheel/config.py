@@ -180,7 +180,7 @@ class Settings:
         from delaywheel.delivery.brokers import parse_broker_specs
 
         try:
-            AllowList.parse(self.http_allow)
+            AllowList.parse(self.http_allow).check_names_resolve()
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

@@ -164,6 +164,17 @@ def test_process_serve_bad_setting_exits_2_with_one_line() -> None:
     assert "max connections" in one_line(done.stderr)
 
 
+@pytest.mark.process
+@pytest.mark.parametrize("value", ["bogus", "public,publc", "127.0.0.1,no-such-host.invalid"])
+def test_process_serve_refuses_an_http_allow_entry_that_is_nothing(value: str) -> None:
+    """Neither public, *, an address, a range, a *.suffix nor a name DNS knows."""
+    done = proc("serve", "--store", "memory://", "--port", "0", "--http-allow", value)
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    bad = value.rsplit(",", 1)[-1]
+    assert f"--http-allow entry {bad!r} is not public" in line and "resolves" in line
+
+
 # -- help, usage errors ------------------------------------------------------------------------
 
 
