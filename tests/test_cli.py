@@ -15,41 +15,19 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from serverproc import ServerProcess
+from click.testing import CliRunner
+from helpers import cli, cli_json, unique
+from serverproc import ServerProcess, free_port
 
 from delaywheel.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def address(server: ServerProcess) -> str:
-    return f"{server.host}:{server.port}"
-
-
-def unique(prefix: str = "t") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def cli(
-    address: str, *args: str, input: str | bytes | None = None, env: dict[str, str] | None = None
-) -> Result:
-    """Run the command in-process with CliRunner, against ``address``."""
-    return CliRunner().invoke(main, ["--server", address, *args], input=input, env=env)
-
-
-def cli_json(address: str, *args: str, input: str | bytes | None = None) -> Any:
-    result = cli(address, "--json", *args, input=input)
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return json.loads(result.stdout)
 
 
 def proc(
@@ -73,13 +51,6 @@ def one_line(stderr: str) -> str:
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # -- real subprocesses ------------------------------------------------------------------------

@@ -28,13 +28,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-import test_deliveries
-from delaywheel_client import Client, ClusterClient
-from delaywheel_client.partitions import parse_occurrence, partition_of
-from hacheck import Sink
-from serverproc import ServerProcess
-from test_deliveries import Endpoint, Seen
-from test_delivery_brokers import (
+from brokerkit import (
     AMQP_URL,
     NATS_URL,
     amqp_target,
@@ -45,7 +39,14 @@ from test_delivery_brokers import (
     run,
     started,
 )
-from test_ha import _node, _settled
+from clusternodes import node as _node
+from clusternodes import owned_once as _settled
+from delaywheel_client import Client, ClusterClient
+from delaywheel_client.partitions import parse_occurrence, partition_of
+from endpoint import Endpoint, Seen
+from endpoint import endpoint as endpoint  # the fixture
+from hacheck import Sink
+from serverproc import ServerProcess
 from waiting import wait_until
 
 from delaywheel.delivery.brokers import Brokers
@@ -125,9 +126,6 @@ def test_the_local_time_follows_the_schedules_record_and_is_utc_once_it_is_gone(
 
 
 # -- a real server, a real endpoint -------------------------------------------------
-
-
-endpoint = test_deliveries.endpoint  # the fixture: a real HTTP endpoint, keeping each request
 
 
 def _first(endpoint: Endpoint, prefix: str) -> dict[str, Seen]:

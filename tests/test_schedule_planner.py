@@ -11,10 +11,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from cronreference import EXPRESSIONS, INSTANTS, WINDOW_S, ZONES, reference
 from delaywheel_client.partitions import occurrence_id
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_schedule_cron import EXPRESSIONS, INSTANTS, WINDOW_S, ZONES, reference
 
 from delaywheel.errors import RequestError
 from delaywheel.schedules import planner
