@@ -1,5 +1,10 @@
 """Processes the benchmarks run against: a private redis-server, the real server,
-and the small servers of bench/ that print the address they listen on."""
+and the small servers of bench/ that print the address they listen on.
+
+The real server is started by the tests' ``ServerProcess`` (tests/serverproc.py:
+the bench runs from a checkout, as the tests do), so the two start it, read its
+port and stop it the same way.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,17 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
-LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
+from tests.serverproc import LISTENING, ServerProcess, free_port
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# A server on a filled store loads before it listens (about 1.5 s a million
+# tasks, docs/performance.md): the bench waits for that, however big.
+START_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 60.0
 
 
 def _wait_for_port(port: int, timeout_s: float = 10.0) -> None:
@@ -110,13 +111,6 @@ def running_server(store_url: str, start_log: list[str] | None = None) -> Iterat
         yield address
 
 
-def _drain(stream: IO[str]) -> None:
-    """Read a child's log to its end, so that a chatty server never blocks on a full pipe."""
-    with stream:
-        for _ in stream:
-            pass
-
-
 @contextmanager
 def server_process(
     store_url: str, start_log: list[str] | None = None, args: Sequence[str] = ()
@@ -125,32 +119,17 @@ def server_process(
 
     ``args`` are more ``serve`` options, e.g. ``("--tick", "0.01")``.
     """
-    command = [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url]
-    proc = subprocess.Popen(
-        [*command, *args],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    drainer: threading.Thread | None = None
-    log: list[str] = [] if start_log is None else start_log
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.append(line)
-            match = LISTENING.search(line)
-            if match:
-                address = match.group(1), int(match.group(2))
-                break
-        else:
-            tail = "".join(log[-20:])
-            raise RuntimeError(f"server for {store_url} did not start; it logged:\n{tail}")
-        drainer = threading.Thread(target=_drain, args=(proc.stderr,), daemon=True)
-        drainer.start()
-        yield proc.pid, address
+        server = ServerProcess(*args, store=store_url, tick=None, start_timeout_s=START_TIMEOUT_S)
+    except RuntimeError as exc:
+        raise RuntimeError(f"server for {store_url} did not start: {exc}") from None
+    try:
+        assert server.proc is not None
+        if start_log is not None:
+            for line in list(server.log):
+                start_log.append(line)
+                if LISTENING.search(line):
+                    break
+        yield server.proc.pid, server.address
     finally:
-        proc.terminate()
-        proc.wait()
-        if drainer is not None:
-            drainer.join(timeout=5.0)  # it reaches the end of the log once the server exits
-        elif proc.stderr is not None:
-            proc.stderr.close()
+        server.stop(STOP_TIMEOUT_S)

@@ -16,6 +16,7 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 import time
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.listen import listen_error
 from delaywheel.net.server import Server
+from delaywheel.net.tls import tls_of
 from delaywheel.store import Store, open_store
 from delaywheel.store.redis import RedisStore
 
@@ -54,6 +56,7 @@ GC_THRESHOLDS = (20_000, 50, 10)
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
+    tls = tls_of(settings)  # first: a bad file stops the start with its name alone
     store = shared_store(settings)
     await store.open()  # the Redis store's errors say what to do (store/redis.py)
     # Not before the store is open: a server that cannot open it exits with
@@ -63,7 +66,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
-        server, coordinator = _assemble(settings, store)
+        server, coordinator = _assemble(settings, store, tls)
         if coordinator is not None:
             await _take_partitions(coordinator, server, store)
         else:
@@ -88,7 +91,9 @@ def _log_start(settings: Settings, store: Store) -> None:
         )
 
 
-def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | None]:
+def _assemble(
+    settings: Settings, store: Store, tls: ssl.SSLContext | None = None
+) -> tuple[Server, Coordinator | None]:
     """The engine over ``store``, its deliveries and server; a coordinator when
     the store is a keyspace that nodes share."""
     rules = target_rules(
@@ -115,7 +120,7 @@ def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | N
         signing_secret=settings.signing_secret,
     )
     coordinator = _coordinator(settings, engine, store, sharing)
-    return Server(settings, engine, deliveries, coordinator), coordinator
+    return Server(settings, engine, deliveries, coordinator, tls=tls), coordinator
 
 
 def _coordinator(

@@ -10,7 +10,6 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -26,9 +25,6 @@ from delaywheel.engine.validate import Limits
 from delaywheel.store.base import redact_url
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
-
-if TYPE_CHECKING:
-    import ssl
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3450
@@ -158,7 +154,7 @@ class Settings:
         self._check_delivery()
         self._check_cluster()
         self._check_web()
-        self.tls_context()  # loaded now, so that a bad file stops the start with its name
+        self._check_tls()
 
     def _check_delivery(self) -> None:
         if self.http_concurrency < 1:
@@ -180,7 +176,7 @@ class Settings:
         from delaywheel.delivery.brokers import parse_broker_specs
 
         try:
-            AllowList.parse(self.http_allow)
+            AllowList.parse(self.http_allow).check_names_resolve()
             parse_broker_specs(list(self.brokers))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -245,21 +241,14 @@ class Settings:
                 " dashboard's sign-in), or pass --web-insecure if that is meant"
             )
 
-    def tls_context(self) -> ssl.SSLContext | None:
-        """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""
+    def _check_tls(self) -> None:
+        """The TLS files go together; net/tls.py loads them (``tls_of``), at start."""
         if self.tls_cert is None or self.tls_key is None:
             if self.tls_cert is not None or self.tls_key is not None:
                 given, missing = ("cert", "key") if self.tls_key is None else ("key", "cert")
                 raise ConfigError(f"tls {given} needs a tls {missing} too (both or neither)")
             if self.tls_client_ca is not None:
                 raise ConfigError("tls client ca needs a tls cert and key (mutual TLS)")
-            return None
-        from delaywheel.net.tls import server_context
-
-        try:
-            return server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
 
     @property
     def open_to_anyone(self) -> bool:

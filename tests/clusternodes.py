@@ -1,19 +1,24 @@
-"""Real nodes sharing one Redis keyspace, for the cluster client and CLI tests.
+"""Real nodes sharing one Redis keyspace, for the cluster client, CLI and HA tests.
 
 ``node`` starts ``delaywheel serve`` with a node name and a real port (a node's
 address is what the others send clients to); ``two_nodes`` is a module fixture of two
 of them on a database of the session's private redis-server, waited on until every
 partition has one owner and each node's ``cluster`` map says so. Import the fixture
-into a test module by name: ``from clusternodes import two_nodes``.
+into a test module by name: ``from clusternodes import two_nodes``. ``owned_once``
+(every partition served by exactly one node, maps aside) and ``metrics_of`` (a
+node's /metrics) are for the HA tests' waits and checks.
 """
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from conftest import free_port
 from delaywheel_client import Client
+from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
 from waiting import wait_until
 
@@ -37,6 +42,30 @@ def served(proc: ServerProcess) -> set[int]:
     """The partitions ``proc`` serves now (its ``stats``)."""
     with Client(*proc.address) as dw:
         return {entry["partition"] for entry in dw.stats()["partitions"]}
+
+
+def metrics_of(proc: ServerProcess) -> dict[str, float]:
+    """The unlabelled samples of ``proc``'s /metrics (started with --metrics-port)."""
+    # The last such line: the running process's, when it was started again.
+    urls = [m.group(1) for line in proc.log if (m := re.search(r"metrics on (\S+)", line))]
+    with urllib.request.urlopen(urls[-1], timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
+
+
+def owned_once(*nodes: ServerProcess) -> bool:
+    """Every partition served by exactly one of ``nodes``."""
+    seen = [served(node) for node in nodes]
+    return (
+        all(seen)  # each has some (a joining node has none for a moment)
+        and sum(len(s) for s in seen) == PARTITIONS
+        and set().union(*seen) == set(range(PARTITIONS))
+    )
 
 
 def settled(nodes: list[ServerProcess]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import socket
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 from delaywheel_client import Client
-from serverproc import ServerProcess
+from serverproc import ServerProcess, free_port
 
 # The machine's services (RabbitMQ, NATS, docker-compose) and the markers of the
 # fast loop: fixtures and hooks of their own modules, taken into effect here.
@@ -43,14 +44,6 @@ from suites import pytest_terminal_summary as pytest_terminal_summary
 
 REDIS_DATABASES = 256  # db 0 is left alone; tests cycle through 1..255
 REDIS_START_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def free_cluster_port() -> int:
@@ -184,6 +177,37 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 _redis_dbs = itertools.cycle(range(1, REDIS_DATABASES))
 
 
+def db_of(url: str) -> int:
+    """The database number of a ``redis_url``."""
+    return int(url.rsplit("/", 1)[1])
+
+
+@contextlib.contextmanager
+def primary_with_replica(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A private primary and a replica that has synced with it."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    # No 5 s wait before the diskless sync of the replica (Redis 7's default).
+    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
+    primary.start()
+    replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        replica.start()
+        wait_for_link(replica)
+        yield primary, replica
+    finally:  # SIGKILL: a primary stopped with SIGTERM waits 10 s for its replicas
+        replica.kill()
+        primary.kill()
+
+
+def wait_for_link(replica: RedisServer) -> None:
+    deadline = time.monotonic() + 10
+    with replica.client() as client:
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+
+
 def _fresh_database_url(redis_server: RedisServer) -> str:
     redis_server.start()
     db = next(_redis_dbs)
@@ -291,6 +315,12 @@ def server() -> Iterator[ServerProcess]:
     proc = ServerProcess()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def address(server: ServerProcess) -> str:
+    """The module's server as ``HOST:PORT``, as the CLI's ``--server`` takes it."""
+    return f"{server.host}:{server.port}"
 
 
 @pytest.fixture

@@ -1,8 +1,14 @@
-"""Start the real ``delaywheel serve`` process on a free port, for tests.
+"""Start the real ``delaywheel serve`` process on a free port, for tests and the bench.
 
 The server logs ``delaywheel listening on HOST:PORT`` once it accepts
 connections; we read the port from that line, so tests pass ``--port 0`` and
-never race for a port.
+never race for a port. ``free_port`` is for what cannot take port 0 (a
+redis-server, a metrics or dashboard port given on the command line).
+
+bench/_procs.py starts its servers with ``ServerProcess`` too: the bench is
+run from a checkout, as the tests are, so it imports this module
+(``tests.serverproc``) rather than keep a second copy. It imports the
+standard library alone, so importing it loads nothing of pytest.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,29 +29,42 @@ LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
 START_TIMEOUT_S = 30.0
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 class ServerProcess:
     """A running server. ``args`` go to ``delaywheel serve`` after the defaults.
 
     ``prefix`` goes before the command (``prlimit --nofile=256:256``), and
     ``python_args`` are the interpreter's arguments that make it delaywheel.
+    ``tick`` None leaves the server's own default (1 s), as the bench does;
+    ``start_timeout_s`` is how long it may take to listen (a load included).
     """
 
     def __init__(
         self,
         *args: str,
         store: str = "memory://",
-        tick: str = "0.05",
+        tick: str | None = "0.05",
         env: dict[str, str] | None = None,
         prefix: Sequence[str] = (),
         python_args: Sequence[str] = ("-m", "delaywheel"),
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
-        self.args = ["--port", "0", "--store", store, "--tick", tick, *args]
+        ticking = [] if tick is None else ["--tick", tick]
+        self.args = ["--port", "0", "--store", store, *ticking, *args]
         self.command = [*prefix, sys.executable, *python_args, "serve"]
         self.env = {**os.environ, **(env or {})}
         self.log: deque[str] = deque(maxlen=2000)
         self.host = ""
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
+        self.start_timeout_s = start_timeout_s
         self.start()
 
     def start(self) -> None:
@@ -59,7 +79,7 @@ class ServerProcess:
         found = threading.Event()
         self.reader = threading.Thread(target=self._read_log, args=(self.proc, found), daemon=True)
         self.reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while not found.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()

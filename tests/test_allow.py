@@ -119,6 +119,14 @@ def test_a_bad_entry_raises_naming_it(entry: str) -> None:
     assert repr(entry) in str(caught.value)
 
 
+def test_a_name_entry_must_resolve_at_start() -> None:
+    """config.py calls this: a word that is no host stops the start, named as written."""
+    AllowList("public,LocalHost.,*.nowhere.invalid,10.0.0.0/8,*").check_names_resolve()
+    with pytest.raises(ValueError) as caught:
+        AllowList("localhost,Hooks.Nowhere.INVALID").check_names_resolve()
+    assert "entry 'Hooks.Nowhere.INVALID' is not public, *, an address" in str(caught.value)
+
+
 def test_blank_parts_are_skipped_but_a_blank_list_is_refused() -> None:
     assert str(AllowList("public,,127.0.0.1,")) == "public,127.0.0.1"
     with pytest.raises(ValueError, match="empty"):

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,34 +22,13 @@ from typing import Any
 
 import click
 import pytest
-from click.testing import CliRunner, Result
-from serverproc import ServerProcess
+from click.testing import CliRunner
+from helpers import cli, cli_json, unique
+from serverproc import ServerProcess, free_port
 
 from delaywheel.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def address(server: ServerProcess) -> str:
-    return f"{server.host}:{server.port}"
-
-
-def unique(prefix: str = "t") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def cli(
-    address: str, *args: str, input: str | bytes | None = None, env: dict[str, str] | None = None
-) -> Result:
-    """Run the command in-process with CliRunner, against ``address``."""
-    return CliRunner().invoke(main, ["--server", address, *args], input=input, env=env)
-
-
-def cli_json(address: str, *args: str, input: str | bytes | None = None) -> Any:
-    result = cli(address, "--json", *args, input=input)
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return json.loads(result.stdout)
 
 
 def proc(
@@ -74,13 +52,6 @@ def one_line(stderr: str) -> str:
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # -- real subprocesses ------------------------------------------------------------------------
@@ -163,6 +134,17 @@ def test_process_serve_bad_setting_exits_2_with_one_line() -> None:
     done = proc("serve", "--store", "memory://", env={"DELAYWHEEL_MAX_CONNECTIONS": "0"})
     assert done.returncode == 2
     assert "max connections" in one_line(done.stderr)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("value", ["bogus", "public,publc", "127.0.0.1,no-such-host.invalid"])
+def test_process_serve_refuses_an_http_allow_entry_that_is_nothing(value: str) -> None:
+    """Neither public, *, an address, a range, a *.suffix nor a name DNS knows."""
+    done = proc("serve", "--store", "memory://", "--port", "0", "--http-allow", value)
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    bad = value.rsplit(",", 1)[-1]
+    assert f"--http-allow entry {bad!r} is not public" in line and "resolves" in line
 
 
 # -- help, usage errors ------------------------------------------------------------------------

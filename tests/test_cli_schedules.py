@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from helpers import cli as on
+from helpers import cli_json as on_json
+from helpers import unique
 from serverproc import ServerProcess
-from test_cli import address as address  # the module server's HOST:PORT
-from test_cli import cli as on
-from test_cli import cli_json as on_json
-from test_cli import unique
 
 from delaywheel.cli import main
 

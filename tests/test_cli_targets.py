@@ -12,54 +12,20 @@ against an address where nothing listens: reaching the network would exit 3, not
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from conftest import free_port
-from serverproc import ServerProcess
+from helpers import cli as run
+from helpers import cli_json as run_json
+from helpers import unique
+from targetserver import server as server  # the module's server
 
-from delaywheel.cli import main
 from delaywheel.cli.output import task_text
 
 HOOK = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: never called an hour ahead
 NOWHERE = f"127.0.0.1:{free_port()}"
-
-
-@pytest.fixture(scope="module")
-def server(module_redis_url: str, rabbitmq_url: str, nats_url: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        "--http-allow", "127.0.0.1",
-        "--broker", f"q={rabbitmq_url}",
-        "--broker", f"n={nats_url}",
-        "--broker", f"r={module_redis_url}",  # the store's Redis again, under another name
-        store=module_redis_url,
-    )  # fmt: skip
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def address(server: ServerProcess) -> str:
-    return f"{server.host}:{server.port}"
-
-
-def run(address: str, *args: str) -> Result:
-    return CliRunner().invoke(main, ["--server", address, *args])
-
-
-def run_json(address: str, *args: str) -> Any:
-    result = run(address, "--json", *args)
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return json.loads(result.stdout)
-
-
-def unique(prefix: str = "t") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 def http_target(**changes: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import asyncio
 import os
 import pickle
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -35,19 +34,12 @@ from delaywheel_client import (
     error_from,
 )
 from delaywheel_client.connection import PIPELINE_CHUNK_BYTES, parse_url
-from serverproc import ServerProcess
+from serverproc import ServerProcess, free_port
 from waiting import wait_until, wait_until_async
 
 TASK_KEYS = {"id", "topic", "state", "at", "body", "ttr", "max_attempts", "attempts", "created"}
 TASK_KEYS |= {"target", "cycle", "slot"}
 PLACEMENT_KEYS = {"id", "at", "cycle", "slot"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- every method, shaped as docs/protocol.md says ------------------------------------------------

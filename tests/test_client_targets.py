@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import free_port
 from delaywheel_client import AsyncClient, BadRequest, Client, targets
 from serverproc import ServerProcess
+from targetserver import server as server  # the module's server
 
 HOOK = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: never called an hour ahead
 HOUR_S = 3600
@@ -75,19 +75,6 @@ def test_exported_from_the_package() -> None:
 
 
 # -- against the server --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(module_redis_url: str, rabbitmq_url: str, nats_url: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        "--http-allow", "127.0.0.1",
-        "--broker", f"q={rabbitmq_url}",
-        "--broker", f"n={nats_url}",
-        "--broker", f"r={module_redis_url}",  # the store's Redis again, under another name
-        store=module_redis_url,
-    )  # fmt: skip
-    yield proc
-    proc.stop()
 
 
 ROUND_TRIPS = {

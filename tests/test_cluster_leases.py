@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from conftest import RedisCluster, RedisServer
+from helpers import run
 from redis.asyncio import Redis
 from redis.asyncio import RedisCluster as AsyncRedisCluster
-from test_store import run
 
 from delaywheel.cluster._scripts import NodeNameError
 from delaywheel.cluster.holder import Holder

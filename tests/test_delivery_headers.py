@@ -28,13 +28,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-import test_deliveries
-from delaywheel_client import Client, ClusterClient
-from delaywheel_client.partitions import partition_of
-from hacheck import Sink
-from serverproc import ServerProcess
-from test_deliveries import Endpoint, Seen
-from test_delivery_brokers import (
+from brokerkit import (
     AMQP_URL,
     NATS_URL,
     amqp_target,
@@ -45,12 +39,19 @@ from test_delivery_brokers import (
     run,
     started,
 )
-from test_ha import _node, _settled
+from clusternodes import node as _node
+from clusternodes import owned_once as _settled
+from delaywheel_client import Client, ClusterClient
+from delaywheel_client.partitions import parse_occurrence, partition_of
+from endpoint import Endpoint, Seen
+from endpoint import endpoint as endpoint  # the fixture
+from hacheck import Sink
+from serverproc import ServerProcess
 from waiting import wait_until
 
 from delaywheel.delivery.brokers import Brokers
 from delaywheel.engine.engine import Engine
-from delaywheel.schedules.occurrence import make, occurrence, parse
+from delaywheel.schedules.occurrence import Occurrence, occurrence
 from delaywheel.schedules.spec import check_spec
 from delaywheel.store.memory import MemoryStore
 
@@ -73,7 +74,7 @@ OCCURRENCE_HEADERS = (
 )
 OCCURRENCE_FIELDS = ("schedule", "nominal", "nominal_local", "late_by")
 NOMINAL_MS = 1774746000_000
-OCCURRENCE = make("nightly", NOMINAL_MS, LONDON)
+OCCURRENCE = Occurrence("nightly", NOMINAL_MS, spec=LONDON)
 TASK_ID = "s:nightly:1774746000"
 OCCURRENCE_SENT = {"task_id": TASK_ID, "epoch": 7, "occurrence": OCCURRENCE}
 
@@ -82,17 +83,17 @@ OCCURRENCE_SENT = {"task_id": TASK_ID, "epoch": 7, "occurrence": OCCURRENCE}
 
 
 def test_an_occurrence_id_gives_the_schedule_and_the_nominal_time() -> None:
-    assert parse("s:a:b:1774746000") == ("a:b", 1774746000_000)  # to the last colon
-    assert parse("s:beat:12.5") == ("beat", 12_500)  # a fractional every
+    assert parse_occurrence("s:a:b:1774746000") == ("a:b", 1774746000_000)  # to the last colon
+    assert parse_occurrence("s:beat:12.5") == ("beat", 12_500)  # a fractional every
     for plain in ("t-1", "s:x:", "s:x:12a", "s::12", "x:s:1", "s:x:99999999999999"):
-        assert parse(plain) is None, plain
+        assert parse_occurrence(plain) is None, plain
     found = occurrence("s:nightly:1774746000", LONDON)
     assert found is not None
     assert (found.nominal_utc, found.nominal_local) == SPRING_NOMINALS[1774746000]
     assert found.nominal_s == 1774746000
     assert found.late_by_s(1774746000 + 12.3456) == 12.346
     assert found.late_by_s(1774746000 - 1) == 0.0  # never negative
-    gone = make("nightly", 1774746000_500, None)  # a deleted schedule's: UTC
+    gone = Occurrence("nightly", 1774746000_500)  # a deleted schedule's: UTC
     assert gone.nominal_utc == "2026-03-29T01:00:00.500Z"
     assert gone.nominal_local == "2026-03-29T01:00:00.500+00:00"
     assert gone.nominal_s == 1774746000.5
@@ -125,9 +126,6 @@ def test_the_local_time_follows_the_schedules_record_and_is_utc_once_it_is_gone(
 
 
 # -- a real server, a real endpoint -------------------------------------------------
-
-
-endpoint = test_deliveries.endpoint  # the fixture: a real HTTP endpoint, keeping each request
 
 
 def _first(endpoint: Endpoint, prefix: str) -> dict[str, Seen]:

@@ -5,16 +5,14 @@ same connection against a real replica and against none."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from conftest import RedisCluster, RedisServer
-from test_store import run
+from conftest import RedisCluster, RedisServer, db_of, primary_with_replica
+from helpers import run
 
 from delaywheel.store import open_store
 from delaywheel.store._redis_journal import JournalLink
@@ -38,10 +36,6 @@ async def flush(writer: FencedWriter, *writes: PartitionWrite) -> FlushOutcome:
     finished: asyncio.Future[FlushOutcome] = asyncio.get_running_loop().create_future()
     writer.submit(writes, finished.set_result)
     return await finished
-
-
-def db_of(url: str) -> int:
-    return int(url.rsplit("/", 1)[1])
 
 
 def test_a_write_with_the_current_epoch_lands(redis_url: str, redis_server: RedisServer) -> None:
@@ -242,32 +236,6 @@ def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
         assert outcome == FlushOutcome(written=[9], replicas=1)
         with replica.client() as client:  # WAIT said so: the replica has it already
             assert client.hgetall("{delaywheel:p009}:tasks") == {b"a": b"1", b"b": b"2"}
-
-
-@contextlib.contextmanager
-def primary_with_replica(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
-    """A private primary and a replica that has synced with it."""
-    (tmp_path / "primary").mkdir()
-    (tmp_path / "replica").mkdir()
-    # No 5 s wait before the diskless sync of the replica (Redis 7's default).
-    primary = RedisServer(tmp_path / "primary", ["--repl-diskless-sync-delay", "0"])
-    primary.start()
-    replica = RedisServer(tmp_path / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
-    try:
-        replica.start()
-        wait_for_link(replica)
-        yield primary, replica
-    finally:  # SIGKILL: a primary stopped with SIGTERM waits 10 s for its replicas
-        replica.kill()
-        primary.kill()
-
-
-def wait_for_link(replica: RedisServer) -> None:
-    deadline = time.monotonic() + 10
-    with replica.client() as client:
-        while client.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "the replica never synced"
-            time.sleep(0.05)
 
 
 def test_fenced_flushes_are_legal_on_redis_cluster(redis_cluster: RedisCluster) -> None:

@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServer
-from test_fenced_flush import primary_with_replica
+from conftest import RedisServer, primary_with_replica
 
 from delaywheel.cluster.keyspace import SharedKeyspace
 from delaywheel.store.base import Changes, StoreError

@@ -17,23 +17,23 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from functools import partial
 
 import pytest
 import redis
+from clusternodes import metrics_of as _metrics
+from clusternodes import owned_once as _settled
+from clusternodes import served as _served
 from delaywheel_client import Client, ClusterClient, Moved, TryAgain
 from hacheck import Fault, Report
 from hascenario import explain, finish, loaded, seeds
-from prometheus_client.parser import text_string_to_metric_families
-from serverproc import ServerProcess
+from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
@@ -58,53 +58,19 @@ SERVING = re.compile(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _node(redis_url: str, name: str, *args: str, lease_s: float = LEASE_S) -> ServerProcess:
     # ServerProcess passes --port 0 first; the later --port wins. A real port,
     # because a node's address is what the others send clients to.
-    port = str(_free_port())
+    port = str(free_port())
     return ServerProcess(
         *("--port", port, "--node", name, "--lease", str(lease_s), *SINK_ALLOWED, *args),
         store=redis_url,
     )
 
 
-def _metrics(proc: ServerProcess) -> dict[str, float]:
-    # The last such line: the running process's, when it was started again.
-    urls = [m.group(1) for line in proc.log if (m := re.search(r"metrics on (\S+)", line))]
-    with urllib.request.urlopen(urls[-1], timeout=10) as reply:
-        text = reply.read().decode()
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if not sample.labels
-    }
-
-
 def _node_name(proc: ServerProcess) -> str:
     with Client(*proc.address) as dw:
         return str(dw.stats()["node"])
-
-
-def _served(proc: ServerProcess) -> set[int]:
-    with Client(*proc.address) as dw:
-        return {entry["partition"] for entry in dw.stats()["partitions"]}
-
-
-def _settled(*nodes: ServerProcess) -> bool:
-    """Every partition served by exactly one of ``nodes``."""
-    seen = [_served(node) for node in nodes]
-    return (
-        all(seen)  # each has some (a joining node has none for a moment)
-        and sum(len(s) for s in seen) == PARTITIONS
-        and set().union(*seen) == set(range(PARTITIONS))
-    )
 
 
 def _drain(nodes: list[ServerProcess], want: int, timeout_s: float) -> list[str]:
@@ -475,13 +441,13 @@ def test_scenario_8_scale_2_to_3_to_2(redis_url: str, two_nodes: list[ServerProc
 def test_scenario_9_two_nodes_with_no_ha_options_on_one_redis(redis_url: str) -> None:
     # No --node, --lease or --partitions: what an operator's second start does.
     # The default name is host and port, so each gets a port of its own.
-    first = ServerProcess("--port", str(_free_port()), *SINK_ALLOWED, store=redis_url)
+    first = ServerProcess("--port", str(free_port()), *SINK_ALLOWED, store=redis_url)
     second: ServerProcess | None = None
     try:
         wait_until(lambda: len(_served(first)) == PARTITIONS, 15, "the first node's partitions")
         with loaded([first]) as run:
             time.sleep(1.0)  # one node, alone
-            second = ServerProcess("--port", str(_free_port()), *SINK_ALLOWED, store=redis_url)
+            second = ServerProcess("--port", str(free_port()), *SINK_ALLOWED, store=redis_url)
             wait_until(lambda: _settled(first, second), 15, "the second node to share")
             time.sleep(1.5)  # both
             report = finish(run, [first, second], "9 (a second node with no HA options)")

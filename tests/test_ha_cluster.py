@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
@@ -24,8 +23,8 @@ import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
 from hacheck import Delivery, Fault, LoadGenerator, RequestLog, check, sink
-from serverproc import ServerProcess
-from test_store import run
+from helpers import run
+from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
 from delaywheel.cluster.holder import Holder
@@ -329,18 +328,12 @@ def test_a_new_keyspace_is_recorded_spread_and_sealed_against_the_old_release(
 # -- real nodes ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _node(url: str, name: str, prefix: str, *args: str) -> ServerProcess:
     # A real port (the later --port wins over ServerProcess's --port 0): a
     # node's address is where the others send clients.
     return ServerProcess(
         "--port",
-        str(_free_port()),
+        str(free_port()),
         "--node",
         name,
         "--redis-prefix",

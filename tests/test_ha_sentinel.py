@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,17 +37,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import RedisServer
+from clusternodes import metrics_of as _metrics
+from conftest import RedisServer, primary_with_replica
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import DelaywheelError
-from test_fenced_flush import primary_with_replica
-from test_ha import _metrics
 
 from delaywheel.cluster.partitions import Layout
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.store.sentinel import RedisSentinelStore
 from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, free_port
 from tests.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -109,12 +107,6 @@ def test_after_a_failover_a_partition_is_kept_only_when_epoch_and_lease_are_ours
 # -- the nodes through failovers --------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _sentinel_url(farm: SentinelFarm) -> str:
     hosts = ",".join(f"{host}:{port}" for host, port in farm.sentinel_addresses)
     return f"redis+sentinel://{hosts}/dwmaster/0"
@@ -129,7 +121,7 @@ def sentinel_nodes(redis_sentinels: SentinelFarm) -> Iterator[list[ServerProcess
         for name in ("node-a", "node-b"):
             nodes.append(
                 ServerProcess(
-                    *("--port", str(_free_port()), "--node", name, "--lease", str(LEASE_S)),
+                    *("--port", str(free_port()), "--node", name, "--lease", str(LEASE_S)),
                     *("--replicas", "1", "--http-allow", "127.0.0.1", "--metrics-port", "0"),
                     store=url,
                 )
@@ -310,7 +302,7 @@ def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_
     old = farm.primary
     assert old.proc is not None
     node = ServerProcess(
-        *("--port", str(_free_port()), "--node", "node-a", "--lease", str(LEASE_S)),
+        *("--port", str(free_port()), "--node", "node-a", "--lease", str(LEASE_S)),
         *("--replicas", "1"),
         store=_sentinel_url(farm),
     )

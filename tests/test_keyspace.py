@@ -9,9 +9,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-from conftest import RedisServer
-from test_fenced_flush import db_of
-from test_store import run
+from conftest import RedisServer, db_of
+from helpers import run
 
 from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
 from delaywheel.cluster.partitions import partition_of

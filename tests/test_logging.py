@@ -39,7 +39,7 @@ from delaywheel_client import Client
 from delaywheel_client.errors import DelaywheelError, Unavailable
 from rawpeer import Raw
 from serverproc import ServerProcess
-from test_deliveries_brokers import wait_for
+from waiting import wait_until as wait_for
 
 from delaywheel import __version__
 from delaywheel.config import Settings

@@ -34,7 +34,7 @@ from delaywheel_client.errors import BadRequest, NoMethod, NotFound, Unavailable
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
-from test_deliveries_brokers import wait_for
+from waiting import wait_until as wait_for
 
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine

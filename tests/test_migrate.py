@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from conftest import RedisCluster, RedisServer
-from test_store import run
+from helpers import run
 
 from delaywheel.cluster.migrate import Migrated, MigrationError, lock_key, migrate
 from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of

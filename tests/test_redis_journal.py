@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 from conftest import RedisCluster, RedisServer
-from test_store import load_all, run
+from helpers import load_all, run
 
 from delaywheel.store import StoreError, StoreUnavailable, open_store
 from delaywheel.store.redis import RedisStore

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer
+from conftest import RedisServer, primary_with_replica
 from delaywheel_client import Client
 from delaywheel_client.errors import Exists, Unavailable
-from test_fenced_flush import primary_with_replica
 
 from delaywheel.cluster.keyspace import REPLICAS_WAIT_S
 from delaywheel.cluster.partitions import Layout

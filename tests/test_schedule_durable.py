@@ -14,19 +14,15 @@ from pathlib import Path
 import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
+from delaywheel_client.partitions import record_key
 from hacheck import Sink
+from schedulenodes import SCHEDULE, assert_each_once, nominal_seconds, schedule_node
 
-from delaywheel.engine.schedules import record_key
 from delaywheel.schedules.state import read_record
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
-
-# overlap allow: these tests are about the fire step alone. Under the default
-# skip, an occurrence left ready while the takers stop (across a restart)
-# makes the next one skipped, and the ids have a gap (seen: 1 run in 4 on Redis).
-SCHEDULE = {"every": 1, "topic": "occ", "ttr": 0, "catchup": "all", "overlap": "allow"}
 
 
 def _nominal_s(task_id: str) -> float:
@@ -42,18 +38,6 @@ def _take(address: tuple[str, int], until_s: float, got: list[str]) -> None:
                 got.append(task["id"])
 
 
-def _nominals(ids: list[str], schedule_id: str) -> list[int]:
-    prefix = f"s:{schedule_id}:"
-    return sorted(int(task_id[len(prefix) :]) for task_id in ids if task_id.startswith(prefix))
-
-
-def _assert_each_once(ids: list[str], schedule_id: str, fired: int) -> None:
-    nominals = _nominals(ids, schedule_id)
-    assert len(nominals) == len(set(nominals)), f"an occurrence came twice: {nominals}"
-    assert nominals == list(range(nominals[0], nominals[0] + len(nominals))), nominals
-    assert len(nominals) == fired
-
-
 def _drain_fired(address: tuple[str, int], schedule_id: str, got: list[str]) -> int:
     """Pause the schedule, then take every occurrence it fired; its count of fired."""
     with Client(*address) as dw:
@@ -61,7 +45,7 @@ def _drain_fired(address: tuple[str, int], schedule_id: str, got: list[str]) -> 
 
     def all_taken() -> bool:
         _take(address, time.time() + 0.3, got)
-        return len(_nominals(got, schedule_id)) >= state["counts"]["fired"]
+        return len(nominal_seconds(got, schedule_id)) >= state["counts"]["fired"]
 
     wait_until(all_taken, 10, "every fired occurrence to be taken")
     return int(state["counts"]["fired"])
@@ -93,7 +77,7 @@ def test_kill_9_and_restart_lose_no_occurrence_and_double_none(store_url: str) -
     finally:
         proc.kill()
     assert fired >= 5
-    _assert_each_once(got, "beat", fired)
+    assert_each_once(got, "beat", fired)
 
 
 def test_a_restart_loads_the_schedule_and_its_state(store_url: str) -> None:
@@ -115,24 +99,9 @@ def test_a_restart_loads_the_schedule_and_its_state(store_url: str) -> None:
     assert stats["schedules"] == {"count": 1, "paused": 1}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _node(redis_url: str, name: str) -> ServerProcess:
-    # A real port: a node's address is what the others send clients to.
-    return ServerProcess(
-        "--port", str(_free_port()), "--node", name, "--lease", "1.5", store=redis_url
-    )
-
-
 @pytest.mark.redis
 def test_two_nodes_on_one_redis_fire_each_occurrence_once(redis_url: str) -> None:
-    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    nodes = [schedule_node(redis_url, "a"), schedule_node(redis_url, "b")]
     try:
         seeds = [f"{node.host}:{node.port}" for node in nodes]
 
@@ -163,7 +132,7 @@ def test_two_nodes_on_one_redis_fire_each_occurrence_once(redis_url: str) -> Non
         def collected() -> bool:
             for node in nodes:
                 _take(node.address, time.time() + 0.3, got)
-            return all(len(_nominals(got, n)) >= fired[n] for n in names)
+            return all(len(nominal_seconds(got, n)) >= fired[n] for n in names)
 
         wait_until(collected, 10, "every fired occurrence to be taken")
     finally:
@@ -171,7 +140,7 @@ def test_two_nodes_on_one_redis_fire_each_occurrence_once(redis_url: str) -> Non
             node.kill()
     for name in names:
         assert fired[name] >= 3
-        _assert_each_once(got, name, fired[name])
+        assert_each_once(got, name, fired[name])
 
 
 # -- kill -9 before, during and after the fire-and-chain write, with an HTTP sink ---------

@@ -11,9 +11,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from cronreference import EXPRESSIONS, INSTANTS, WINDOW_S, ZONES, reference
+from delaywheel_client.partitions import occurrence_id
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_schedule_cron import EXPRESSIONS, INSTANTS, WINDOW_S, ZONES, reference
 
 from delaywheel.errors import RequestError
 from delaywheel.schedules import planner
@@ -155,8 +156,8 @@ def test_changes_replace_fields_and_switch_kinds() -> None:
 
 
 def test_occurrence_ids_use_the_nominal_utc_second() -> None:
-    assert planner.occurrence_id("daily", 1_767_571_200_000) == "s:daily:1767571200"
-    assert planner.occurrence_id("fast", 1_767_571_200_250) == "s:fast:1767571200.25"
+    assert occurrence_id("daily", 1_767_571_200_000) == "s:daily:1767571200"
+    assert occurrence_id("fast", 1_767_571_200_250) == "s:fast:1767571200.25"
 
 
 @settings(max_examples=100, deadline=None)
@@ -174,7 +175,7 @@ def test_every_lands_on_anchor_plus_k_every(every_ms: int, anchor_ms: int, after
     for t in times:
         assert (t - made.spec.anchor_ms) % made.spec.every_ms == 0
     assert all(b - a == made.spec.every_ms for a, b in itertools.pairwise(times))
-    ids = [planner.occurrence_id("e", t) for t in times]
+    ids = [occurrence_id("e", t) for t in times]
     assert len(set(ids)) == len(ids)
 
 
@@ -364,7 +365,7 @@ def _check_planners(
     ours = [t // 1000 for t in planner.occurrences(made, start_s * 1000, len(expected) + 1)]
     assert ours[: len(expected)] == expected
     assert ours[len(expected)] > start_s + WINDOW_S  # nothing more within the window
-    ids = [planner.occurrence_id("p", t * 1000) for t in ours]
+    ids = [occurrence_id("p", t * 1000) for t in ours]
     assert ours == sorted(set(ours)) and len(set(ids)) == len(ids)
 
     pending_s = ours[0]

@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import DelaywheelError
-from delaywheel_client.partitions import partition_of
-from test_schedule_durable import SCHEDULE, _assert_each_once, _node, _nominals
+from delaywheel_client.partitions import occurrence_id, partition_of
+from schedulenodes import SCHEDULE, assert_each_once, nominal_seconds, schedule_node
 
 from delaywheel.engine.engine import Engine
-from delaywheel.schedules.planner import occurrence_id
 from delaywheel.store.memory import MemoryStore
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until
@@ -149,7 +148,7 @@ def test_a_sigstopped_owner_fires_no_occurrence_twice(redis_url: str) -> None:
     schedule's partition is SIGSTOPped for 3 s (past 0.8 L: the other takes
     it over and catches up), then SIGCONTed: its stale writes are fenced, and
     each occurrence is taken once, none missing."""
-    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    nodes = [schedule_node(redis_url, "a"), schedule_node(redis_url, "b")]
     got: list[str] = []
     try:
         seeds = [f"{node.host}:{node.port}" for node in nodes]
@@ -199,7 +198,7 @@ def test_a_sigstopped_owner_fires_no_occurrence_twice(redis_url: str) -> None:
         def collected() -> bool:
             for node in nodes:
                 _take_tolerant(node.address, time.time() + 0.3, got)
-            return all(len(_nominals(got, name)) >= fired[name] for name in fired)
+            return all(len(nominal_seconds(got, name)) >= fired[name] for name in fired)
 
         wait_until(collected, 15, "every fired occurrence to be taken")
     finally:
@@ -209,7 +208,7 @@ def test_a_sigstopped_owner_fires_no_occurrence_twice(redis_url: str) -> None:
             node.kill()
     for name in names.values():
         assert fired[name] >= 4
-        _assert_each_once(got, name, fired[name])
+        assert_each_once(got, name, fired[name])
 
 
 def _take_tolerant(address: tuple[str, int], until_s: float, got: list[str]) -> None:

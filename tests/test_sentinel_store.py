@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from conftest import RedisServer
-from test_store import load_all, run
+from helpers import load_all, run
 
 from delaywheel.store import StoreConfigError, StoreError, open_store
 from delaywheel.store._redis_journal import JournalLink, pipeline

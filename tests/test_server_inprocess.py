@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import msgpack
+from helpers import run
 
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
@@ -58,10 +59,6 @@ class Peer:
     async def close(self) -> None:
         self.writer.close()
         await self.writer.wait_closed()
-
-
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(scenario())
 
 
 def test_a_bug_in_a_handler_answers_internal_and_the_server_goes_on() -> None:

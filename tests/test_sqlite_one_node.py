@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run
 from serverproc import ServerProcess
-from test_store import run
 
 from delaywheel.store import StoreUnavailable
 from delaywheel.store.sqlite import SqliteStore

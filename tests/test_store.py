@@ -14,7 +14,7 @@ import socket
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -23,6 +23,7 @@ import pytest
 import redis
 import redis.asyncio
 from conftest import RedisCluster, RedisServer, free_port
+from helpers import load_all, run
 
 from delaywheel.store import (
     Store,
@@ -38,22 +39,6 @@ from delaywheel.store.sqlite import SqliteStore
 T = TypeVar("T")
 
 PASSWORD = "s3cr3t-Pa55"
-
-
-def run(scenario: Callable[[], Awaitable[T]]) -> T:
-    async def main() -> T:
-        return await scenario()
-
-    return asyncio.run(main())
-
-
-async def load_all(store: Store, batch_size: int = 10_000) -> dict[str, bytes]:
-    records: dict[str, bytes] = {}
-    async for batch in store.load(batch_size):
-        for task_id, record in batch:
-            assert task_id not in records, f"{task_id!r} loaded twice"
-            records[task_id] = record
-    return records
 
 
 async def opened(url: str) -> Store:

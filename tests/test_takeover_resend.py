@@ -18,7 +18,6 @@ from the first, found no attempt, and dropped the task from its lane).
 from __future__ import annotations
 
 import re
-import socket
 import time
 import zlib
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ import pytest
 import redis
 from delaywheel_client import Client
 from hacheck import Sink, sink
-from serverproc import ServerProcess
+from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
 from delaywheel.cluster.partitions import Layout
@@ -43,12 +42,6 @@ LEASE_S = 1.5  # the node notices a deleted lease within L/3
 TASK_ID = "resent-1"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def receiver() -> Iterator[Sink]:
     with sink() as running:
@@ -58,7 +51,7 @@ def receiver() -> Iterator[Sink]:
 @pytest.fixture
 def node(redis_url: str) -> Iterator[ServerProcess]:
     proc = ServerProcess(
-        *("--port", str(_free_port()), "--node", "solo", "--lease", str(LEASE_S)),
+        *("--port", str(free_port()), "--node", "solo", "--lease", str(LEASE_S)),
         *("--partitions", str(PARTITIONS), "--http-allow", "127.0.0.1"),
         store=redis_url,
     )
@@ -145,7 +138,7 @@ def test_a_handoff_does_not_wait_for_an_attempt_it_only_holds(
     )
     joined_s = time.monotonic()
     other = ServerProcess(
-        *("--port", str(_free_port()), "--node", name, "--lease", str(LEASE_S)),
+        *("--port", str(free_port()), "--node", name, "--lease", str(LEASE_S)),
         *("--partitions", str(PARTITIONS), "--http-allow", "127.0.0.1"),
         store=redis_url,
     )

@@ -37,7 +37,7 @@ Limits. Input is untrusted, so every buffer is bounded:
   message anyway; without this msgpack would derive its caps from its 4 GiB buffer cap).
 
 Errors. Input that is not a MessagePack-RPC message raises ``ProtocolError`` (the peer's
-fault), with a PROTOCOL.md code: ``too_large`` for a size limit, ``bad_request`` otherwise.
+fault), with a docs/protocol.md code: ``too_large`` for a size limit, ``bad_request`` otherwise.
 There is no frame boundary to resynchronise on, so after a ``ProtocolError`` the decoder is
 dead: every later ``feed()`` or iteration raises the same error, and the caller is expected to
 send ``[2, "error", [code, message]]`` and close the connection. Values we cannot pack are the
@@ -69,14 +69,14 @@ REQUEST = 0
 RESPONSE = 1
 NOTIFICATION = 2
 
-# PROTOCOL.md's --max-message default. A task body is at most 1 MiB packed, so 4 MiB leaves room
-# for an add_many of a few full-size tasks, while a hundred connections each stuck mid-message
-# hold at most 400 MiB of buffered bytes.
+# docs/protocol.md's --max-message default. A task body is at most 1 MiB packed, so 4 MiB
+# leaves room for an add_many of a few full-size tasks, while a hundred connections each stuck
+# mid-message hold at most 400 MiB of buffered bytes.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-# PROTOCOL.md's per-container cap. No legitimate message comes near it (add_many batches and list
-# pages are about a thousand tasks, a task map has a dozen fields), and it bounds what msgpack
-# preallocates from a 5-byte array header before a single element has arrived.
+# docs/protocol.md's per-container cap. No legitimate message comes near it (add_many batches
+# and list pages are about a thousand tasks, a task map has a dozen fields), and it bounds what
+# msgpack preallocates from a 5-byte array header before a single element has arrived.
 MAX_CONTAINER_LEN = 100_000
 
 MAX_MSGID = 2**32 - 1  # msgid is a uint32 in MessagePack-RPC
@@ -93,7 +93,7 @@ UNPACKER_BUFFER_BYTES = 256 * 1024
 class ProtocolError(Exception):
     """The peer sent bytes that are not a valid MessagePack-RPC message (the peer's fault)."""
 
-    code: str  # an error code from PROTOCOL.md: "bad_request" or "too_large"
+    code: str  # an error code from docs/protocol.md: "bad_request" or "too_large"
     message: str  # human readable, names the offending value (type code, length, size...)
 
     def __init__(self, code: str, message: str) -> None:

@@ -1,6 +1,6 @@
 """Exit codes, and every failure turned into one line on stderr with the right one.
 
-Server error codes (PROTOCOL.md, plus the client's ``connection``) map to an exit code
+Server error codes (docs/protocol.md, plus the client's ``connection``) map to an exit code
 and a label in one table, ``_ERRORS``; everything else goes through ``cli_error``.
 """
 

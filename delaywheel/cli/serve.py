@@ -334,6 +334,8 @@ def serve(log_level: str, log_format: str, **options: object) -> None:
 
     try:
         run(settings)
+    except ConfigError as exc:  # a TLS file, loaded at start (net/tls.py)
+        raise click.UsageError(str(exc)) from None
     except StoreError as exc:
         click.echo(f"delaywheel: {exc}", err=True)
         sys.exit(EXIT_UNREACHABLE)

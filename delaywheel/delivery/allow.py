@@ -8,7 +8,9 @@ So HTTP destinations are checked against an allow list, by default
 
 Entries, comma-separated (a list of such strings works too):
 
-- ``example.com``: that host name, exactly (case-insensitive).
+- ``example.com``: that host name, exactly (case-insensitive). It must
+  resolve when the server starts (``check_names_resolve``), so that a word
+  meant as something else (``bogus``, ``publc``) stops the start.
 - ``*.example.com``: any subdomain of it, at any depth, but not
   ``example.com`` itself.
 - ``10.1.2.3``, ``::1``, ``10.0.0.0/8``, ``fd00::/8``: an address or range.
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable
 
 from yarl import URL
@@ -118,6 +121,10 @@ def host_name(text: str) -> str | None:
     return name
 
 
+def _reason(exc: Exception) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
 def _is_localhost(name: str) -> bool:
     return name == "localhost" or name.endswith(".localhost")
 
@@ -137,7 +144,7 @@ class AllowList:
         if not self._entries:
             raise ValueError("--http-allow is empty; leave it out for the default (public)")
         self._any = self._public = False
-        self._names: set[str] = set()
+        self._names: dict[str, str] = {}  # name -> the entry as written
         self._suffixes: list[str] = []  # each with its leading "."
         self._networks: list[IPNetwork] = []
         for entry in self._entries:
@@ -164,7 +171,7 @@ class AllowList:
         elif lowered.startswith("*.") and (suffix := host_name(lowered[2:])) is not None:
             self._suffixes.append("." + suffix)
         elif (name := host_name(lowered)) is not None:
-            self._names.add(name)
+            self._names.setdefault(name, entry)
         else:
             raise ValueError(
                 f"--http-allow entry {entry!r} is not a host name, *.suffix, address, "
@@ -175,6 +182,23 @@ class AllowList:
     def parse(cls, value: str | Iterable[str] = DEFAULT) -> AllowList:
         """The same as ``AllowList(value)``; raises ValueError naming a bad entry."""
         return cls(value)
+
+    def check_names_resolve(self) -> None:
+        """Raise ValueError naming the first host name entry DNS does not know.
+
+        At start (config.py): a word that is no host, ``--http-allow bogus`` or
+        ``publc``, would otherwise be taken as a name that no URL ever has, and
+        every destination it was meant to allow refused at ``add``. A
+        ``*.suffix`` is not looked up: its subdomains are the names used.
+        """
+        for name, entry in self._names.items():
+            try:
+                socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+            except (socket.gaierror, UnicodeError) as exc:
+                raise ValueError(
+                    f"--http-allow entry {entry!r} is not public, *, an address, a CIDR range,"
+                    f" a *.suffix or a host name that resolves ({_reason(exc)})"
+                ) from None
 
     def __str__(self) -> str:
         return ",".join(self._entries)

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
+from delaywheel_client.partitions import is_record_key
+
 from delaywheel import checks
 from delaywheel.checks import bad
 from delaywheel.delivery.targets import TargetRules
@@ -28,7 +30,7 @@ from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
 from delaywheel.engine.queues import Waiter
 from delaywheel.engine.retry import RetryPolicy
-from delaywheel.engine.schedules import Hooks, ScheduleTable, is_record_key
+from delaywheel.engine.schedules import Hooks, ScheduleTable
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
@@ -384,6 +386,22 @@ class Engine:
 
     def describe(self, task: Task) -> dict[str, Any]:
         return self.table.describe(task)
+
+    # What the dashboard reads (web/views.py): no request pays for these.
+
+    def decoded_tasks(self) -> list[Task]:
+        """The tasks held decoded, in no order: a copy, which the caller may walk
+        while the loop runs on. Packed tasks are left out (``engine.cold``): they
+        are due after the cold window, later than any decoded delayed task."""
+        return [task for task in self._tasks.by_id.values() if isinstance(task, Task)]
+
+    def oldest_ready(self, topic: str) -> Task | None:
+        """``topic``'s oldest due ready task (it stays queued)."""
+        return self.queues.oldest_ready([topic])
+
+    def dead_tasks(self, topic: str) -> list[Task]:
+        """``topic``'s dead tasks, oldest first: a copy."""
+        return self.queues.oldest_dead(topic, len(self._tasks))
 
     # -- recovery ----------------------------------------------------------------
 

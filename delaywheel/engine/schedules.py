@@ -30,18 +30,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from delaywheel_client.partitions import (
+    is_record_key,
+    occurrence_id,
+    parse_occurrence,
+    record_key,
+)
+
 from delaywheel.checks import bad, known_fields, number, show
 from delaywheel.errors import RequestError
-from delaywheel.schedules import occurrence as occurrences
 from delaywheel.schedules.occurrence import Occurrence
-from delaywheel.schedules.planner import (
-    after_edit,
-    after_resume,
-    backfill,
-    jitter_ms,
-    occurrence_id,
-    render_next,
-)
+from delaywheel.schedules.planner import after_edit, after_resume, backfill, jitter_ms, render_next
 from delaywheel.schedules.spec import Schedule, apply_changes, check_preview, check_schedule
 from delaywheel.schedules.state import (
     COUNT_NAMES,
@@ -65,16 +64,6 @@ LIST_FIELDS = frozenset({"topic", "paused", "limit", "cursor"})
 ON_TIME_MS = 10_000
 # Why an occurrence is skipped (state.plan_fire): the previous one still in flight.
 SKIP_REASONS = ("overlap",)
-RECORD_SUFFIX = ":00"
-
-
-def record_key(schedule_id: str) -> str:
-    """The store key of a schedule's record (in its id's partition)."""
-    return f"s:{schedule_id}{RECORD_SUFFIX}"
-
-
-def is_record_key(key: str) -> bool:
-    return key.startswith("s:") and key.endswith(RECORD_SUFFIX) and len(key) > 5
 
 
 @dataclass
@@ -290,8 +279,10 @@ class ScheduleTable:
             return
         now_s = now_ms / 1000
         for occurrence in step.fire:
+            fire_at_ms = occurrence.fire_at_ms
+            assert fire_at_ms is not None  # plan_fire's occurrences know it
             self._hooks.put_occurrence(
-                occurrence.id, state.schedule.template, occurrence.fire_at_ms / 1000, now_s
+                occurrence.id, state.schedule.template, fire_at_ms / 1000, now_s
             )
             # Late from its own firing time (nominal plus jitter): a tick's wait,
             # or the downtime a catch-up one stood through.
@@ -397,11 +388,11 @@ class ScheduleTable:
         """What ``task_id`` is as an occurrence, with its local time in its
         schedule's zone (UTC for one whose schedule this node does not hold:
         deleted); None when it is no occurrence's id."""
-        parsed = occurrences.parse(task_id)
+        parsed = parse_occurrence(task_id)
         if parsed is None:
             return None
         state = self.states.get(parsed[0])
-        return occurrences.make(*parsed, None if state is None else state.schedule.spec)
+        return Occurrence(*parsed, spec=None if state is None else state.schedule.spec)
 
     def stats(self) -> dict[str, int]:
         return {"count": len(self.states), "paused": len(self._paused)}

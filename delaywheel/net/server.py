@@ -11,6 +11,7 @@ connections stuck in the middle of a message, and the graceful stop.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ class Server:
         engine: Engine,
         deliveries: Deliveries | None = None,
         coordinator: Coordinator | None = None,
+        tls: ssl.SSLContext | None = None,  # net.tls.tls_of(settings), built at start
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -41,7 +43,6 @@ class Server:
         self.encoder = Encoder()  # one for every connection: replies are packed one at a time
         # A TLS peer gets --message-timeout to finish its handshake, as it gets
         # to finish a message.
-        tls = settings.tls_context()
         self.listener = Listener(
             lambda: Connection(self), tls=tls, handshake_timeout_s=settings.message_timeout_s
         )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
+from delaywheel.config import ConfigError, Settings
+
 
 class _Encrypted(Exception):
     """Raised by the password callback: OpenSSL would otherwise prompt on the terminal."""
@@ -27,6 +29,18 @@ def _read(what: str, path: str, marker: bytes, kind: str) -> None:
         raise ValueError(f"{what} {path!r}: {exc.strerror or exc}") from None
     if marker not in data:
         raise ValueError(f"{what} {path!r} holds no PEM {kind}")
+
+
+def tls_of(settings: Settings) -> ssl.SSLContext | None:
+    """The server's TLS context, or None without ``--tls-cert``; raises
+    ``ConfigError`` naming the file at fault (app.py builds it before the store
+    opens, so a bad file stops the start with its name and nothing else)."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None  # the settings checked that the files go together
+    try:
+        return server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:

@@ -1,12 +1,12 @@
-"""What a delivery and a task map say of a schedule's occurrence (docs/delivery.md).
+"""A schedule's occurrence, and what a delivery and a task map say of it (docs/delivery.md).
 
-An occurrence's id is ``s:{schedule_id}:{nominal UTC epoch seconds}``
-(``planner.occurrence_id``), so the id alone gives the schedule and the
-nominal time; the local time needs the schedule's zone, which the engine
-looks up in the schedule's record (UTC once the schedule is deleted). Any
-task whose id has that form counts as an occurrence, as it does for the
-partition rule (client/delaywheel_client/partitions.py): ``s:`` ids are the
-schedules' namespace.
+An occurrence's id is ``s:{schedule_id}:{nominal UTC epoch seconds}``; the
+format, its parser and the partition rule over it are written once, in
+delaywheel_client/partitions.py, for the server and the clients. The id
+alone gives the schedule and the nominal time; the local time needs the
+schedule's zone, which the engine looks up in the schedule's record (UTC
+once the schedule is deleted). Any task whose id has that form counts as an
+occurrence: ``s:`` ids are the schedules' namespace.
 
 Callers look only at ids starting with ``s:``, so a plain task pays one
 ``startswith`` and nothing more.
@@ -14,27 +14,45 @@ Callers look only at ids starting with ``s:``, so a plain task pays one
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from delaywheel_client.partitions import occurrence_id, parse_occurrence
 
 from delaywheel.schedules.planner import local_iso
 from delaywheel.schedules.spec import Spec
 
-# As partitions.py's: the schedule id runs to the last ":", then the seconds.
-_OCCURRENCE = re.compile(r"s:(.*):([0-9]{1,12})(?:\.([0-9]{1,3}))?", re.DOTALL)
-# 9998-12-31T23:59:59Z: near year 9999 a datetime in a zone east of UTC
-# overflows, so an id naming a later time (a caller's own "s:x:99999999999")
-# is no occurrence.
-_MAX_NOMINAL_MS = 253_370_764_799_999
 _UTC = Spec()  # a spec with no zone: local_iso renders UTC
 
 
 @dataclass(frozen=True, slots=True)
 class Occurrence:
+    """One occurrence of a schedule: the schedule's id and the nominal time.
+
+    Made two ways. Planned to fire (``state.plan_fire``), it knows when its
+    task is due, ``fire_at_ms``. Read back from a task's id (``occurrence``),
+    it knows the schedule's ``spec`` (None: the schedule is gone), whose zone
+    ``nominal_local`` is in, and not when its task was due (the task does).
+    """
+
     schedule_id: str
     nominal_ms: int
-    nominal_utc: str  # ISO 8601 ending in Z: 2026-12-04T01:30:00Z
-    nominal_local: str  # ISO 8601 in the schedule's zone, with its offset
+    fire_at_ms: int | None = None  # nominal plus its jitter; a catch-up fires now
+    spec: Spec | None = None
+
+    @property
+    def id(self) -> str:
+        """Its task's id."""
+        return occurrence_id(self.schedule_id, self.nominal_ms)
+
+    @property
+    def nominal_utc(self) -> str:
+        """ISO 8601 ending in Z: 2026-12-04T01:30:00Z."""
+        return local_iso(self.nominal_ms, _UTC).removesuffix("+00:00") + "Z"
+
+    @property
+    def nominal_local(self) -> str:
+        """ISO 8601 in the schedule's zone, with its offset (UTC without a spec)."""
+        return local_iso(self.nominal_ms, _UTC if self.spec is None else self.spec)
 
     @property
     def nominal_s(self) -> float | int:
@@ -47,30 +65,8 @@ class Occurrence:
         return max(0.0, round(now_s - self.nominal_ms / 1000, 3))
 
 
-def parse(task_id: str) -> tuple[str, int] | None:
-    """``(schedule_id, nominal_ms)`` of an occurrence's id, or None for any other id."""
-    found = _OCCURRENCE.fullmatch(task_id)
-    if found is None or not found.group(1):
-        return None
-    seconds, fraction = found.group(2), found.group(3) or ""
-    nominal_ms = int(seconds) * 1000 + int(fraction.ljust(3, "0") or 0)
-    if nominal_ms > _MAX_NOMINAL_MS:
-        return None
-    return found.group(1), nominal_ms
-
-
 def occurrence(task_id: str, spec: Spec | None) -> Occurrence | None:
     """The occurrence ``task_id`` names, its local time in ``spec``'s zone
     (None: the schedule is gone, so UTC); None when it is no occurrence."""
-    parsed = parse(task_id)
-    return None if parsed is None else make(*parsed, spec)
-
-
-def make(schedule_id: str, nominal_ms: int, spec: Spec | None) -> Occurrence:
-    utc = local_iso(nominal_ms, _UTC)
-    return Occurrence(
-        schedule_id,
-        nominal_ms,
-        utc.removesuffix("+00:00") + "Z",
-        utc if spec is None else local_iso(nominal_ms, spec),
-    )
+    parsed = parse_occurrence(task_id)
+    return None if parsed is None else Occurrence(*parsed, spec=spec)

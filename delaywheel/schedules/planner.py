@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from delaywheel_client.partitions import occurrence_id
+
 from delaywheel.checks import bad
 from delaywheel.schedules.spec import Schedule, Spec
 
@@ -25,14 +27,6 @@ MAX_BACKFILL = 1000
 # Counting what a long downtime missed walks the occurrences; past this many
 # (a minutely cron down for 70 days) the count saturates rather than stall a load.
 MISSED_COUNT_LIMIT = 100_000
-
-
-def occurrence_id(schedule_id: str, nominal_ms: int) -> str:
-    """``s:{schedule_id}:{nominal UTC epoch seconds}``: the nominal time, not the
-    firing time, so a fold's two 01:30s and a late run keep distinct, stable ids."""
-    seconds, millis = divmod(nominal_ms, 1000)
-    stamp = str(seconds) if millis == 0 else f"{seconds}.{millis:03d}".rstrip("0")
-    return f"s:{schedule_id}:{stamp}"
 
 
 def occurrences(schedule: Schedule, after_ms: int, n: int) -> list[int]:

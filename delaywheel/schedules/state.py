@@ -21,7 +21,8 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from delaywheel.schedules.planner import Catchup, jitter_ms, occurrence_id, plan_catchup
+from delaywheel.schedules.occurrence import Occurrence
+from delaywheel.schedules.planner import Catchup, jitter_ms, plan_catchup
 from delaywheel.schedules.spec import Schedule, check_schedule
 
 RECORD_KIND = "schedule"
@@ -101,13 +102,6 @@ def read_record(record: bytes) -> ScheduleState:
 
 
 @dataclass(frozen=True)
-class Occurrence:
-    id: str
-    nominal_ms: int
-    fire_at_ms: int  # nominal plus its jitter (a catch-up fires now)
-
-
-@dataclass(frozen=True)
 class FireStep:
     """One journal write's worth: what fires, and the state to CAS in."""
 
@@ -184,10 +178,11 @@ def plan_fire(
     counts["skipped"] += sum(skipped.values())
     occurrences = [
         Occurrence(
-            occurrence_id(schedule.id, nominal),
+            schedule.id,
             nominal,
             # On time: its own jittered time. Late (a catch-up): now.
             max(now_ms, nominal + jitter_ms(schedule, nominal)) if nominal == pending else now_ms,
+            schedule.spec,
         )
         for nominal in fire
     ]

@@ -80,14 +80,11 @@ async def topics(engine: Engine, name_filter: str = "") -> list[TopicRow]:
         if name_filter.lower() in name.lower()
     }
     for name, row in rows.items():
-        head = engine.queues.oldest_ready([name])
+        head = engine.oldest_ready(name)
         if head is not None:
             row.oldest_ready_s = max(0.0, now_s - head.at_s)
     if any(row.counts.get(DELAYED) for row in rows.values()):
-        # Packed tasks (bytes) are due after the cold window, later than any
-        # delayed task in memory: left out.
-        live = [task for task in engine.table.index.by_id.values() if isinstance(task, Task)]
-        async for task in _chunks(live):
+        async for task in _chunks(engine.decoded_tasks()):
             found = rows.get(task.topic)
             if (
                 found is not None
@@ -146,16 +143,12 @@ def error_of_key(key: str) -> str | None:
     raise ValueError(f"not a dead group: {key!r}")
 
 
-def dead_tasks(engine: Engine, topic: str) -> list[Task]:
-    return engine.queues.oldest_dead(topic, len(engine.table.index))
-
-
 async def dead_groups(engine: Engine) -> list[DeadGroup]:
     groups: dict[tuple[str, str | None], DeadGroup] = {}
     for topic, counts in sorted(engine.snapshot().counts.by_topic().items()):
         if not counts.get(DEAD):
             continue
-        async for task in _chunks(dead_tasks(engine, topic)):
+        async for task in _chunks(engine.dead_tasks(topic)):
             group = groups.get((topic, task.last_error))
             if group is None:
                 group = groups[topic, task.last_error] = DeadGroup(topic, task.last_error)
@@ -169,7 +162,7 @@ async def dead_ids(engine: Engine, topic: str, error_key: str | None) -> list[st
     """The ids of ``topic``'s dead tasks, of one error group when ``error_key`` is given."""
     error = None if error_key is None else error_of_key(error_key)
     ids = []
-    async for task in _chunks(dead_tasks(engine, topic)):
+    async for task in _chunks(engine.dead_tasks(topic)):
         if error_key is None or task.last_error == error:
             ids.append(task.id)
     return ids

@@ -1,10 +1,10 @@
-"""Instructions per call of the server, counted by callgrind: ``python -m bench.callgrind``.
+"""Instructions per call of the server, counted by callgrind: ``python -m bench.tools.callgrind``.
 
 Not a bench section: wall-clock rates on a shared 2-core machine move with
 the load, instruction counts do not (repeatable to about 0.1 %), so this is
 how two versions of the hot path are compared.
 
-``python -m bench.callgrind [--tree DIR ...] [--store redis|memory] [--calls N]
+``python -m bench.tools.callgrind [--tree DIR ...] [--store redis|memory] [--calls N]
 [--warmup N] [LOAD] [-- SERVE OPTIONS]``
 starts a private redis-server (AOF everysec, as the bench's) and
 ``delaywheel serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH``
@@ -149,7 +149,7 @@ def count(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.callgrind", description=__doc__)
     parser.add_argument("load", nargs="?", default="add", choices=sorted(LOADS))
     parser.add_argument("--tree", type=Path, action="append", default=[])
     parser.add_argument("--store", choices=("redis", "memory"), default="redis")

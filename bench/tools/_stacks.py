@@ -1,4 +1,4 @@
-"""py-spy's raw (collapsed) stacks read and aggregated, for ``bench/profile.py``."""
+"""py-spy's raw (collapsed) stacks read and aggregated, for ``bench/tools/profile.py``."""
 
 from __future__ import annotations
 

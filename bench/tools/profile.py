@@ -1,6 +1,6 @@
 """Where the server's time goes in each bench scenario: py-spy on ``delaywheel serve``.
 
-``python -m bench.profile [SCENARIO ...]`` (all of them when none is named;
+``python -m bench.tools.profile [SCENARIO ...]`` (all of them when none is named;
 ``--list`` names them). Not a bench section: it prints and saves profiles,
 not figures held against targets, and py-spy's pauses slow what it watches.
 
@@ -77,19 +77,19 @@ from bench._memory import settled_rss
 from bench._procs import LISTENING, free_port, private_redis_process, server_process
 from bench._section import FULL as COMPARE
 from bench._section import add_tasks, pinned
-from bench._stacks import (
+from bench.compare import fill_dw
+from bench.echo_server import running as running_echo
+from bench.recovery import FULL as RECOVERY
+from bench.recovery import LOADED, MIXES, fill, timed_read, timed_start
+from bench.tools._stacks import (
     KEY_FRAMES,
     aggregate,
     main_thread,
     read_stacks,
     short_path,
 )
-from bench.compare import fill_dw
-from bench.echo_server import running as running_echo
-from bench.recovery import FULL as RECOVERY
-from bench.recovery import LOADED, MIXES, fill, timed_read, timed_start
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "bench" / "results" / "profiles"
 PY_SPY = str(Path(sys.executable).parent / "py-spy")
 LEAD_S = 1.0  # load before py-spy attaches
@@ -491,7 +491,7 @@ def git(*args: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.profile", description=__doc__)
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=", ".join(SCENARIOS))
     parser.add_argument("--list", action="store_true", help="print the scenario names")
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
