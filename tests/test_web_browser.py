@@ -8,6 +8,7 @@ one event loop. Screenshots go under tests/artifacts/ (ignored by git).
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -259,6 +260,52 @@ def test_screenshots_of_every_page_with_no_overflow_and_no_word_broken() -> None
                         problems.append((name, width, scheme, found))
                 await page.context.close()
         assert problems == [], "\n".join(map(str, problems))
+
+    run(scenario)
+
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe.min.js"  # axe-core 4.14.1, from npm
+
+
+def test_every_page_passes_axe_wcag_aa_in_light_and_dark_and_keyboard_focus_shows() -> None:
+    async def scenario(d: Dash, browser: Any) -> None:
+        task_id = fill_for_screenshots(d)
+        pages = ["/", "/topics", "/tasks", f"/tasks/{task_id}", "/dead", "/dead?topic=webhooks",
+                 "/deliveries", "/server", "/cluster", "/schedules", "/?range=1h"]  # fmt: skip
+        source = AXE.read_text()
+        results: dict[str, Any] = {}
+        for scheme in ("light", "dark"):
+            page = await signed_in(d, browser, viewport={"width": 1280, "height": 800},
+                                   color_scheme=scheme)  # fmt: skip
+            for path in pages:
+                await page.goto(d.origin + path)
+                await page.evaluate(source)  # through the DevTools protocol: not a page script
+                found = await page.evaluate(
+                    """() => axe.run(document, {runOnly: {type: "tag",
+                           values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]}})
+                         .then(r => ({passes: r.passes.map(p => p.id), violations: r.violations.map(
+                           v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(
+                             n => n.target.join(" ") + ": " + n.failureSummary)}))}))"""
+                )
+                results[f"{scheme} {path}"] = found
+            # The keyboard: the first Tab lands on "Skip to content", shown with
+            # a visible outline; Enter moves to the page's content.
+            await page.goto(d.origin + "/")
+            await page.keyboard.press("Tab")
+            focused = page.locator(":focus")
+            assert await focused.inner_text() == "Skip to content"
+            outline = await focused.evaluate("el => getComputedStyle(el).outlineWidth")
+            assert outline == "3px", outline
+            await page.keyboard.press("Enter")
+            await page.keyboard.press("Tab")
+            assert await page.locator(":focus").count() == 1
+            await page.context.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "axe.json").write_text(json.dumps(results, indent=2))
+        violations = {k: v["violations"] for k, v in results.items() if v["violations"]}
+        assert violations == {}, json.dumps(violations, indent=2)
+        # axe did run, contrast included (an incomplete check would not be a pass).
+        assert all("color-contrast" in v["passes"] for v in results.values()), results
 
     run(scenario)
 

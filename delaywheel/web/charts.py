@@ -146,6 +146,23 @@ def bucketed(values: list[float], step: int, kind: str) -> list[float]:
     return out
 
 
+TICK_STEPS_S = (10, 15, 30, 60, 120, 300, 600, 900, 1200, 1800)
+
+
+def time_ticks(span_s: int) -> list[Tick]:
+    """The time axis' ticks, every round number of seconds or minutes, at most 6
+    intervals: "-5 min" (a minus sign) ... "now", in how long ago (the axis
+    slides with the clock)."""
+    every = next((t for t in TICK_STEPS_S if span_s / t <= 6), TICK_STEPS_S[-1])
+    ticks = []
+    for back in range(0, span_s + 1, every):
+        label = (
+            "now" if back == 0 else "\u2212" + (f"{back // 60} min" if back >= 60 else f"{back} s")
+        )
+        ticks.append(Tick(LEFT + PLOT_W * (1 - back / span_s), label))
+    return ticks[::-1]
+
+
 def x_of(index: int, count: int, slots: int) -> float:
     """The x of point ``index`` of ``count``, the newest at the right of ``slots`` places."""
     place = slots - count + index
@@ -184,9 +201,7 @@ def build(ring: Ring, spec: Spec, range_name: str) -> Chart:
         for name, values in series.items()
     ]
     y_ticks = [Tick(y_of(top * f, top), number(top * f, spec.unit)) for f in (0, 0.5, 1)]
-    x_ticks = [
-        Tick(LEFT + PLOT_W * f, ago(round(span_s * (1 - f), 1))) for f in (0, 0.25, 0.5, 0.75, 1)
-    ]
+    x_ticks = time_ticks(span_s)
     return Chart(
         spec, step, span_s, lines, y_ticks, x_ticks, top, rows(raw, spec), latest(series, spec)
     )

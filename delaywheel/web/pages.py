@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
+from delaywheel.delivery.attempt_log import Attempt
 from delaywheel.engine.task import DEAD, STATES
 from delaywheel.errors import RequestError
 from delaywheel.logs import shown_settings
@@ -103,9 +104,17 @@ class Pages:
             task=task,
             body=views.body_views(task["body"]),
             target=present.target_rows(task["target"]),
+            attempts=self._attempts(task_id),
             hide_bodies=ctx.hide_bodies(request),
             view=request.query.get("view", "text"),
         )
+
+    def _attempts(self, task_id: str) -> list[Attempt] | None:
+        """The task's last delivery attempts (None: this server delivers nothing)."""
+        deliveries = self.ctx.server.deliveries
+        if deliveries is None or deliveries.dispatcher is None:
+            return None
+        return deliveries.dispatcher.attempts.of(task_id)
 
     async def dead(self, request: web.Request) -> web.StreamResponse:
         ctx = self.ctx

@@ -6,7 +6,7 @@ reads the engine: the pages hand in what ``views`` read.
 
 Text that can be long (ids, topics, errors, URLs, time zones) goes through
 ``breakable``: it is escaped and gets a ``<wbr>`` after each separator
-(``/ . - _ : , ; = & ? @ |`` and spaces), so a narrow column wraps between
+(``/ . - _ : , ; = & ? @ | + ) ] }``; spaces break anyway), so a narrow column wraps between
 "webhook/" and "s", never inside a word; a word longer than its column makes
 the table scroll inside its box instead.
 """
@@ -24,7 +24,7 @@ from markupsafe import Markup, escape
 from delaywheel.web.views import visible
 
 # After these a line may break: they end a part of a path, name or sentence.
-_SEPARATOR = re.compile(r"([/.\-_:,;=&?@|+\\)\]}]+)")
+_SEPARATOR = re.compile(r"([/.\-_:,;=&?@|+)\]}]+)")
 # Header names whose values are secrets (matched in lower case, anywhere in the name).
 _SECRET_HEADER_WORDS = ("auth", "token", "secret", "key", "cookie", "password", "signature")
 
@@ -120,8 +120,14 @@ _OPTIONS = {"store_url": "--store", "brokers": "--broker", "max_message_bytes": 
 _OPTIONS |= {"max_body_bytes": "--max-body"}
 
 
+# Fields no serve option sets (the protocol's limits, fixed in this version).
+_NO_OPTION = frozenset({"max_delay_s"})
+
+
 def option_of(field: str) -> str:
-    """The ``serve`` option that sets the settings field ``field``."""
+    """The ``serve`` option that sets the settings field ``field`` ("" for none)."""
+    if field in _NO_OPTION:
+        return ""
     if field in _OPTIONS:
         return _OPTIONS[field]
     name = field.removesuffix("_s")
