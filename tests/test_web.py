@@ -739,7 +739,7 @@ def test_the_server_page_shows_settings_with_secrets_redacted() -> None:
     async def scenario(d: Dash) -> None:
         await d.login()
         html = await (await d.client.get("/server")).text()
-        assert "--web-viewer-token" in html and "***" in html
+        assert "--web-<wbr>viewer-<wbr>token" in html and "***" in html
         assert TOKEN not in html and VIEWER_TOKEN not in html
         # Labelled, in human units: no Python reprs.
         for repr_ in (">None<", ">False<", ">True<", ">[]<", "315360000.0"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -381,6 +382,17 @@ def test_charts_go_on_from_the_servers_samples_and_leave_gaps_for_no_value() -> 
         )
         assert await points(page, "ready") <= ring.count
         assert await points(page, "p99") == 0  # nothing fired: gaps, never a line at 0
+        # Hover: the newest point's values, by name and with units.
+        chart = page.locator('figure[data-chart="states"] svg')
+        box = await chart.bounding_box()
+        await page.mouse.move(box["x"] + box["width"] * 0.97, box["y"] + box["height"] / 2)
+        tip = page.locator('figure[data-chart="states"] .tip')
+        await playwright_api.expect(tip).to_be_visible()
+        assert re.fullmatch(
+            r"(now|\S+ s ago): ready \d+, delayed \d+, dead \d+", await tip.inner_text()
+        )
+        lateness = page.locator('figure[data-chart="lateness"]')
+        assert await lateness.locator(".tick-y").all_text_contents() == ["0 s", "500 ms", "1 s"]
 
     run(scenario)
 

@@ -30,7 +30,7 @@ MAX_POINTS = 300
 TABLE_ROWS = 10
 # The SVG's box, in its own units (the page scales it to the column's width).
 WIDTH, HEIGHT = 480, 180
-LEFT, RIGHT, TOP, BOTTOM = 52, 10, 10, 24
+LEFT, RIGHT, TOP, BOTTOM = 60, 10, 10, 24
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
 RANGES = {"5m": 300, "1h": 3600, "all": None}  # seconds; None: what the ring holds

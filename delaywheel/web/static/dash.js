@@ -7,7 +7,7 @@
   const base = document.body.dataset.base || "";
   const banner = document.getElementById("banner");
   // The SVG's geometry, as web/charts.py draws it.
-  const LEFT = 52, RIGHT = 10, TOP = 10, BOTTOM = 24, WIDTH = 480, HEIGHT = 180;
+  const LEFT = 60, RIGHT = 10, TOP = 10, BOTTOM = 24, WIDTH = 480, HEIGHT = 180;
   const PLOT_W = WIDTH - LEFT - RIGHT, PLOT_H = HEIGHT - TOP - BOTTOM;
   // Each chart goes on from the points the server drew (data-values: only
   // since the server's start, a gap where there was no value), one point per
