@@ -224,6 +224,23 @@ def fill_for_screenshots(d: Dash) -> str:
     return task_id
 
 
+def watch_failures(page: Any) -> list[str]:
+    """What goes wrong on ``page`` from now on: responses of 400 and up, console errors."""
+    failed: list[str] = []
+
+    def response(reply: Any) -> None:
+        if reply.status >= 400:
+            failed.append(f"{reply.status} {reply.url}")
+
+    def console(message: Any) -> None:
+        if message.type == "error":
+            failed.append(message.text)
+
+    page.on("response", response)
+    page.on("console", console)
+    return failed
+
+
 def test_screenshots_of_every_page_with_no_overflow_and_no_word_broken() -> None:
     async def scenario(d: Dash, browser: Any) -> None:
         task_id = fill_for_screenshots(d)
@@ -247,6 +264,9 @@ def test_screenshots_of_every_page_with_no_overflow_and_no_word_broken() -> None
             for scheme in ("light", "dark"):
                 viewport = {"width": width, "height": height}
                 page = await signed_in(d, browser, viewport=viewport, color_scheme=scheme)
+                # Nothing the pages ask for is missing (the favicon included)
+                # and the console stays clean.
+                failed = watch_failures(page)
                 for name, path in pages.items():
                     if path is None:  # the confirmation of a bulk kick
                         await page.goto(d.origin + "/dead")
@@ -257,8 +277,8 @@ def test_screenshots_of_every_page_with_no_overflow_and_no_word_broken() -> None
                         path=ARTIFACTS / f"{name}-{width}-{scheme}.png", full_page=True
                     )
                     found = await layout_problems(page)
-                    if found["overflow"] or found["broken"] or found["page"] != ["0"]:
-                        problems.append((name, width, scheme, found))
+                    if found["overflow"] or found["broken"] or found["page"] != ["0"] or failed:
+                        problems.append((name, width, scheme, {**found, "failed": failed}))
                 await page.context.close()
         assert problems == [], "\n".join(map(str, problems))
 

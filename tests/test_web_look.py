@@ -249,3 +249,14 @@ def test_a_tasks_page_shows_its_failed_attempts_and_deliveries_say_none() -> Non
         asyncio.run(main())
     finally:
         assert proc.stop() == 0
+
+
+def test_every_page_names_a_favicon_that_is_served() -> None:
+    async def scenario(d: Dash) -> None:
+        await d.login()
+        html = await (await d.client.get("/")).text()
+        assert '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in html
+        icon = await d.client.get("/static/favicon.svg")
+        assert (icon.status, icon.content_type) == (200, "image/svg+xml")
+
+    run(scenario)

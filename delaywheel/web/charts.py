@@ -30,8 +30,10 @@ MAX_POINTS = 300
 TABLE_ROWS = 10
 # The SVG's box, in its own units (the page scales it to the column's width).
 WIDTH, HEIGHT = 480, 180
-LEFT, RIGHT, TOP, BOTTOM = 60, 10, 10, 24
+LEFT, RIGHT, TOP, BOTTOM = 66, 10, 10, 24
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+# For the template, which writes it on each chart (data-box) for dash.js.
+BOX = {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": RIGHT, "top": TOP, "bottom": BOTTOM}
 
 RANGES = {"5m": 300, "1h": 3600, "all": None}  # seconds; None: what the ring holds
 RANGE_LABELS = {"5m": "5 min", "1h": "1 hour", "all": "all kept"}

@@ -44,6 +44,7 @@ class Pages:
             charts=charts.charts(ctx.producer.ring, chart_range),
             chart_range=chart_range,
             ranges=charts.RANGE_LABELS,
+            box=charts.BOX,
             charts_until=ctx.chart_until(),
             ring_samples=RING_SAMPLES,
             started_s=ctx.server.engine.started_s,

@@ -6,8 +6,10 @@
 (function () {
   const base = document.body.dataset.base || "";
   const banner = document.getElementById("banner");
-  // The SVG's geometry, as web/charts.py draws it.
-  const LEFT = 60, RIGHT = 10, TOP = 10, BOTTOM = 24, WIDTH = 480, HEIGHT = 180;
+  // The SVG's geometry, as web/charts.py draws it (data-box: left right top bottom).
+  const anySvg = document.querySelector("svg.chart[data-box]");
+  const [LEFT, RIGHT, TOP, BOTTOM] = anySvg ? anySvg.dataset.box.split(" ").map(Number) : [0, 0, 0, 0];
+  const WIDTH = anySvg ? anySvg.viewBox.baseVal.width : 1, HEIGHT = anySvg ? anySvg.viewBox.baseVal.height : 1;
   const PLOT_W = WIDTH - LEFT - RIGHT, PLOT_H = HEIGHT - TOP - BOTTOM;
   // Each chart goes on from the points the server drew (data-values: only
   // since the server's start, a gap where there was no value), one point per
