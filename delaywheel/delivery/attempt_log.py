@@ -15,15 +15,15 @@ worker's reserve and release are requests, and stay as fast as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from typing import NamedTuple
 
 TASKS = 1000
 PER_TASK = 5
 ERROR_CHARS = 300
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):  # a tuple: made in a fraction of a frozen dataclass' time
     number: int  # the task's attempt number (1 for the first)
     started_s: float  # wall clock, when it was sent
     took_s: float
@@ -34,22 +34,26 @@ class AttemptLog:
     def __init__(self, tasks: int = TASKS, per_task: int = PER_TASK) -> None:
         self._tasks = tasks
         self._per_task = per_task
-        self._by_task: dict[str, list[Attempt]] = {}  # oldest noted first
+        # Oldest noted first. An OrderedDict: dropping the oldest of a plain
+        # dict again and again makes finding the first entry slower each time.
+        self._by_task: OrderedDict[str, list[Attempt]] = OrderedDict()
 
     def note(
         self, task_id: str, number: int, started_s: float, took_s: float, error: str | None
     ) -> None:
-        attempts = self._by_task.pop(task_id, None)  # back in at the end: the newest
+        by_task = self._by_task
+        attempts = by_task.get(task_id)
         if attempts is None:
-            attempts = []
-            if len(self._by_task) >= self._tasks:
-                del self._by_task[next(iter(self._by_task))]
+            attempts = by_task[task_id] = []
+            if len(by_task) > self._tasks:
+                by_task.popitem(last=False)
+        else:
+            by_task.move_to_end(task_id)  # the newest
         if error is not None and len(error) > ERROR_CHARS:
             error = error[: ERROR_CHARS - 1] + "…"
         attempts.append(Attempt(number, started_s, took_s, error))
         if len(attempts) > self._per_task:
             del attempts[0]
-        self._by_task[task_id] = attempts
 
     def of(self, task_id: str) -> list[Attempt]:
         """The task's last attempts, the newest first (none noted: [])."""
