@@ -470,6 +470,15 @@ def test_a_task_dead_at_a_closed_port_kicked_on_the_page_is_alive_again() -> Non
                         page = await sign_in_at(browser, origin)
                         await page.goto(f"{origin}/tasks/doomed")
                         assert await page.locator("#task-state").inner_text() == "dead"
+                        # Its one attempt, failed, with the error; laid out as every page.
+                        attempts = page.locator("#task-attempts tbody tr")
+                        assert await attempts.count() == 1
+                        assert "failed" in await attempts.inner_text()
+                        ARTIFACTS.mkdir(exist_ok=True)
+                        shot = ARTIFACTS / "task-attempts-1280-light.png"
+                        await page.screenshot(path=shot, full_page=True)
+                        found = await layout_problems(page)
+                        assert (found["overflow"], found["broken"]) == ([], []), found
                         await page.get_by_role("button", name="Kick").click()
                         await page.wait_for_url(f"{origin}/tasks/doomed")
                         shown = await page.locator("#task-state").inner_text()

@@ -49,7 +49,7 @@ def duration(seconds: float | None) -> str:
     if s == 0:
         return "0 s"
     if s < 1:
-        return f"{s * 1000:.4g} ms"
+        return f"{s * 1000:.3g} ms"
     if s < 60:
         return f"{s:.3g} s"
     if s < 3600:
