@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from delaywheel.cancelling import cancel_and_wait
+from delaywheel.delivery.attempt_log import AttemptLog
 from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
 from delaywheel.tallies import DELIVERY_BOUNDS_S, Histogram
 
@@ -97,6 +98,7 @@ class Dispatcher:
         self._lanes: dict[str, _Lane] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.attempts = AttemptLog()  # the last few of each task lately attempted: the dashboard's
         self.delivered = 0
         self.failed = 0
         # How long attempts took, by (target type, "delivered" or "failed"): for metrics.
@@ -138,6 +140,7 @@ class Dispatcher:
 
     async def _run(self, key: str, lane: _Lane, delivery: Delivery) -> None:
         error: str | None = None
+        sent_at_s = time.time()
         started_s = time.monotonic()
         try:
             await self._sender_for(delivery.target).send(delivery)
@@ -150,7 +153,9 @@ class Dispatcher:
             lane.running -= 1
         if self._closed:
             return  # cut off by drain: left delivering, for the restart
-        self._took(delivery.target["type"], error is None, time.monotonic() - started_s)
+        took_s = time.monotonic() - started_s
+        self._took(delivery.target["type"], error is None, took_s)
+        self.attempts.note(delivery.task_id, delivery.attempt, sent_at_s, took_s, error)
         if error is None:
             self.delivered += 1
         else:

@@ -21,9 +21,9 @@ from aiohttp import web
 from delaywheel import __version__
 from delaywheel.engine.task import STATES
 from delaywheel.errors import RequestError
-from delaywheel.web import actions, views
+from delaywheel.web import actions, present, views
 from delaywheel.web.auth import ADMIN, VIEWER, LoginLimit, Session, Sessions, same_origin
-from delaywheel.web.live import CHART_SAMPLES, Producer, chart_points, chart_values
+from delaywheel.web.live import Producer
 
 if TYPE_CHECKING:
     from delaywheel.net.server import Server
@@ -58,6 +58,8 @@ class Context:
         self.templates.filters["q"] = lambda value: quote(str(value), safe="")
         self.templates.filters["when"] = _when
         self.templates.filters["ago"] = _ago
+        for name in ("breakable", "duration", "relative", "lateness", "iso", "size", "count"):
+            self.templates.filters[name] = getattr(present, name)
 
     @property
     def open_mode(self) -> bool:
@@ -122,12 +124,6 @@ class Context:
 
     def expired(self, request: web.Request) -> web.Response:
         return self.render(request, "expired.html", status=403, title="Session expired")
-
-    def chart(self, name: str) -> tuple[str, str]:
-        """One chart of the overview: its polyline's points and its samples
-        (only those since the server's start: the ring starts empty)."""
-        values = self.producer.ring.series(name, last=CHART_SAMPLES)
-        return chart_points(values), chart_values(values)
 
     def chart_until(self) -> str:
         """The time of the last sample the charts were drawn with (0: none yet)."""

@@ -218,20 +218,7 @@ HEARTBEAT = b": heartbeat\n\n"
 PREAMBLE = b"retry: 3000\n\n"  # the browser reconnects 3 s after a drop
 
 
-CHART_SAMPLES = 300  # the overview's charts: the last 5 minutes
-
-
 def chart_values(values: list[float]) -> str:
-    """The samples for ``dash.js`` to extend (``data-values``): a NaN (nothing
+    """Samples for ``dash.js`` to extend (``data-values``): a NaN (nothing
     fired, so no lateness) is an empty item, a gap, never a zero."""
     return ",".join("" if v != v else f"{v:g}" for v in values)
-
-
-def chart_points(values: list[float], width: int = 600, height: int = 80) -> str:
-    """An SVG polyline's points for ``values`` (NaN skipped), scaled to the box."""
-    finite = [(i, v) for i, v in enumerate(values) if v == v]
-    if not finite:
-        return ""
-    top = max(v for _, v in finite) or 1.0
-    step = width / max(len(values) - 1, 1)
-    return " ".join(f"{i * step:.1f},{height - v / top * height:.1f}" for i, v in finite)

@@ -12,10 +12,11 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from delaywheel.engine.task import STATES
+from delaywheel.delivery.attempt_log import Attempt
+from delaywheel.engine.task import DEAD, STATES
 from delaywheel.errors import RequestError
 from delaywheel.logs import shown_settings
-from delaywheel.web import views
+from delaywheel.web import charts, present, views
 from delaywheel.web.context import Context, list_args
 from delaywheel.web.live import HEARTBEAT, HEARTBEAT_S, PREAMBLE, RING_SAMPLES, frame
 
@@ -26,6 +27,9 @@ class Pages:
 
     async def home(self, request: web.Request) -> web.StreamResponse:
         ctx = self.ctx
+        chart_range = request.query.get("range", "5m")
+        if chart_range not in charts.RANGES:
+            return ctx.error(request, 400, f"range must be one of {', '.join(charts.RANGES)}")
         snap = ctx.producer.latest or ctx.producer.sample()
         engine = ctx.server.engine.snapshot()
         return ctx.render(
@@ -37,7 +41,10 @@ class Pages:
             wheel=engine.wheel,
             slots=engine.slots,
             tick_s=engine.tick_s,
-            charts={name: ctx.chart(name) for name in ("ready", "added", "fired", "p99")},
+            charts=charts.charts(ctx.producer.ring, chart_range),
+            chart_range=chart_range,
+            ranges=charts.RANGE_LABELS,
+            box=charts.BOX,
             charts_until=ctx.chart_until(),
             ring_samples=RING_SAMPLES,
             started_s=ctx.server.engine.started_s,
@@ -97,9 +104,18 @@ class Pages:
             title="Task",
             task=task,
             body=views.body_views(task["body"]),
+            target=present.target_rows(task["target"]),
+            attempts=self._attempts(task_id),
             hide_bodies=ctx.hide_bodies(request),
             view=request.query.get("view", "text"),
         )
+
+    def _attempts(self, task_id: str) -> list[Attempt] | None:
+        """The task's last delivery attempts (None: this server delivers nothing)."""
+        deliveries = self.ctx.server.deliveries
+        if deliveries is None or deliveries.dispatcher is None:
+            return None
+        return deliveries.dispatcher.attempts.of(task_id)
 
     async def dead(self, request: web.Request) -> web.StreamResponse:
         ctx = self.ctx
@@ -123,8 +139,17 @@ class Pages:
                 tasks=[t for t in shown if t is not None],
             )
         groups = await views.dead_groups(engine)
+        by_topic = engine.snapshot().counts.by_topic()
+        topics = [
+            (name, counts[DEAD]) for name, counts in sorted(by_topic.items()) if counts.get(DEAD)
+        ]
         return ctx.render(
-            request, "dead.html", title="Dead tasks", groups=groups, no_error=views.NO_ERROR
+            request,
+            "dead.html",
+            title="Dead tasks",
+            groups=groups,
+            topics=topics,
+            no_error=views.NO_ERROR,
         )
 
     async def deliveries(self, request: web.Request) -> web.StreamResponse:
@@ -138,7 +163,7 @@ class Pages:
             request,
             "server.html",
             title="Server",
-            settings=shown_settings(ctx.settings),
+            settings=present.settings_rows(shown_settings(ctx.settings)),
             streams=ctx.producer.streams,
             sessions=len(ctx.sessions),
         )
