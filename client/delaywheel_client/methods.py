@@ -5,9 +5,9 @@ be left out; whether it is read-only (it changes nothing, so sending it again
 after its reply was lost is harmless: the clients retry only these); and
 whether a connection may send it before ``auth``. The server builds its router
 and its auth check from this table (delaywheel/net/routes.py), the clients
-their retry rule. docs/protocol.md lists the same methods for users, and
-tests/test_method_surface.py holds the page, the server, ``Client``,
-``AsyncClient`` and the pipelines to it.
+their retry rule; each method's client method is defined once, in commands.py.
+docs/protocol.md lists the same methods for users, and
+tests/test_method_surface.py holds the page, the server and the clients to it.
 
 This module imports nothing, so the server can use it without the rest of the
 client.
@@ -65,8 +65,8 @@ METHODS: Final[Mapping[str, MethodSpec]] = MappingProxyType({spec.name: spec for
 READ_ONLY_METHODS: Final = frozenset(spec.name for spec in _SPECS if spec.read_only)
 OPEN_METHODS: Final = frozenset(spec.name for spec in _SPECS if spec.before_auth)
 
-# The table's methods that Client, AsyncClient and the pipelines spell another way; every
-# other method is a method of all four under its own name (and ``call(name, *params)``
+# The table's methods that the clients (commands.py) spell another way; every
+# other method is a method of each client under its own name (and ``call(name, *params)``
 # sends any of them as it is). None: no such method. ``auth`` is sent by the client
 # itself, first on each new connection, when it was given ``token=``: a pool of
 # connections cannot be authenticated by one call.
