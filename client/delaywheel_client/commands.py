@@ -1,11 +1,13 @@
 """The client's methods, written once: every client serves them by saying how a call is sent.
 
 How it works (redis-py's ``commands/core.py`` pattern). ``Commands`` holds one plain method
-per protocol method of the table (methods.py), and ``call``: its signature, its docstring,
-and a body that builds the params and returns ``self._send(method, params)``. Its decorator,
-``command``, says which param routes the call on a cluster (``route``); the body says how the
-reply becomes the return value (``shape=bool``) and how much longer than ``timeout_s`` the
-reply may take (a blocking ``reserve``'s ``wait_s``). Each client implements only ``_send``
+per protocol method, and ``call``: its signature, its docstring, and a body that builds the
+params and returns ``self._send(method, params)``. Its decorator, ``command``, gives the
+protocol's side (the params by name, read-only or not, open before ``auth``: the
+``MethodSpec`` that methods.py makes the server's table of) and which param routes the call
+on a cluster (``route``); the body says how the reply becomes the return value
+(``shape=bool``) and how much longer than ``timeout_s`` the reply may take (a blocking
+``reserve``'s ``wait_s``). Each client implements only ``_send``
 (and the cluster clients ``_by_name``, for ``call``):
 
 - ``Client`` sends and returns the result; ``ClusterClient`` runs the call's plan (plans.py);
@@ -27,8 +29,8 @@ itself: no descriptor on the call path. The bodies return ``_send``'s ``Any`` un
 declared type: the reply's type is the protocol's promise (docs/protocol.md), hence the
 mypy comment below.
 
-Adding a method: its entry in methods.py, its definition here (with its docstring and
-route), an engine verb, a route in delaywheel/net/routes.py and docs/protocol.md. A cluster
+Adding a method: its definition here (params, docstring, route), an engine verb, a route in
+delaywheel/net/routes.py and docs/protocol.md. A cluster
 client sends it to the owner of its routing param, or to any node; a method that must visit
 every node needs a plan in plans.py (``FAN_OUT``).
 """
@@ -37,6 +39,7 @@ every node needs a plan in plans.py (``FAN_OUT``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -87,12 +90,34 @@ def by_id_field(params: Sequence[Any]) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """A method as the protocol has it: its params by name, in order, and how many trailing
+    ones may be left out; whether it is read-only (it changes nothing, so sending it again
+    after its reply was lost is harmless: the clients retry only these); and whether a
+    connection may send it before ``auth``. methods.py makes the server's table of them."""
+
+    name: str
+    params: tuple[str, ...]
+    optional: int = 0  # how many of the trailing params may be left out
+    read_only: bool = False
+    before_auth: bool = False
+
+
+# Every method of the protocol, in the order of the definitions (docs/protocol.md's).
+SPECS: list[MethodSpec] = []
+
 # The methods a cluster client sends to the owner of a task, by the param that names it;
 # the others go to any node (or, with a plan of their own, to every node: plans.py).
 ROUTES: dict[str, Route] = {}
 
 # Every definition by name, ``call`` included: what ``serve`` gives each client.
 DEFINITIONS: dict[str, Callable[..., Any]] = {}
+
+
+def protocol_only(spec: MethodSpec) -> None:
+    """A method of the protocol that no client method stands for (``auth``)."""
+    SPECS.append(spec)
 
 
 if TYPE_CHECKING:
@@ -112,22 +137,28 @@ if TYPE_CHECKING:
         def __get__(self, obj: Commands, owner: type[Any]) -> Callable[_P, _R]: ...
         def __get__(self, obj: Any, owner: Any) -> Any: ...
 
-    def command(
-        route: Route | None = None,
-    ) -> Callable[[Callable[Concatenate[Any, _P], _R]], Command[_P, _R]]: ...
 
-else:
+def command(
+    params: tuple[str, ...] | None = None,
+    optional: int = 0,
+    *,
+    read_only: bool = False,
+    before_auth: bool = False,
+    route: Route | None = None,
+) -> Callable[[Callable[Concatenate[Any, _P], _R]], Command[_P, _R]]:
+    """Record a definition: the protocol method it stands for (``params`` and the rest are
+    ``MethodSpec``'s; None: ``call``, which sends any method), and the param that routes
+    it on a cluster. The decorated function is the definition itself."""
 
-    def command(route=None):
-        """Record a definition (and the param that routes it); the function itself."""
+    def define(fn: Any) -> Any:
+        DEFINITIONS[fn.__name__] = fn
+        if params is not None:
+            SPECS.append(MethodSpec(fn.__name__, params, optional, read_only, before_auth))
+        if route is not None:
+            ROUTES[fn.__name__] = route
+        return fn
 
-        def define(fn):
-            DEFINITIONS[fn.__name__] = fn
-            if route is not None:
-                ROUTES[fn.__name__] = route
-            return fn
-
-        return define
+    return define
 
 
 class Commands:
@@ -153,12 +184,16 @@ class Commands:
         """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
         return self._by_name(method, params)
 
-    @command()
+    @command((), read_only=True, before_auth=True)
     def ping(self) -> str:
         """``"pong"``."""
         return self._send("ping", ())
 
-    @command(route=by_id_field)
+    # No method: the client sends auth itself, first on each new connection, when it was
+    # given ``token=`` (a pool of connections cannot be authenticated by one call).
+    protocol_only(MethodSpec("auth", ("token",), read_only=True, before_auth=True))
+
+    @command(("task",), route=by_id_field)
     def add(
         self,
         topic: str,
@@ -177,85 +212,88 @@ class Commands:
             "add", (task_fields(topic, body, delay, at, id, ttr, max_attempts, target),)
         )
 
-    @command()
+    @command(("tasks",))
     def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
         """Add task maps all or nothing; returns ``add``'s result for each, in order."""
         return self._send("add_many", ([dict(t) for t in tasks],))
 
     # **changes could name "self" for the type checker; a task has no such field.
-    @command(route=by_id)  # type: ignore[arg-type]
+    @command(("id", "changes"), route=by_id)  # type: ignore[arg-type]
     def update(self, id: str, **changes: Any) -> Task:
         """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
         ``max_attempts``; returns the updated task."""
         return self._send("update", (id, changes))
 
-    @command(route=by_id)
+    @command(("id",), route=by_id)
     def delete(self, id: str) -> bool:
         """True if the task existed."""
         return self._send("delete", (id,), shape=bool)
 
-    @command(route=by_id)
+    @command(("id",), read_only=True, route=by_id)
     def get(self, id: str) -> Task | None:
         """The task, or None."""
         return self._send("get", (id,))
 
-    @command()
+    @command(("query",), optional=1, read_only=True)
+    def list(
+        self,
+        *,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
+        return self._send("list", (list_query(topic, state, limit, cursor),))
+
+    @command(("topics", "timeout"), optional=1)
     def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
         """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
         return self._send("reserve", (topic_list(topics), timeout), timeout)
 
-    @command(route=by_id)
+    @command(("id",), route=by_id)
     def ack(self, id: str) -> bool:
         """The reserved task is done and removed."""
         return self._send("ack", (id,), shape=bool)
 
-    @command(route=by_id)
+    @command(("id", "delay"), optional=1, route=by_id)
     def release(self, id: str, delay: float = 0) -> bool:
         """Put a reserved task back, due after ``delay`` seconds."""
         return self._send("release", (id, delay), shape=bool)
 
-    @command(route=by_id)
+    @command(("id",), route=by_id)
     def touch(self, id: str) -> float:
         """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
         return self._send("touch", (id,))
 
-    @command()
+    @command(("topic", "count"))
     def kick(self, topic: str, count: int) -> int:
         """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
         return self._send("kick", (topic, count))
 
-    @command(route=by_id)
+    @command(("id",), route=by_id)
     def kick_task(self, task_id: str) -> bool:
         """Make one dead task ready again (due now, if it has a target); True."""
         return self._send("kick_task", (task_id,), shape=bool)
 
-    @command()
+    @command((), read_only=True)
     def stats(self) -> dict[str, Any]:
         """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
         return self._send("stats", ())
 
-    @command()
+    @command((), read_only=True)
     def cluster(self) -> dict[str, Any]:
         """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
         [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
         return self._send("cluster", ())
 
-    # A saved schedule lives in the partition of its id; a spec needs no node's state.
-    @command(route=by_id)
-    def schedule_next(
-        self, schedule: str | Mapping[str, Any], n: int | None = None
-    ) -> dict[str, Any]:
-        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
-        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
-        return self._send("schedule_next", (schedule,) if n is None else (schedule, n))
-
-    @command(route=by_id_field)
+    @command(("schedule",), route=by_id_field)
     def schedule_add(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
         """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
         policies; docs/schedules.md): the schedule map with its state."""
         return self._send("schedule_add", (dict(schedule),))
 
-    @command(route=by_id)
+    @command(("id", "changes", "expected_version"), optional=1, route=by_id)
     def schedule_update(
         self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
     ) -> dict[str, Any]:
@@ -268,28 +306,28 @@ class Commands:
             else (schedule_id, dict(changes), expected_version),
         )
 
-    @command(route=by_id)
+    @command(("id", "note"), optional=1, route=by_id)
     def schedule_pause(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
         """Pause a schedule (its pending occurrence goes in the same write), with a note."""
         return self._send("schedule_pause", (schedule_id,) if note is None else (schedule_id, note))
 
-    @command(route=by_id)
+    @command(("id",), route=by_id)
     def schedule_resume(self, schedule_id: str) -> dict[str, Any]:
         """Resume a paused schedule from now (what passed while paused is not fired)."""
         return self._send("schedule_resume", (schedule_id,))
 
-    @command(route=by_id)
+    @command(("id",), route=by_id)
     def schedule_delete(self, schedule_id: str) -> bool:
         """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
         return self._send("schedule_delete", (schedule_id,))
 
-    @command(route=by_id)
+    @command(("id",), read_only=True, route=by_id)
     def schedule_get(self, schedule_id: str) -> dict[str, Any] | None:
         """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
         ``counts``; None if there is none."""
         return self._send("schedule_get", (schedule_id,))
 
-    @command()
+    @command(("query",), optional=1, read_only=True)
     def schedule_list(
         self,
         *,
@@ -301,29 +339,25 @@ class Commands:
         """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
         return self._send("schedule_list", (schedule_query(topic, paused, limit, cursor),))
 
-    @command(route=by_id)
+    # A saved schedule lives in the partition of its id; a spec needs no node's state.
+    @command(("schedule", "n"), optional=1, read_only=True, route=by_id)
+    def schedule_next(
+        self, schedule: str | Mapping[str, Any], n: int | None = None
+    ) -> dict[str, Any]:
+        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
+        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
+        return self._send("schedule_next", (schedule,) if n is None else (schedule, n))
+
+    @command(("id",), route=by_id)
     def schedule_trigger(self, schedule_id: str) -> dict[str, Any]:
         """One extra occurrence now: ``{"id": its task id}``."""
         return self._send("schedule_trigger", (schedule_id,))
 
-    @command(route=by_id)
+    @command(("id", "start", "end"), route=by_id)
     def schedule_backfill(self, schedule_id: str, start: float, end: float) -> dict[str, Any]:
         """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
         ``{"ids": [...put], "existing": n}``."""
         return self._send("schedule_backfill", (schedule_id, start, end))
-
-    # Defined last: inside the class body, the name ``list`` is this method from here on.
-    @command()
-    def list(
-        self,
-        *,
-        topic: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
-        return self._send("list", (list_query(topic, state, limit, cursor),))
 
 
 # -- the flavours: what each kind of client adds, and how it gets the methods -------------------
