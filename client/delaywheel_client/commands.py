@@ -7,8 +7,8 @@ protocol's side (the params by name, read-only or not, open before ``auth``: the
 ``MethodSpec`` that methods.py makes the server's table of) and which param routes the call
 on a cluster (``route``); the body says how the reply becomes the return value
 (``shape=bool``) and how much longer than ``timeout_s`` the reply may take (a blocking
-``reserve``'s ``wait_s``). Each client implements only ``_send``
-(and the cluster clients ``_by_name``, for ``call``):
+``reserve``'s ``wait_s``). Each client implements only ``_send`` (and the cluster clients
+``_by_name``, for ``call``):
 
 - ``Client`` sends and returns the result; ``ClusterClient`` runs the call's plan (plans.py);
 - ``AsyncClient`` and ``AsyncClusterClient`` return a coroutine of the result;
@@ -30,9 +30,9 @@ declared type: the reply's type is the protocol's promise (docs/protocol.md), he
 mypy comment below.
 
 Adding a method: its definition here (params, docstring, route), an engine verb, a route in
-delaywheel/net/routes.py and docs/protocol.md. A cluster
-client sends it to the owner of its routing param, or to any node; a method that must visit
-every node needs a plan in plans.py (``FAN_OUT``).
+delaywheel/net/routes.py and docs/protocol.md. A cluster client sends it to the owner of its
+routing param, or to any node; a method that must visit every node needs a plan in plans.py
+(``FAN_OUT``).
 """
 
 # mypy: disable-error-code="no-any-return"
