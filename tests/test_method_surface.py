@@ -1,10 +1,11 @@
-"""One method surface: the table in delaywheel_client/methods.py against everything
-that lists methods.
+"""One method surface: the table in delaywheel_client/methods.py (built from the
+definitions in commands.py) against everything that lists methods.
 
 - The clients: ``Client``, ``AsyncClient`` and their pipelines have one method per
   method of the table (``CLIENT_SPELLINGS`` names the exceptions), with the same
   signatures and docstrings, and each sends the method its name says: the real
-  server's request counters (``--metrics-port``) count what arrived.
+  server's request counters (``--metrics-port``) count what arrived
+  (tests/test_client_commands.py: each is served from its one definition).
 - The server: its routes, its arity messages, its auth check and what it holds
   for the store follow the table (a real server, over real sockets).
 - docs/protocol.md: its method table, its read-only list and its open methods.
@@ -335,3 +336,4 @@ def test_the_protocol_page_names_the_read_only_and_the_open_methods() -> None:
     assert durable is not None
     assert set(re.findall(r"`(\w+)`", durable.group(1))) == set(METHODS) - READ_ONLY_METHODS
     assert "`client/delaywheel_client/methods.py`" in text
+    assert "`client/delaywheel_client/commands.py`" in text

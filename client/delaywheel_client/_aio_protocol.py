@@ -54,9 +54,10 @@ class Replies:
         return self.future.done()
 
     def set_result(self, reply: Response) -> None:
+        """Take one reply; the future is resolved by the last (unless it was cancelled)."""
         self.replies[(reply.msgid - self.first) & MAX_MSGID] = reply
         self.left -= 1
-        if not self.left:
+        if not self.left and not self.future.done():
             self.future.set_result(self.replies)
 
     def set_exception(self, exc: BaseException) -> None:
@@ -106,7 +107,8 @@ class ClientProtocol(asyncio.Protocol):
             for message in self.decoder:
                 if type(message) is Response:
                     future = pending.pop(message.msgid, None)
-                    if future is not None and not future.done():
+                    # A pipeline's Replies checks its future once, at its last reply.
+                    if type(future) is Replies or (future is not None and not future.done()):
                         future.set_result(message)
                 elif type(message) is Notification and message.method == "error":
                     self.closed_by = closed_by(message.params)

@@ -11,28 +11,22 @@ written are retried up to ``retries`` times, and one that was written is sent ag
 read-only methods. A call that gets no reply within ``timeout_s`` raises ``ConnectionFailed``
 and leaves the connection open; its late reply is dropped (a late ``reserve`` reply leaves
 that task reserved until its ttr runs out).
+
+The methods are commands.py's, as coroutines: this class says only how a call is sent
+(``_send``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from delaywheel_client._aio_protocol import ClientProtocol
 from delaywheel_client._tls import PathLike, handshake_failure
-from delaywheel_client.calls import (
-    Task,
-    TaskList,
-    Topics,
-    list_query,
-    reply_timeout_s,
-    schedule_query,
-    task_fields,
-    topic_list,
-)
+from delaywheel_client.commands import Awaiting, Shape
 from delaywheel_client.connection import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -44,9 +38,11 @@ from delaywheel_client.errors import ConnectionFailed, error_from_reply
 from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.pipeline import QueuedCalls
 from delaywheel_client.protocol import Response
+from delaywheel_client.serve import serve
 
 
-class AsyncClient(ClientBase):
+@serve
+class AsyncClient(ClientBase, Awaiting):
     """An asyncio delaywheel client; every ``Client`` method, as a coroutine.
 
     Example::
@@ -164,7 +160,10 @@ class AsyncClient(ClientBase):
                 await asyncio.sleep(self._backoff_s(exc, True, attempt))
                 attempt += 1
 
-    async def _call(self, method: str, params: Sequence[Any], timeout_s: float) -> Any:
+    async def _send(
+        self, method: str, params: Sequence[Any], wait_s: float = 0.0, shape: Shape = None
+    ) -> Any:
+        timeout_s = wait_s + self.timeout_s
         attempt = 0
         while True:
             protocol = self._protocol
@@ -191,7 +190,7 @@ class AsyncClient(ClientBase):
                 timer.cancel()
                 protocol.pending.pop(msgid, None)  # when this call was cancelled
             if reply.error is None:
-                return reply.result
+                return reply.result if shape is None else shape(reply.result)
             raise error_from_reply(reply.error)
 
     def pipeline(self) -> AsyncPipeline:
@@ -259,206 +258,6 @@ class AsyncClient(ClientBase):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-    # -- methods: Client's, as coroutines, with its docstrings -------------------------
-
-    async def call(self, method: str, *params: Any) -> Any:
-        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        return await self._call(method, params, reply_timeout_s(method, params, self.timeout_s))
-
-    async def ping(self) -> str:
-        """``"pong"``."""
-        result: str = await self._call("ping", (), self.timeout_s)
-        return result
-
-    async def add(
-        self,
-        topic: str,
-        body: Any = None,
-        *,
-        delay: float | None = None,
-        at: float | None = None,
-        id: str | None = None,
-        ttr: float | None = None,
-        max_attempts: int | None = None,
-        target: Mapping[str, Any] | None = None,
-    ) -> Task:
-        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
-        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
-        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
-        result: Task = await self._call("add", (fields,), self.timeout_s)
-        return result
-
-    async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
-        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
-        result: TaskList = await self._call("add_many", ([dict(t) for t in tasks],), self.timeout_s)
-        return result
-
-    async def update(self, id: str, **changes: Any) -> Task:
-        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
-        ``max_attempts``; returns the updated task."""
-        result: Task = await self._call("update", (id, changes), self.timeout_s)
-        return result
-
-    async def delete(self, id: str) -> bool:
-        """True if the task existed."""
-        return bool(await self._call("delete", (id,), self.timeout_s))
-
-    async def get(self, id: str) -> Task | None:
-        """The task, or None."""
-        result: Task | None = await self._call("get", (id,), self.timeout_s)
-        return result
-
-    async def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
-        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        result: Task | None = await self._call(
-            "reserve", (topic_list(topics), timeout), timeout + self.timeout_s
-        )
-        return result
-
-    async def ack(self, id: str) -> bool:
-        """The reserved task is done and removed."""
-        return bool(await self._call("ack", (id,), self.timeout_s))
-
-    async def release(self, id: str, delay: float = 0) -> bool:
-        """Put a reserved task back, due after ``delay`` seconds."""
-        return bool(await self._call("release", (id, delay), self.timeout_s))
-
-    async def touch(self, id: str) -> float:
-        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
-        result: float = await self._call("touch", (id,), self.timeout_s)
-        return result
-
-    async def kick(self, topic: str, count: int) -> int:
-        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
-        result: int = await self._call("kick", (topic, count), self.timeout_s)
-        return result
-
-    async def kick_task(self, task_id: str) -> bool:
-        """Make one dead task ready again (due now, if it has a target); True."""
-        result: bool = await self._call("kick_task", (task_id,), self.timeout_s)
-        return result
-
-    async def stats(self) -> dict[str, Any]:
-        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
-        result: dict[str, Any] = await self._call("stats", (), self.timeout_s)
-        return result
-
-    async def cluster(self) -> dict[str, Any]:
-        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
-        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        result: dict[str, Any] = await self._call("cluster", (), self.timeout_s)
-        return result
-
-    async def schedule_next(
-        self, schedule: str | Mapping[str, Any], n: int | None = None
-    ) -> dict[str, Any]:
-        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
-        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
-        params = (schedule,) if n is None else (schedule, n)
-        result: dict[str, Any] = await self._call("schedule_next", params, self.timeout_s)
-        return result
-
-    async def iter_tasks(
-        self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
-    ) -> AsyncIterator[Task]:
-        cursor = None
-        while True:
-            page = await self.list(topic=topic, state=state, limit=page_size, cursor=cursor)
-            for task in page["tasks"]:
-                yield task
-            cursor = page["next"]
-            if cursor is None:
-                return
-
-    async def schedule_add(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
-        """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
-        policies; docs/schedules.md): the schedule map with its state."""
-        result: dict[str, Any] = await self._call("schedule_add", (dict(schedule),), self.timeout_s)
-        return result
-
-    async def schedule_update(
-        self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
-    ) -> dict[str, Any]:
-        """Change a schedule (null removes a field); a stale ``expected_version`` raises
-        ``Conflict``. The next occurrence is the first after max(now, last_fired)."""
-        result: dict[str, Any] = await self._call(
-            "schedule_update",
-            (schedule_id, dict(changes))
-            if expected_version is None
-            else (schedule_id, dict(changes), expected_version),
-            self.timeout_s,
-        )
-        return result
-
-    async def schedule_pause(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
-        """Pause a schedule (its pending occurrence goes in the same write), with a note."""
-        result: dict[str, Any] = await self._call(
-            "schedule_pause",
-            (schedule_id,) if note is None else (schedule_id, note),
-            self.timeout_s,
-        )
-        return result
-
-    async def schedule_resume(self, schedule_id: str) -> dict[str, Any]:
-        """Resume a paused schedule from now (what passed while paused is not fired)."""
-        result: dict[str, Any] = await self._call("schedule_resume", (schedule_id,), self.timeout_s)
-        return result
-
-    async def schedule_delete(self, schedule_id: str) -> bool:
-        """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
-        result: bool = await self._call("schedule_delete", (schedule_id,), self.timeout_s)
-        return result
-
-    async def schedule_get(self, schedule_id: str) -> dict[str, Any] | None:
-        """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
-        ``counts``; None if there is none."""
-        result: dict[str, Any] | None = await self._call(
-            "schedule_get", (schedule_id,), self.timeout_s
-        )
-        return result
-
-    async def schedule_list(
-        self,
-        *,
-        topic: str | None = None,
-        paused: bool | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
-        result: dict[str, Any] = await self._call(
-            "schedule_list", (schedule_query(topic, paused, limit, cursor),), self.timeout_s
-        )
-        return result
-
-    async def schedule_trigger(self, schedule_id: str) -> dict[str, Any]:
-        """One extra occurrence now: ``{"id": its task id}``."""
-        result: dict[str, Any] = await self._call(
-            "schedule_trigger", (schedule_id,), self.timeout_s
-        )
-        return result
-
-    async def schedule_backfill(self, schedule_id: str, start: float, end: float) -> dict[str, Any]:
-        """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
-        ``{"ids": [...put], "existing": n}``."""
-        result: dict[str, Any] = await self._call(
-            "schedule_backfill", (schedule_id, start, end), self.timeout_s
-        )
-        return result
-
-    async def list(
-        self,
-        *,
-        topic: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
-        query = list_query(topic, state, limit, cursor)
-        result: dict[str, Any] = await self._call("list", (query,), self.timeout_s)
-        return result
 
 
 class AsyncPipeline(QueuedCalls):

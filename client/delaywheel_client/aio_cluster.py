@@ -1,54 +1,40 @@
 """The asyncio client for several nodes: ``AsyncClusterClient``, ``AsyncClient``'s methods.
 
 It routes, follows ``moved``, waits out ``tryagain`` and resends ``add`` exactly as
-``ClusterClient`` does (cluster.py, routing.py; docs/protocol.md, "Several nodes"), with
-one ``AsyncClient`` per node.
+``ClusterClient`` does: the methods are commands.py's and the calls plans.py's, which this
+class runs with asyncio I/O, one ``AsyncClient`` per node (routing.py; docs/protocol.md,
+"Several nodes").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from delaywheel_client.aio import AsyncClient
-from delaywheel_client.calls import (
-    Task,
-    TaskList,
-    Topics,
-    list_query,
-    schedule_query,
-    task_fields,
-)
+from delaywheel_client.commands import Awaiting, Shape
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.pipeline import QueuedCalls
-from delaywheel_client.retry import (
+from delaywheel_client.plans import (
     Pause,
     Plan,
     Send,
+    SendEach,
     SendMany,
-    add_many_call,
     call_plan,
+    method_plan,
     pipeline_call,
     refresh_call,
-    reserve_call,
-    routed_call,
 )
-from delaywheel_client.routing import (
-    ClusterBase,
-    PartitionMap,
-    list_page,
-    list_start,
-    stats_by_node,
-    with_id,
-)
-
-_T = TypeVar("_T")
+from delaywheel_client.routing import ClusterBase, PartitionMap, with_id
+from delaywheel_client.serve import serve
 
 
-class AsyncClusterClient(ClusterBase[AsyncClient]):
+@serve
+class AsyncClusterClient(ClusterBase[AsyncClient], Awaiting):
     """An asyncio client for several delaywheel nodes; every ``ClusterClient`` method, as a
     coroutine.
 
@@ -80,16 +66,19 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
         """The map as last fetched (fetched now if it never was)."""
         return self._map if self._map is not None else await self.refresh()
 
-    # -- routed calls ----------------------------------------------------------
+    # -- how a call is sent ------------------------------------------------------
 
-    async def _routed(
-        self, method: str, params: Sequence[Any], task_id: str | None, resent: bool = False
+    async def _send(
+        self, method: str, params: Sequence[Any], wait_s: float = 0.0, shape: Shape = None
     ) -> Any:
-        """``method`` on the owner of ``task_id`` (any node when None); retry.py's rules."""
-        return await self._run(routed_call(self, method, params, task_id, resent))
+        result = await self._run(method_plan(self, method, params))
+        return result if shape is None else shape(result)
+
+    async def _by_name(self, method: str, params: Sequence[Any]) -> Any:
+        return await self._run(call_plan(self, method, with_id(method, params), False))
 
     async def _run(self, plan: Plan) -> Any:
-        """Carry out a retry.py plan with asyncio I/O; its return value."""
+        """Carry out a plans.py plan with asyncio I/O; its return value."""
         answer: Any = None
         while True:
             try:
@@ -98,9 +87,11 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
                 return done.value
             if isinstance(op, Send):
                 try:
-                    answer = await self.node(op.address).call(op.method, *op.params)
+                    answer = await self.node(op.address)._by_name(op.method, op.params)
                 except DelaywheelError as exc:
                     answer = exc
+            elif isinstance(op, SendEach):
+                answer = await self._each_node(op.addresses, op.method, op.params)
             elif isinstance(op, SendMany):
                 try:
                     answer = await self.node(op.address)._call_many(op.calls, op.timeout_s)
@@ -121,14 +112,15 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
             await self.refresh()
 
     async def _each_node(
-        self, fn: Callable[[AsyncClient], Awaitable[_T]]
-    ) -> dict[str, _T | DelaywheelError]:
-        nodes = self._all_nodes(await self.partition_map())
+        self, addresses: Sequence[str], method: str, params: Sequence[Any]
+    ) -> dict[str, Any]:
+        """``method`` sent to every node at once: each one's answer or ``DelaywheelError``."""
         answers = await asyncio.gather(
-            *(fn(self.node(address)) for address in nodes), return_exceptions=True
+            *(self.node(address)._by_name(method, params) for address in addresses),
+            return_exceptions=True,
         )
-        results: dict[str, _T | DelaywheelError] = {}
-        for address, answer in zip(nodes, answers, strict=True):
+        results: dict[str, Any] = {}
+        for address, answer in zip(addresses, answers, strict=True):
             if isinstance(answer, BaseException) and not isinstance(answer, DelaywheelError):
                 raise answer
             results[address] = answer
@@ -150,109 +142,6 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
     ) -> None:
         await self.close()
 
-    # -- methods: ClusterClient's, as coroutines, with Client's docstrings -----------------
-
-    async def call(self, method: str, *params: Any) -> Any:
-        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        return await self._run(call_plan(self, method, with_id(method, params), False))
-
-    async def ping(self) -> str:
-        """``"pong"``."""
-        for result in (await self._each_node(lambda client: client.ping())).values():
-            if isinstance(result, DelaywheelError):
-                raise result
-        return "pong"
-
-    async def add(
-        self,
-        topic: str,
-        body: Any = None,
-        *,
-        delay: float | None = None,
-        at: float | None = None,
-        id: str | None = None,
-        ttr: float | None = None,
-        max_attempts: int | None = None,
-        target: Mapping[str, Any] | None = None,
-    ) -> Task:
-        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
-        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
-        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
-        result: Task = await self.call("add", fields)
-        return result
-
-    async def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
-        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
-        (given,) = with_id("add_many", ([dict(t) for t in tasks],))
-        results: TaskList = await self._run(add_many_call(self, given))
-        return results
-
-    async def update(self, id: str, **changes: Any) -> Task:
-        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
-        ``max_attempts``; returns the updated task."""
-        result: Task = await self._routed("update", (id, changes), id)
-        return result
-
-    async def delete(self, id: str) -> bool:
-        """True if the task existed."""
-        return bool(await self._routed("delete", (id,), id))
-
-    async def get(self, id: str) -> Task | None:
-        """The task, or None."""
-        result: Task | None = await self._routed("get", (id,), id)
-        return result
-
-    async def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
-        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        task: Task | None = await self._run(reserve_call(self, topics, timeout))
-        return task
-
-    async def ack(self, id: str) -> bool:
-        """The reserved task is done and removed."""
-        return bool(await self._routed("ack", (id,), id))
-
-    async def release(self, id: str, delay: float = 0) -> bool:
-        """Put a reserved task back, due after ``delay`` seconds."""
-        return bool(await self._routed("release", (id, delay), id))
-
-    async def touch(self, id: str) -> float:
-        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
-        result: float = await self._routed("touch", (id,), id)
-        return result
-
-    async def kick(self, topic: str, count: int) -> int:
-        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
-        kicked = 0
-        for address in self._all_nodes(await self.partition_map()):
-            if kicked >= count:
-                break
-            kicked += int(await self.node(address).kick(topic, count - kicked))
-        return kicked
-
-    async def kick_task(self, task_id: str) -> bool:
-        """Make one dead task ready again (due now, if it has a target); True."""
-        return bool(await self._routed("kick_task", (task_id,), task_id))
-
-    async def schedule_next(
-        self, schedule: str | Mapping[str, Any], n: int | None = None
-    ) -> dict[str, Any]:
-        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
-        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
-        params = (schedule,) if n is None else (schedule, n)
-        # A saved schedule lives in the partition of its id; a spec needs no node's state.
-        owner = schedule if isinstance(schedule, str) else None
-        result: dict[str, Any] = await self._routed("schedule_next", params, owner)
-        return result
-
-    async def stats(self) -> dict[str, Any]:
-        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
-        return stats_by_node(await self._each_node(lambda client: client.stats()))
-
-    async def cluster(self) -> dict[str, Any]:
-        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
-        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        return (await self.refresh()).answer()
-
     def pipeline(self) -> AsyncClusterPipeline:
         """Queue calls and send them together, one batch per owner::
 
@@ -262,107 +151,6 @@ class AsyncClusterClient(ClusterBase[AsyncClient]):
         first_id = pipe.results[0]["id"]
         """
         return AsyncClusterPipeline(self)
-
-    async def iter_tasks(
-        self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
-    ) -> AsyncIterator[Task]:
-        cursor = None
-        while True:
-            page = await self.list(topic=topic, state=state, limit=page_size, cursor=cursor)
-            for task in page["tasks"]:
-                yield task
-            cursor = page["next"]
-            if cursor is None:
-                return
-
-    async def schedule_add(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
-        """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
-        policies; docs/schedules.md): the schedule map with its state."""
-        result: dict[str, Any] = await self._routed(
-            "schedule_add", (dict(schedule),), schedule.get("id")
-        )
-        return result
-
-    async def schedule_update(
-        self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
-    ) -> dict[str, Any]:
-        """Change a schedule (null removes a field); a stale ``expected_version`` raises
-        ``Conflict``. The next occurrence is the first after max(now, last_fired)."""
-        result: dict[str, Any] = await self._routed(
-            "schedule_update",
-            (schedule_id, dict(changes))
-            if expected_version is None
-            else (schedule_id, dict(changes), expected_version),
-            schedule_id,
-        )
-        return result
-
-    async def schedule_pause(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
-        """Pause a schedule (its pending occurrence goes in the same write), with a note."""
-        result: dict[str, Any] = await self._routed(
-            "schedule_pause", (schedule_id,) if note is None else (schedule_id, note), schedule_id
-        )
-        return result
-
-    async def schedule_resume(self, schedule_id: str) -> dict[str, Any]:
-        """Resume a paused schedule from now (what passed while paused is not fired)."""
-        result: dict[str, Any] = await self._routed("schedule_resume", (schedule_id,), schedule_id)
-        return result
-
-    async def schedule_delete(self, schedule_id: str) -> bool:
-        """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
-        result: bool = await self._routed("schedule_delete", (schedule_id,), schedule_id)
-        return result
-
-    async def schedule_get(self, schedule_id: str) -> dict[str, Any] | None:
-        """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
-        ``counts``; None if there is none."""
-        result: dict[str, Any] | None = await self._routed(
-            "schedule_get", (schedule_id,), schedule_id
-        )
-        return result
-
-    async def schedule_list(
-        self,
-        *,
-        topic: str | None = None,
-        paused: bool | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
-        nodes = self._all_nodes(await self.partition_map())
-        address, inner = list_start(nodes, cursor)
-        query = schedule_query(topic, paused, limit, inner)
-        page = await self.node(address).call("schedule_list", query)
-        return list_page(nodes, address, page, "schedules")
-
-    async def schedule_trigger(self, schedule_id: str) -> dict[str, Any]:
-        """One extra occurrence now: ``{"id": its task id}``."""
-        result: dict[str, Any] = await self._routed("schedule_trigger", (schedule_id,), schedule_id)
-        return result
-
-    async def schedule_backfill(self, schedule_id: str, start: float, end: float) -> dict[str, Any]:
-        """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
-        ``{"ids": [...put], "existing": n}``."""
-        result: dict[str, Any] = await self._routed(
-            "schedule_backfill", (schedule_id, start, end), schedule_id
-        )
-        return result
-
-    async def list(
-        self,
-        *,
-        topic: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
-        nodes = self._all_nodes(await self.partition_map())
-        address, inner = list_start(nodes, cursor)
-        page = await self.node(address).call("list", list_query(topic, state, limit, inner))
-        return list_page(nodes, address, page)
 
 
 class AsyncClusterPipeline(QueuedCalls):

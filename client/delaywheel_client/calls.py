@@ -1,4 +1,4 @@
-"""How each call's params are built: shared by Client, AsyncClient and their pipelines."""
+"""How each call's params are built: shared by the method definitions (commands.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ TaskList: TypeAlias = list[dict[str, Any]]
 Topics: TypeAlias = str | Sequence[str]
 
 
-def reply_timeout_s(method: str, params: Sequence[Any], timeout_s: float) -> float:
-    """How long to wait for a reply: ``timeout_s``, plus the wait of a blocking reserve."""
+def reply_wait_s(method: str, params: Sequence[Any]) -> float:
+    """How much longer than ``timeout_s`` a reply to ``call(method, *params)`` may take:
+    the wait of a blocking reserve."""
     if method == "reserve" and len(params) > 1:
         wait_s = params[1]
         if type(wait_s) in (int, float) and wait_s > 0:
-            return float(timeout_s + wait_s)
-    return timeout_s
+            return float(wait_s)
+    return 0.0
 
 
 def task_fields(

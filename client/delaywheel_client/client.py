@@ -5,26 +5,18 @@ when a token is set), exchanges its request and reply on it, then puts the conne
 So threads never wait for each other: one thread blocked in ``reserve`` holds its own
 connection while the others use theirs. At most ``MAX_IDLE_CONNECTIONS`` idle connections
 are kept, and one the server closed while it sat idle is thrown away before it is reused,
-without counting as a failure. Retries follow ``ClientBase`` (see connection.py).
+without counting as a failure. Retries follow ``ClientBase`` (see connection.py). The
+methods are commands.py's: this class says only how a call is sent (``_send``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from delaywheel_client.calls import (
-    Task,
-    TaskList,
-    Topics,
-    list_query,
-    reply_timeout_s,
-    schedule_query,
-    task_fields,
-    topic_list,
-)
+from delaywheel_client.commands import Blocking, Shape
 from delaywheel_client.connection import (
     MAX_IDLE_CONNECTIONS,
     ClientBase,
@@ -35,11 +27,13 @@ from delaywheel_client.connection import (
 from delaywheel_client.errors import ConnectionFailed, error_from_reply
 from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.pipeline import QueuedCalls
+from delaywheel_client.serve import serve
 
 _T = TypeVar("_T")
 
 
-class Client(ClientBase):
+@serve
+class Client(ClientBase, Blocking):
     """A blocking delaywheel client, safe to share between threads.
 
     Example::
@@ -147,12 +141,15 @@ class Client(ClientBase):
             self._give_back(conn)
             return result
 
-    def _call(self, method: str, params: Sequence[Any], timeout_s: float) -> Any:
+    def _send(
+        self, method: str, params: Sequence[Any], wait_s: float = 0.0, shape: Shape = None
+    ) -> Any:
+        timeout_s = wait_s + self.timeout_s  # a reserve's bad timeout raises before sending
         reply = self._exchange(
             method in READ_ONLY_METHODS, lambda conn: conn.exchange(method, params, timeout_s)
         )
         if reply.error is None:
-            return reply.result
+            return reply.result if shape is None else shape(reply.result)
         raise error_from_reply(reply.error)
 
     def _call_many(self, calls: Sequence[tuple[str, Sequence[Any]]], timeout_s: float) -> list[Any]:
@@ -179,105 +176,6 @@ class Client(ClientBase):
     ) -> None:
         self.close()
 
-    # -- methods ---------------------------------------------------------------
-
-    def call(self, method: str, *params: Any) -> Any:
-        """Any method by name, with the protocol's params: ``call("get", "task-1")``."""
-        return self._call(method, params, reply_timeout_s(method, params, self.timeout_s))
-
-    def ping(self) -> str:
-        """``"pong"``."""
-        result: str = self._call("ping", (), self.timeout_s)
-        return result
-
-    def add(
-        self,
-        topic: str,
-        body: Any = None,
-        *,
-        delay: float | None = None,
-        at: float | None = None,
-        id: str | None = None,
-        ttr: float | None = None,
-        max_attempts: int | None = None,
-        target: Mapping[str, Any] | None = None,
-    ) -> Task:
-        """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
-        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
-        fields = task_fields(topic, body, delay, at, id, ttr, max_attempts, target)
-        result: Task = self._call("add", (fields,), self.timeout_s)
-        return result
-
-    def add_many(self, tasks: Iterable[Mapping[str, Any]]) -> TaskList:
-        """Add task maps all or nothing; returns ``add``'s result for each, in order."""
-        result: TaskList = self._call("add_many", ([dict(t) for t in tasks],), self.timeout_s)
-        return result
-
-    def update(self, id: str, **changes: Any) -> Task:
-        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
-        ``max_attempts``; returns the updated task."""
-        result: Task = self._call("update", (id, changes), self.timeout_s)
-        return result
-
-    def delete(self, id: str) -> bool:
-        """True if the task existed."""
-        return bool(self._call("delete", (id,), self.timeout_s))
-
-    def get(self, id: str) -> Task | None:
-        """The task, or None."""
-        result: Task | None = self._call("get", (id,), self.timeout_s)
-        return result
-
-    def reserve(self, topics: Topics, timeout: float = 0) -> Task | None:
-        """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
-        result: Task | None = self._call(
-            "reserve", (topic_list(topics), timeout), timeout + self.timeout_s
-        )
-        return result
-
-    def ack(self, id: str) -> bool:
-        """The reserved task is done and removed."""
-        return bool(self._call("ack", (id,), self.timeout_s))
-
-    def release(self, id: str, delay: float = 0) -> bool:
-        """Put a reserved task back, due after ``delay`` seconds."""
-        return bool(self._call("release", (id, delay), self.timeout_s))
-
-    def touch(self, id: str) -> float:
-        """Extend a reservation by its ttr; returns the new deadline (Unix s)."""
-        result: float = self._call("touch", (id,), self.timeout_s)
-        return result
-
-    def kick(self, topic: str, count: int) -> int:
-        """Make up to ``count`` dead tasks of ``topic`` ready again; returns how many."""
-        result: int = self._call("kick", (topic, count), self.timeout_s)
-        return result
-
-    def kick_task(self, task_id: str) -> bool:
-        """Make one dead task ready again (due now, if it has a target); True."""
-        result: bool = self._call("kick_task", (task_id,), self.timeout_s)
-        return result
-
-    def stats(self) -> dict[str, Any]:
-        """Counts by state and topic, wheel settings, store URL, uptime, version, ..."""
-        result: dict[str, Any] = self._call("stats", (), self.timeout_s)
-        return result
-
-    def cluster(self) -> dict[str, Any]:
-        """The keyspace's partition map: ``{"node", "partitions", "lease_s", "owners":
-        [{"partition", "node", "address", "epoch"}, ...]}`` (docs/ha.md)."""
-        result: dict[str, Any] = self._call("cluster", (), self.timeout_s)
-        return result
-
-    def schedule_next(
-        self, schedule: str | Mapping[str, Any], n: int | None = None
-    ) -> dict[str, Any]:
-        """The next ``n`` (1-1000, default 5) times of a schedule id or unsaved spec map
-        (``cron``, ``tz`` or ``every``, ``anchor``): ``{"times", "description"}``."""
-        params = (schedule,) if n is None else (schedule, n)
-        result: dict[str, Any] = self._call("schedule_next", params, self.timeout_s)
-        return result
-
     def pipeline(self) -> Pipeline:
         """A batch: queue calls, then send them in one write and read every reply.
 
@@ -289,104 +187,6 @@ class Client(ClientBase):
             first_id = pipe.results[0]["id"]
         """
         return Pipeline(self)
-
-    def iter_tasks(
-        self, *, topic: str | None = None, state: str | None = None, page_size: int = 1000
-    ) -> Iterator[Task]:
-        """Every matching task, following ``list``'s ``next`` cursor page by page."""
-        cursor = None
-        while True:
-            page = self.list(topic=topic, state=state, limit=page_size, cursor=cursor)
-            yield from page["tasks"]
-            cursor = page["next"]
-            if cursor is None:
-                return
-
-    # Defined last: inside the class body, the name ``list`` is this method from here on.
-    def schedule_add(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
-        """Save a recurring schedule (``id``, ``cron``+``tz`` or ``every``, the task template,
-        policies; docs/schedules.md): the schedule map with its state."""
-        result: dict[str, Any] = self._call("schedule_add", (dict(schedule),), self.timeout_s)
-        return result
-
-    def schedule_update(
-        self, schedule_id: str, changes: Mapping[str, Any], expected_version: int | None = None
-    ) -> dict[str, Any]:
-        """Change a schedule (null removes a field); a stale ``expected_version`` raises
-        ``Conflict``. The next occurrence is the first after max(now, last_fired)."""
-        result: dict[str, Any] = self._call(
-            "schedule_update",
-            (schedule_id, dict(changes))
-            if expected_version is None
-            else (schedule_id, dict(changes), expected_version),
-            self.timeout_s,
-        )
-        return result
-
-    def schedule_pause(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
-        """Pause a schedule (its pending occurrence goes in the same write), with a note."""
-        result: dict[str, Any] = self._call(
-            "schedule_pause",
-            (schedule_id,) if note is None else (schedule_id, note),
-            self.timeout_s,
-        )
-        return result
-
-    def schedule_resume(self, schedule_id: str) -> dict[str, Any]:
-        """Resume a paused schedule from now (what passed while paused is not fired)."""
-        result: dict[str, Any] = self._call("schedule_resume", (schedule_id,), self.timeout_s)
-        return result
-
-    def schedule_delete(self, schedule_id: str) -> bool:
-        """Delete a schedule; True if it existed (occurrences already put stay tasks)."""
-        result: bool = self._call("schedule_delete", (schedule_id,), self.timeout_s)
-        return result
-
-    def schedule_get(self, schedule_id: str) -> dict[str, Any] | None:
-        """A schedule's map with ``version``, ``paused``, ``note``, ``next``, ``last_fired``,
-        ``counts``; None if there is none."""
-        result: dict[str, Any] | None = self._call("schedule_get", (schedule_id,), self.timeout_s)
-        return result
-
-    def schedule_list(
-        self,
-        *,
-        topic: str | None = None,
-        paused: bool | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"schedules": [...], "next": cursor or None}`` (limit <= 1000)."""
-        result: dict[str, Any] = self._call(
-            "schedule_list", (schedule_query(topic, paused, limit, cursor),), self.timeout_s
-        )
-        return result
-
-    def schedule_trigger(self, schedule_id: str) -> dict[str, Any]:
-        """One extra occurrence now: ``{"id": its task id}``."""
-        result: dict[str, Any] = self._call("schedule_trigger", (schedule_id,), self.timeout_s)
-        return result
-
-    def schedule_backfill(self, schedule_id: str, start: float, end: float) -> dict[str, Any]:
-        """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
-        ``{"ids": [...put], "existing": n}``."""
-        result: dict[str, Any] = self._call(
-            "schedule_backfill", (schedule_id, start, end), self.timeout_s
-        )
-        return result
-
-    def list(
-        self,
-        *,
-        topic: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-        cursor: Any = None,
-    ) -> dict[str, Any]:
-        """One page: ``{"tasks": [...], "next": cursor or None}`` (limit <= 1000)."""
-        query = list_query(topic, state, limit, cursor)
-        result: dict[str, Any] = self._call("list", (query,), self.timeout_s)
-        return result
 
 
 class Pipeline(QueuedCalls):

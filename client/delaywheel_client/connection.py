@@ -287,11 +287,13 @@ class Connection:
         self, calls: Sequence[tuple[str, Sequence[Any]]], timeout_s: float
     ) -> list[Response]:
         """Send many requests in as few writes as the chunk size allows; replies in order."""
-        encoder = self.encoder
-        payloads = []
-        for method, params in calls:
-            payloads.append(encoder.request(self.next_msgid(), method, params))
-        first = (self.msgid - len(calls)) & MAX_MSGID
+        first = self.msgid
+        request = self.encoder.request
+        payloads = [
+            request((first + i) & MAX_MSGID, method, params)
+            for i, (method, params) in enumerate(calls)
+        ]
+        self.msgid = (first + len(calls)) & MAX_MSGID
         self.set_timeout(timeout_s)
         replies: list[Response | None] = [None] * len(calls)
         start = 0

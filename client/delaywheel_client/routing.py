@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from delaywheel_client._tls import PathLike
+from delaywheel_client.commands import ROUTES
 from delaywheel_client.connection import ClientBase, parse_url
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.partitions import partition_of
@@ -38,9 +39,6 @@ RESERVE_SLICE_S = 0.5
 # Sleep bounds between tries while a partition has no owner that answers.
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 1.0
-
-# The methods whose first param is a task id: they go to that task's owner.
-ID_METHODS = frozenset({"update", "delete", "get", "ack", "release", "touch", "kick_task"})
 
 
 def new_task_id() -> str:
@@ -153,13 +151,10 @@ def retry_after_s(exc: DelaywheelError, attempt: int) -> float:
 
 
 def route(method: str, params: Sequence[Any]) -> str | None:
-    """The task id a call is routed by, or None for a call any node answers."""
-    if method in ID_METHODS and params and isinstance(params[0], str):
-        return params[0]
-    if method == "add" and params and isinstance(params[0], Mapping):
-        task_id = params[0].get("id")
-        return task_id if isinstance(task_id, str) else None
-    return None
+    """The task id a call is routed by (the param commands.py names for its method), or
+    None for a call any node answers."""
+    rule = ROUTES.get(method)
+    return None if rule is None else rule(params)
 
 
 def with_id(method: str, params: Sequence[Any]) -> tuple[Any, ...]:
