@@ -17,23 +17,21 @@ import logging
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from delaywheel import __version__
-from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.cluster.partitions import DEFAULT_PARTITIONS
 from delaywheel.config import DEFAULT_LEASE_S, Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
-from delaywheel.engine.coordinator import Coordinator
+from delaywheel.engine.coordinator import Coordinator, NodeRights
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.sharing import Sharing
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.listen import listen_error
 from delaywheel.net.server import Server
-from delaywheel.store import Store, open_store
-from delaywheel.store.redis import RedisStore
+from delaywheel.store import Store, is_redis_url, open_store
+from delaywheel.store.redis import DEFAULT_PARTITIONS, RedisStore
 
 if TYPE_CHECKING:
     from delaywheel.metrics import MetricsEndpoint
@@ -54,8 +52,8 @@ GC_THRESHOLDS = (20_000, 50, 10)
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
-    store = shared_store(settings)
-    await store.open()  # the Redis store's errors say what to do (store/redis.py)
+    store, keyspace = shared_store(settings)
+    await store.open()  # the Redis store's errors say what to do (store/redis/topology.py)
     # Not before the store is open: a server that cannot open it exits with
     # one line (the error, which names the store) and nothing else.
     _log_start(settings, store)
@@ -63,7 +61,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
-        server, coordinator = _assemble(settings, store)
+        server, coordinator = _assemble(settings, store, keyspace)
         if coordinator is not None:
             await _take_partitions(coordinator)
         else:
@@ -88,16 +86,18 @@ def _log_start(settings: Settings, store: Store) -> None:
         )
 
 
-def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | None]:
+def _assemble(
+    settings: Settings, store: Store, keyspace: Keyspace | None = None
+) -> tuple[Server, Coordinator | None]:
     """The engine over ``store``, its deliveries and server; a coordinator when
-    the store is a keyspace that nodes share."""
+    the store is a keyspace that nodes share (``keyspace``: shared_store's)."""
     rules = target_rules(
         http_allow=settings.http_allow,
         brokers=settings.brokers,
         store_url=settings.store_url,  # store.url hides the password
         store_prefix=settings.redis_prefix,
     )
-    sharing = _sharing(settings, store)
+    sharing = _sharing(settings, keyspace)
     engine = Engine(
         store,
         now_s=time.time(),
@@ -115,10 +115,15 @@ def _assemble(settings: Settings, store: Store) -> tuple[Server, Coordinator | N
         signing_secret=settings.signing_secret,
     )
     server = Server(settings, engine, deliveries)
-    if not isinstance(store, SharedKeyspace) or sharing is None:
+    if keyspace is None or sharing is None:
         return server, None
     server.coordinator = Coordinator(
-        engine, store, sharing, rearm=server.rearm, handoff_wait_s=settings.shutdown_grace_s
+        engine,
+        keyspace.store,
+        sharing,
+        keyspace.rights,
+        rearm=server.rearm,
+        handoff_wait_s=settings.shutdown_grace_s,
     )
     return server, server.coordinator
 
@@ -166,18 +171,28 @@ async def _listen_until_stopped(
         await stop.wait()
 
 
-def shared_store(settings: Settings) -> Store:
-    """The store of ``settings``: a Redis one is a keyspace nodes share (cluster/keyspace.py)."""
-    store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
-    if isinstance(store, RedisStore):
-        keyspace = SharedKeyspace(
-            store,
-            partitions=settings.partitions or DEFAULT_PARTITIONS,
-            replicas=settings.replicas or 0,
-        )
-        keyspace.node_name = _node_name(settings)
-        return keyspace
-    return store
+class Keyspace(NamedTuple):
+    """The Redis store, a keyspace nodes share, and this node's rights in it."""
+
+    store: RedisStore
+    rights: NodeRights
+
+
+def shared_store(settings: Settings) -> tuple[Store, Keyspace | None]:
+    """The store of ``settings``; a Redis one is a keyspace nodes share, whose
+    partitions this node writes as its coordinator lets it (store/redis/owner.py)."""
+    if not is_redis_url(settings.store_url):
+        return open_store(settings.store_url), None
+    rights = NodeRights()
+    store = RedisStore(
+        settings.store_url,
+        prefix=settings.redis_prefix,
+        partitions=settings.partitions or DEFAULT_PARTITIONS,
+        replicas=settings.replicas or 0,
+        owner=rights,
+        node_name=_node_name(settings),
+    )
+    return store, Keyspace(store, rights)
 
 
 def _node_name(settings: Settings) -> str:
@@ -188,8 +203,8 @@ def _node_name(settings: Settings) -> str:
     return settings.node or f"{socket.gethostname()}:{settings.port}"
 
 
-def _sharing(settings: Settings, store: Store) -> Sharing | None:
-    if not isinstance(store, SharedKeyspace):
+def _sharing(settings: Settings, keyspace: Keyspace | None) -> Sharing | None:
+    if keyspace is None:
         return None
     host = socket.gethostname()
     node = _node_name(settings)
@@ -198,7 +213,7 @@ def _sharing(settings: Settings, store: Store) -> Sharing | None:
     return Sharing(
         node=node,
         address=address,
-        partitions=store.partitions,
+        partitions=keyspace.store.partitions,
         lease_s=settings.lease_s or DEFAULT_LEASE_S,
     )
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delaywheel.cluster.membership import assignment, first_choice, plan, ranking
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
+from delaywheel.store.redis.layout import Layout, PartitionsError, partition_of
 
 
 def crc32_by_the_book(data: bytes) -> int:

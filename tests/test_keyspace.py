@@ -1,4 +1,4 @@
-"""The shared keyspace's writes on a plain Redis (cluster/keyspace.py): one
+"""The Redis store's writes for a node on a plain Redis (store/redis/store.py): one
 change (the one-request flush, packed by hand) and a grouped batch, written
 with the epoch held, refused for a partition another node took or this node
 dropped, and unknown for one dropped while its write was in flight."""
@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from conftest import RedisServer
+from owners import RecordingOwner
 from test_fenced_flush import db_of
 from test_store import run
 
-from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
-from delaywheel.cluster.partitions import partition_of
 from delaywheel.store.base import Changes, StoreError, StoreUnavailable
-from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis import FencedWrite, Holder, Holders, RedisStore
+from delaywheel.store.redis.layout import partition_of
 
 pytestmark = [pytest.mark.redis]
 
@@ -33,33 +33,30 @@ def tasks_key(partition: int) -> str:
 
 
 # on_fenced's calls: (fenced, written, holders)
-Told = list[tuple[set[int], set[int], dict[int, tuple[str, str, int]]]]
+Told = list[tuple[set[int], set[int], Holders]]
 
 
-def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable[None]]) -> None:
+def scenario_on(redis_url: str, body: Callable[[RedisStore, Told], Awaitable[None]]) -> None:
     """Run ``body`` on an open keyspace holding epoch 1 of every partition
     (set in Redis and in ``epochs``), with the coordinator's ``on_fenced``
     calls gathered in its second argument."""
 
     async def scenario() -> None:
-        shared = SharedKeyspace(RedisStore(redis_url), partitions=PARTITIONS)
+        owner = RecordingOwner()
+        shared = RedisStore(redis_url, partitions=PARTITIONS, owner=owner)
         await shared.open()
-        told: Told = []
-        shared.on_fenced = lambda fenced, written, holders: told.append(
-            (fenced, written, {p: (h.node, h.address, h.epoch) for p, h in holders.items()})
-        )
         try:
             for p in range(PARTITIONS):
                 await shared.client.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)
                 shared.epochs[p] = 1
-            await body(shared, told)
+            await body(shared, owner.fenced_calls)
         finally:
             await shared.close()
 
     run(scenario)
 
 
-async def write(shared: SharedKeyspace, changes: Changes) -> StoreError | None:
+async def write(shared: RedisStore, changes: Changes) -> StoreError | None:
     done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
     shared.submit(changes, done.set_result)
     return await done
@@ -70,7 +67,7 @@ def test_one_change_and_a_batch_land_with_the_epoch_held(
 ) -> None:
     one, other = ids_in(1, 1)[0], ids_in(2, 2)
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         assert await write(shared, {one: b"r1"}) is None
         assert await write(shared, {other[0]: b"a", other[1]: b"b", one: None}) is None
         assert await write(shared, {other[0]: None}) is None
@@ -87,7 +84,7 @@ def test_one_change_for_a_partition_taken_or_dropped_is_refused_and_writes_nothi
 ) -> None:
     taken, dropped = ids_in(0, 1)[0], ids_in(3, 1)[0]
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         await shared.client.set("{delaywheel:p000}:epoch", 2)  # another node acquired it
         error = await write(shared, {taken: b"late"})
         assert isinstance(error, FencedWrite)
@@ -110,7 +107,7 @@ def test_one_change_whose_partition_is_dropped_in_flight_is_of_unknown_outcome(
 ) -> None:
     task_id = ids_in(2, 1)[0]
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
         shared.submit({task_id: b"r"}, done.set_result)
         del shared.epochs[2]  # self-fenced while the write is out
@@ -129,7 +126,7 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
     # requests are told where to go, as any moved answer (docs/protocol.md).
     one, many = ids_in(0, 1)[0], ids_in(2, 3)
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         await shared.client.set("{delaywheel:p000}:epoch", 2)
         await shared.client.set("{delaywheel:p000}:lease", "2 node-b 10.0.0.2:7001", px=60_000)
         error = await write(shared, {one: b"late"})  # one change: the hand-packed flush
@@ -141,8 +138,8 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
         assert isinstance(error, FencedWrite)
         assert error.reply_data == {"partition": 2, "owner": "[::1]:7002", "epoch": 7}
         assert told == [
-            ({0}, set(), {0: ("node-b", "10.0.0.2:7001", 2)}),
-            ({2}, set(), {2: ("node-c", "[::1]:7002", 7)}),
+            ({0}, set(), {0: Holder("node-b", "10.0.0.2:7001", 2, 0)}),
+            ({2}, set(), {2: Holder("node-c", "[::1]:7002", 7, 0)}),
         ]
 
     scenario_on(redis_url, body)

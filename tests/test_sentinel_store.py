@@ -1,4 +1,4 @@
-"""The redis+sentinel:// store (store/sentinel.py): the URL, and the store on a
+"""The redis+sentinel:// store (store/redis/sentinel.py): the URL, and the store on a
 real primary, two replicas and three Sentinels (tests/redisfarm.py) through a
 SIGKILL of the primary; READONLY on the journal link against real servers."""
 
@@ -14,11 +14,12 @@ from conftest import RedisServer
 from test_store import load_all, run
 
 from delaywheel.store import StoreConfigError, StoreError, open_store
-from delaywheel.store._redis_journal import JournalLink, pipeline
-from delaywheel.store.sentinel import (
+from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis.link import JournalLink, pipeline
+from delaywheel.store.redis.sentinel import (
     Answer,
-    RedisSentinelStore,
     SentinelTarget,
+    SentinelTopology,
     answer_of,
     parse_sentinel_url,
     vouched,
@@ -108,12 +109,15 @@ def test_an_answer_vouches_for_a_primary_no_quorum_sees_down_or_fails_over(
     assert vouched(answers) == vouches
 
 
+KEY = "{delaywheel:p000}:tasks"
+
+
 def sentinel_url(farm: SentinelFarm, db: int) -> str:
     hosts = ",".join(f"{host}:{port}" for host, port in farm.sentinel_addresses)
     return f"redis+sentinel://{hosts}/dwmaster/{db}"
 
 
-async def write(store: RedisSentinelStore, changes: dict[str, bytes | None]) -> StoreError | None:
+async def write(store: RedisStore, changes: dict[str, bytes | None]) -> StoreError | None:
     done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
     store.submit(changes, done.set_result)
     return await done
@@ -123,13 +127,13 @@ def test_the_store_follows_sentinel_to_the_new_primary(redis_sentinels: Sentinel
     farm = redis_sentinels
 
     async def scenario() -> tuple[dict[str, bytes], float]:
-        store = open_store(sentinel_url(farm, 3))
-        assert isinstance(store, RedisSentinelStore)
+        store = RedisStore(sentinel_url(farm, 3), partitions=1)  # every record in KEY
+        assert isinstance(store.topology, SentinelTopology)
         await store.open()
         try:
             assert await write(store, {"a": b"1", "b": b"2"}) is None
             with farm.primary.client(3) as client:
-                assert client.hgetall("{delaywheel}:tasks") == {b"a": b"1", b"b": b"2"}
+                assert client.hgetall(KEY) == {b"a": b"1", b"b": b"2"}
                 assert client.wait(2, 5000) == 2
             farm.primary.kill()
             killed_s = time.monotonic()
@@ -148,7 +152,7 @@ def test_the_store_follows_sentinel_to_the_new_primary(redis_sentinels: Sentinel
     new = farm.current_primary()
     assert new is not farm.primary
     with new.client(3) as client:
-        assert client.hgetall("{delaywheel}:tasks") == {b"b": b"2", b"c": b"3"}
+        assert client.hgetall(KEY) == {b"b": b"2", b"c": b"3"}
     print(f"writes resumed {took_s:.1f} s after the primary's SIGKILL")
 
 

@@ -32,9 +32,9 @@ from serverproc import ServerProcess
 from waiting import wait_until
 
 from delaywheel.cluster.membership import first_choice
-from delaywheel.cluster.partitions import Layout
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
+from delaywheel.store.redis.layout import Layout
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 

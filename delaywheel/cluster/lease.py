@@ -28,11 +28,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from delaywheel.cancelling import cancel_and_wait
-from delaywheel.cluster._scripts import NodeScripts, Script, text
+from delaywheel.store.redis.layout import Holder, parse_holder
+from delaywheel.store.redis.scripts import NodeScripts, Script, text
 
 log = logging.getLogger("delaywheel.cluster")
 
@@ -87,16 +87,6 @@ class LeaseError(ValueError):
     """A lease period out of range."""
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a partition's lease, as the lease key says, and for how long still."""
-
-    node: str
-    address: str
-    epoch: int
-    ttl_ms: int
-
-
 class Leases(NodeScripts):
     """The lease scripts for one node, on one redis-py client."""
 
@@ -147,13 +137,6 @@ class Leases(NodeScripts):
         pipe.pttl(keys.lease)
         value, ttl_ms = await pipe.execute()
         return None if value is None else parse_holder(text(value), int(ttl_ms))
-
-
-def parse_holder(value: str, ttl_ms: int) -> Holder:
-    """A lease key's value, ``"<epoch> <node> <address>"``, as its holder."""
-    epoch, _, rest = value.partition(" ")
-    node, _, address = rest.partition(" ")
-    return Holder(node, address, int(epoch) if epoch.isdigit() else 0, ttl_ms)
 
 
 # (partition, epoch, why): "lost" when Redis said the lease is not ours any

@@ -49,8 +49,8 @@ from typing import Any, NamedTuple, cast
 
 import hiredis
 
-from delaywheel.store._redis_journal import Command, Flush, JournalLink
 from delaywheel.store.base import Changes, StoreError, StoreUnavailable
+from delaywheel.store.redis.link import Command, Flush, JournalLink
 
 # Fields per HSET/HDEL inside the script: unpack() of 2,000 values stays far
 # below Lua's C stack limit (LUAI_MAXCSTACK, 8,000).
@@ -372,6 +372,10 @@ class FencedWriter:
             done(outcome_of([write], 0, flush, exc, where, keep_redirects=self.keep_redirects))
 
         link.send(flush, finished)
+
+    async def drain(self) -> None:
+        """Wait until every flush sent so far has its outcome."""
+        await self.link.drain()
 
     async def close(self) -> None:
         await self.link.close()
