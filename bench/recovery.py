@@ -16,9 +16,9 @@ free port in a temporary directory; SQLite is a temporary file. Target:
 <= 5 s per 1,000,000 tasks.
 
 On Redis the records go where the server keeps them: a keyspace of
-``DEFAULT_PARTITIONS`` partitions (cluster/partitions.py), each record in
-its partition's hash ``{<prefix>:pNNN}:tasks``, P and the layout recorded
-by opening the keyspace as a node does. (Not the single-node hash
+``DEFAULT_PARTITIONS`` partitions (store/redis/layout.py), each record in
+its partition's hash ``{<prefix>:pNNN}:tasks``, written by the Redis store
+itself (opened alone: store/redis/owner.py). (Not the single-node hash
 ``{<prefix>}:tasks``: a start would migrate that first, and a second fill
 there would be kept out by the migration's HSETNX.)
 
