@@ -35,6 +35,7 @@ from delaywheel.store.redis import FencedWrite, RedisStore
 from delaywheel.store.redis.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
 from delaywheel.store.redis.layout import Holder, Layout, partition_of
 from delaywheel.store.redis.spread import SEALED, SPREAD
+from delaywheel.store.redis.topology import ClusterTopology
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, below: not before
     from redisfarm import ClusterFarm
@@ -118,6 +119,7 @@ def test_a_flush_lands_on_every_primary_at_once(cluster6_redis: ClusterFarm) -> 
 
     async def scenario() -> set[tuple[str, int]]:
         async with keyspace(farm.url, "spread") as shared:
+            assert isinstance(shared.topology, ClusterTopology)  # found by asking the node
             assert await shared.client.hget(shared.layout.meta, "layout") == SPREAD.encode()
             await acquire_all(shared)
             changes: Changes = {i: f"r-{i}".encode() for group in ids.values() for i in group}

@@ -145,3 +145,30 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
     scenario_on(redis_url, body)
     with redis_server.client(db_of(redis_url)) as client:
         assert client.exists(tasks_key(0), tasks_key(2)) == 0
+
+
+def test_a_store_opened_alone_writes_every_partition_until_a_node_takes_one(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """No owner (a tool, the bench): the store takes every partition at the epoch
+    Redis holds, 0 where none was ever held, without a lease; a node that
+    acquires one afterwards bumps its epoch, and the store's next write of it
+    is refused, not written behind the node's back (store/redis/owner.py)."""
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p001}:epoch", 7)  # held before, by a node now gone
+    taken, other = ids_in(1, 1)[0], ids_in(2, 1)[0]
+
+    async def scenario() -> None:
+        async with RedisStore(redis_url, partitions=PARTITIONS) as store:
+            assert store.epochs == {0: 0, 1: 7, 2: 0, 3: 0}
+            assert await write(store, {taken: b"a", other: b"b"}) is None
+            await store.client.incr("{delaywheel:p001}:epoch")  # a node acquired it
+            error = await write(store, {taken: b"late"})
+            assert isinstance(error, FencedWrite) and error.fenced == {1}
+            assert await write(store, {other: None}) is None  # the others go on
+            assert await store.client.exists("{delaywheel:p001}:lease") == 0  # no lease taken
+
+    run(scenario)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hgetall(tasks_key(1)) == {taken.encode(): b"a"}
+        assert client.hgetall(tasks_key(2)) == {}
