@@ -20,7 +20,7 @@ writes are on the primary but may not survive its failover, so the outcome
 is unknown (the engine answers ``unavailable``; the client retries with the
 same id).
 
-The bytes go over the store's own hiredis link (``_redis_journal``), not
+The bytes go over the store's own hiredis link (link.py), not
 redis-py: this is the per-request path. The script is loaded by the link's
 handshake (``SCRIPT LOAD``) on every connection, so EVALSHA finds it after a
 reconnect to a restarted or promoted Redis, whose script cache is empty.
@@ -93,7 +93,7 @@ _ASKING = hiredis.pack_command(("ASKING",))
 class Fenced(StoreError):
     """A partition's write was refused: its epoch moved on (another node owns it).
     ``lease``: the partition's lease key's value as the refusing script read
-    it (its holder, ``cluster.lease.parse_holder`` reads it), None when the
+    it (its holder, ``layout.parse_holder`` reads it), None when the
     lease was free or the refusal was this node's own."""
 
     def __init__(self, message: str, lease: str | None = None) -> None:
