@@ -16,9 +16,9 @@ free port in a temporary directory; SQLite is a temporary file. Target:
 <= 5 s per 1,000,000 tasks.
 
 On Redis the records go where the server keeps them: a keyspace of
-``DEFAULT_PARTITIONS`` partitions (cluster/partitions.py), each record in
-its partition's hash ``{<prefix>:pNNN}:tasks``, P and the layout recorded
-by opening the keyspace as a node does. (Not the single-node hash
+``DEFAULT_PARTITIONS`` partitions (store/redis/layout.py), each record in
+its partition's hash ``{<prefix>:pNNN}:tasks``, written by the Redis store
+itself (opened alone: store/redis/owner.py). (Not the single-node hash
 ``{<prefix>}:tasks``: a start would migrate that first, and a second fill
 there would be kept out by the migration's HSETNX.)
 
@@ -58,13 +58,12 @@ import redis
 
 from bench import Figure, Report, Target, paused_gc, progress
 from bench._procs import private_redis, running_server
-from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.cluster.partitions import DEFAULT_PARTITIONS, Layout, partition_of
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, READY, RESERVED, Task
-from delaywheel.store import Store, open_store
+from delaywheel.store import open_store
 from delaywheel.store.base import DEFAULT_BATCH_SIZE
-from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis.layout import DEFAULT_PARTITIONS, Layout
+from delaywheel.store.redis.store import DEFAULT_PREFIX
 from delaywheel.store.sqlite import parse_sqlite_url
 
 
@@ -125,33 +124,11 @@ def records(
 
 
 async def fill(url: str, count: int, spread_s: float, delayed: float) -> None:
-    store: Store = open_store(url)
-    if isinstance(store, RedisStore):
-        await fill_partitions(
-            SharedKeyspace(store, partitions=DEFAULT_PARTITIONS), count, spread_s, delayed
-        )
-        return
-    async with store:
+    """The records written by the store itself (on Redis, the server's store with
+    no owner: each partition's hash, as a node's journal leaves them)."""
+    async with open_store(url) as store:
         for batch in records(time.time(), count, spread_s, delayed):
             await store.write(dict(batch))
-
-
-async def fill_partitions(
-    keyspace: SharedKeyspace, count: int, spread_s: float, delayed: float
-) -> None:
-    """The records in their partitions' hashes, as a node's journal leaves them."""
-    async with keyspace:  # records P and the layout, as a node's start does
-        layout = keyspace.layout
-        for batch in records(time.time(), count, spread_s, delayed):
-            by_partition: dict[int, dict[str, bytes]] = {}
-            for task_id, record in batch:
-                by_partition.setdefault(partition_of(task_id, layout.partitions), {})[task_id] = (
-                    record
-                )
-            pipe = keyspace.client.pipeline(transaction=False)
-            for p, fields in by_partition.items():
-                pipe.hset(layout.partition(p).tasks, mapping=fields)
-            await pipe.execute()
 
 
 def timed_start(url: str) -> tuple[float, int, float]:
@@ -170,7 +147,7 @@ def timed_start(url: str) -> tuple[float, int, float]:
 def read_redis(url: str) -> tuple[float, int]:
     """(s, records): HSCAN each partition's hash to its end, COUNT ``READ_BATCH``."""
     # The hashes the server loads (nothing connects).
-    keys = [p.tasks for p in Layout(RedisStore(url).prefix, DEFAULT_PARTITIONS)]
+    keys = [p.tasks for p in Layout(DEFAULT_PREFIX, DEFAULT_PARTITIONS)]
     client = redis.Redis.from_url(url)  # decode_responses off, as the store's
     try:
         client.ping()  # connected before the clock starts, as the server's store is

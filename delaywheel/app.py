@@ -18,11 +18,9 @@ import signal
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from delaywheel import __version__
-from delaywheel.cluster.keyspace import SharedKeyspace
-from delaywheel.cluster.partitions import DEFAULT_PARTITIONS
 from delaywheel.config import DEFAULT_LEASE_S, Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
@@ -34,8 +32,8 @@ from delaywheel.net.limits import raise_open_files_limit
 from delaywheel.net.listen import listen_error
 from delaywheel.net.server import Server
 from delaywheel.net.tls import tls_of
-from delaywheel.store import Store, open_store
-from delaywheel.store.redis import RedisStore
+from delaywheel.store import Store, is_redis_url, open_store
+from delaywheel.store.redis import DEFAULT_PARTITIONS, RedisStore
 
 if TYPE_CHECKING:
     from delaywheel.metrics import MetricsEndpoint
@@ -57,8 +55,8 @@ GC_THRESHOLDS = (20_000, 50, 10)
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM (or the task is cancelled)."""
     tls = tls_of(settings)  # first: a bad file stops the start with its name alone
-    store = shared_store(settings)
-    await store.open()  # the Redis store's errors say what to do (store/redis.py)
+    store, keyspace = shared_store(settings)
+    await store.open()  # the Redis store's errors say what to do (store/redis/topology.py)
     # Not before the store is open: a server that cannot open it exits with
     # one line (the error, which names the store) and nothing else.
     _log_start(settings, store)
@@ -66,7 +64,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     try:
         for warning in store.warnings():
             log.warning("store %s: %s", store.url, warning)
-        server, coordinator = _assemble(settings, store, tls)
+        server, coordinator = _assemble(settings, store, keyspace, tls)
         if coordinator is not None:
             await _take_partitions(coordinator, server, store)
         else:
@@ -92,17 +90,20 @@ def _log_start(settings: Settings, store: Store) -> None:
 
 
 def _assemble(
-    settings: Settings, store: Store, tls: ssl.SSLContext | None = None
+    settings: Settings,
+    store: Store,
+    keyspace: Keyspace | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[Server, Coordinator | None]:
     """The engine over ``store``, its deliveries and server; a coordinator when
-    the store is a keyspace that nodes share."""
+    the store is a keyspace that nodes share (``keyspace``: shared_store's)."""
     rules = target_rules(
         http_allow=settings.http_allow,
         brokers=settings.brokers,
         store_url=settings.store_url,  # store.url hides the password
         store_prefix=settings.redis_prefix,
     )
-    sharing = _sharing(settings, store)
+    sharing = _sharing(settings, keyspace)
     engine = Engine(
         store,
         now_s=time.time(),
@@ -119,16 +120,22 @@ def _assemble(
         http_concurrency=settings.http_concurrency,
         signing_secret=settings.signing_secret,
     )
-    coordinator = _coordinator(settings, engine, store, sharing)
+    coordinator = _coordinator(settings, engine, keyspace, sharing)
     return Server(settings, engine, deliveries, coordinator, tls=tls), coordinator
 
 
 def _coordinator(
-    settings: Settings, engine: Engine, store: Store, sharing: Sharing | None
+    settings: Settings, engine: Engine, keyspace: Keyspace | None, sharing: Sharing | None
 ) -> Coordinator | None:
-    if not isinstance(store, SharedKeyspace) or sharing is None:
+    if keyspace is None or sharing is None:
         return None
-    return Coordinator(engine, store, sharing, handoff_wait_s=settings.shutdown_grace_s)
+    return Coordinator(
+        engine,
+        keyspace.store,
+        sharing,
+        keyspace.rights,
+        handoff_wait_s=settings.shutdown_grace_s,
+    )
 
 
 async def _listen_until_stopped(
@@ -174,18 +181,28 @@ async def _listen_until_stopped(
         await stop.wait()
 
 
-def shared_store(settings: Settings) -> Store:
-    """The store of ``settings``: a Redis one is a keyspace nodes share (cluster/keyspace.py)."""
-    store = open_store(settings.store_url, redis_prefix=settings.redis_prefix)
-    if isinstance(store, RedisStore):
-        keyspace = SharedKeyspace(
-            store,
-            partitions=settings.partitions or DEFAULT_PARTITIONS,
-            replicas=settings.replicas or 0,
-        )
-        keyspace.node_name = _node_name(settings)
-        return keyspace
-    return store
+class Keyspace(NamedTuple):
+    """The Redis store, a keyspace nodes share, and this node's rights in it."""
+
+    store: RedisStore
+    rights: NodeRights
+
+
+def shared_store(settings: Settings) -> tuple[Store, Keyspace | None]:
+    """The store of ``settings``; a Redis one is a keyspace nodes share, whose
+    partitions this node writes as its coordinator lets it (store/redis/owner.py)."""
+    if not is_redis_url(settings.store_url):
+        return open_store(settings.store_url), None
+    rights = NodeRights()
+    store = RedisStore(
+        settings.store_url,
+        prefix=settings.redis_prefix,
+        partitions=settings.partitions or DEFAULT_PARTITIONS,
+        replicas=settings.replicas or 0,
+        owner=rights,
+        node_name=_node_name(settings),
+    )
+    return store, Keyspace(store, rights)
 
 
 def _node_name(settings: Settings) -> str:
@@ -196,8 +213,8 @@ def _node_name(settings: Settings) -> str:
     return settings.node or f"{socket.gethostname()}:{settings.port}"
 
 
-def _sharing(settings: Settings, store: Store) -> Sharing | None:
-    if not isinstance(store, SharedKeyspace):
+def _sharing(settings: Settings, keyspace: Keyspace | None) -> Sharing | None:
+    if keyspace is None:
         return None
     host = socket.gethostname()
     node = _node_name(settings)
@@ -206,7 +223,7 @@ def _sharing(settings: Settings, store: Store) -> Sharing | None:
     return Sharing(
         node=node,
         address=address,
-        partitions=store.partitions,
+        partitions=keyspace.store.partitions,
         lease_s=settings.lease_s or DEFAULT_LEASE_S,
     )
 

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
-from delaywheel.cluster.partitions import check_partitions
-
 # Re-exported: the CLI takes every default from here. Each is defined once,
 # by the layer that applies it.
 from delaywheel.engine.retry import DEFAULT_RETRY_BASE_S as DEFAULT_RETRY_BASE_S
@@ -23,6 +21,7 @@ from delaywheel.engine.validate import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BOD
 from delaywheel.engine.validate import DEFAULT_MAX_DELAY_S as DEFAULT_MAX_DELAY_S
 from delaywheel.engine.validate import Limits
 from delaywheel.store.base import redact_url
+from delaywheel.store.redis.layout import check_partitions
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
 

@@ -291,7 +291,7 @@ def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
 
     def sharing(**given: Any) -> tuple[str, str, float, int]:
         settings = Settings(store_url=url, **given)
-        made = _sharing(settings, shared_store(settings))
+        made = _sharing(settings, shared_store(settings)[1])
         assert made is not None
         return made.node, made.address, made.lease_s, made.partitions
 

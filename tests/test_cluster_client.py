@@ -64,8 +64,8 @@ def test_partition_is_crc32_of_the_utf8_id_mod_partitions() -> None:
 
 
 def test_client_and_server_agree_on_occurrence_ids() -> None:
-    from delaywheel.cluster.partitions import partition_of as server_partition_of
     from delaywheel.ha.sharing import Sharing
+    from delaywheel.store.redis.layout import partition_of as server_partition_of
 
     sharing = Sharing(node="n", address="a:1", partitions=16, lease_s=10.0)
     for task_id in ("s:a:b:123", "s:x:", "s:x:12a", "s:daily:1767571200", "s:f:1.5", "plain"):

@@ -1,4 +1,4 @@
-"""Leases, the keeper's self-fence and membership (delaywheel/cluster) against
+"""Leases, the keeper's self-fence and membership (delaywheel/ha) against
 real redis-servers: the session's private one, and one of the test's own for
 the test that freezes Redis with SIGSTOP."""
 
@@ -17,11 +17,16 @@ from helpers import run
 from redis.asyncio import Redis
 from redis.asyncio import RedisCluster as AsyncRedisCluster
 
-from delaywheel.cluster._scripts import NodeNameError
-from delaywheel.cluster.holder import Holder
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
 from delaywheel.ha.lease import LeaseError, LeaseKeeper, Leases
 from delaywheel.ha.membership import Membership
+from delaywheel.store.redis.layout import (
+    Holder,
+    Layout,
+    PartitionsError,
+    partition_of,
+    record_partitions,
+)
+from delaywheel.store.redis.scripts import NodeNameError
 
 LAYOUT = Layout("delaywheel", 16)
 
@@ -290,9 +295,9 @@ def test_a_first_round_that_loads_for_longer_than_the_lease_keeps_every_partitio
         settings = Settings(
             store_url=redis_url, redis_prefix="slowstart", node="n1", lease_s=lease_s
         )
-        store = shared_store(settings)
+        store, keyspace = shared_store(settings)
         await store.open()
-        server, coordinator = _assemble(settings, store)
+        _, coordinator = _assemble(settings, store, keyspace)
         assert coordinator is not None
         thresholds = gc.get_threshold()
         try:

@@ -1,4 +1,4 @@
-"""Partitions and rendezvous assignment (delaywheel/cluster), without Redis:
+"""Partitions and rendezvous assignment (delaywheel/ha), without Redis:
 the hash every client must share, the key layout, and how partitions move
 over nodes."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
 from delaywheel.ha.membership import assignment, first_choice, plan, ranking
+from delaywheel.store.redis.layout import Layout, PartitionsError, partition_of
 
 
 def crc32_by_the_book(data: bytes) -> int:

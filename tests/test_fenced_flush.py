@@ -1,4 +1,4 @@
-"""The fenced journal flush (store/fenced.py) against real redis-servers: the
+"""The fenced journal flush (store/redis/fenced.py) against real redis-servers: the
 epoch check at the store, big batches, a flushed script cache, and WAIT on the
 same connection against a real replica and against none."""
 
@@ -15,16 +15,16 @@ from conftest import RedisCluster, RedisServer, db_of, primary_with_replica
 from helpers import run
 
 from delaywheel.store import open_store
-from delaywheel.store._redis_journal import JournalLink
 from delaywheel.store.base import Changes
-from delaywheel.store.fenced import (
+from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis.fenced import (
     FencedWriter,
     FlushOutcome,
     PartitionWrite,
     TooFewReplicas,
     fenced_flush,
 )
-from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis.link import JournalLink
 
 
 def part(p: int, epoch: int, changes: Changes) -> PartitionWrite:
@@ -38,14 +38,23 @@ async def flush(writer: FencedWriter, *writes: PartitionWrite) -> FlushOutcome:
     return await finished
 
 
+def writer_of(store: object, *, replicas: int = 0, wait_timeout_s: float = 1.0) -> FencedWriter:
+    """A fenced writer of its own on the store's Redis, as the store makes its own."""
+    assert isinstance(store, RedisStore)
+    writer = store.topology.writer(
+        replicas=replicas, wait_timeout_s=wait_timeout_s, held=lambda _p, _e: True
+    )
+    assert isinstance(writer, FencedWriter)  # plain Redis: one link
+    return writer
+
+
 def test_a_write_with_the_current_epoch_lands(redis_url: str, redis_server: RedisServer) -> None:
     with redis_server.client(db_of(redis_url)) as client:
         client.set("{delaywheel:p003}:epoch", 3)
 
     async def scenario() -> None:
         async with open_store(redis_url) as store:
-            assert isinstance(store, RedisStore)
-            writer = store.fenced_writer()
+            writer = writer_of(store)
             outcome = await flush(writer, part(3, 3, {"a": b"1", "b": b"2", "c": b"3"}))
             assert outcome == FlushOutcome(written=[3])
             outcome = await flush(writer, part(3, 3, {"a": None, "b": b"two"}))
@@ -78,9 +87,9 @@ def test_a_write_with_an_old_epoch_is_refused_and_writes_nothing(
         client.hset("{delaywheel:p001}:tasks", "kept", b"old")
 
     async def scenario() -> FlushOutcome:
-        async with open_store(redis_url) as store:
-            assert isinstance(store, RedisStore)
-            writer = store.fenced_writer()
+        # Four partitions: p007's keys are none of the store's (it would take them at 0).
+        async with open_store(redis_url, partitions=4) as store:
+            writer = writer_of(store)
             outcome = await flush(
                 writer,
                 part(1, 4, {"kept": None, "new": b"x"}),  # deposed: epoch 5 is someone else's
@@ -124,8 +133,7 @@ def test_one_change_packed_by_hand_lands_and_an_old_epoch_is_refused(
 
     async def scenario() -> None:
         async with open_store(redis_url) as store:
-            assert isinstance(store, RedisStore)
-            writer = store.fenced_writer()
+            writer = writer_of(store)
             assert await one(writer, 3, "tâche-ü:1", record) is None
             assert await one(writer, 3, "gone", None) is None
             refused = await one(writer, 2, "late", b"x")  # deposed: epoch 3 is someone else's
@@ -142,7 +150,7 @@ def test_one_change_packed_by_hand_lands_and_an_old_epoch_is_refused(
                 gc.enable()
             await writer.close()
             # With WAIT asked for, the same call goes the way of submit.
-            waiting = store.fenced_writer(replicas=1, wait_timeout_s=0.05)
+            waiting = writer_of(store, replicas=1, wait_timeout_s=0.05)
             outcome = await one(waiting, 3, "waited", b"w")
             assert isinstance(outcome, FlushOutcome) and outcome.written == [3]
             assert isinstance(outcome.error, TooFewReplicas)
@@ -163,8 +171,7 @@ def test_big_batches_and_a_flushed_script_cache(redis_url: str, redis_server: Re
 
     async def scenario() -> None:
         async with open_store(redis_url) as store:
-            assert isinstance(store, RedisStore)
-            writer = store.fenced_writer()
+            writer = writer_of(store)
             assert (await flush(writer, part(0, 1, puts))).written == [0]
             with redis_server.client() as admin:
                 admin.script_flush()  # the link's next EVALSHA meets NOSCRIPT
@@ -202,8 +209,7 @@ def test_wait_with_no_replica_times_out_and_says_so(
 
     async def scenario() -> tuple[FlushOutcome, float]:
         async with open_store(redis_url) as store:
-            assert isinstance(store, RedisStore)
-            writer = store.fenced_writer(replicas=1, wait_timeout_s=0.2)
+            writer = writer_of(store, replicas=1, wait_timeout_s=0.2)
             started_s = time.monotonic()
             outcome = await flush(writer, part(4, 1, {"a": b"1"}))
             took_s = time.monotonic() - started_s
@@ -226,8 +232,7 @@ def test_wait_one_is_confirmed_by_a_real_replica(tmp_path: Path) -> None:
 
         async def scenario() -> FlushOutcome:
             async with open_store(primary.url) as store:
-                assert isinstance(store, RedisStore)
-                writer = store.fenced_writer(replicas=1, wait_timeout_s=5.0)
+                writer = writer_of(store, replicas=1, wait_timeout_s=5.0)
                 outcome = await flush(writer, part(9, 2, {"a": b"1", "b": b"2"}))
                 await writer.close()
                 return outcome
@@ -265,12 +270,12 @@ def test_fenced_flushes_are_legal_on_redis_cluster(redis_cluster: RedisCluster) 
 
 
 def test_replicas_warning_counts_the_connected_replicas(redis_url: str, tmp_path: Path) -> None:
-    from delaywheel.store.redis_client import connect, replicas_warning
+    from delaywheel.store.redis.client import connect, replicas_warning
 
     async def warnings(url: str, replicas: int) -> str | None:
         client = await connect(url, connect_timeout_s=2, timeout_s=5)
         try:
-            return await replicas_warning(client, "{delaywheel}:tasks", replicas)
+            return await replicas_warning(client, replicas)  # one server: no route
         finally:
             await client.aclose()
 

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 import redis
+from conftest import RedisServer
+from owners import RecordingOwner
+from conftest import primary_with_replica
 from conftest import RedisServer, primary_with_replica
 
-from delaywheel.cluster.keyspace import SharedKeyspace
 from delaywheel.store.base import Changes, StoreError
 from delaywheel.store.redis import RedisStore
 
@@ -87,13 +89,15 @@ def _spent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 async def _flush_all(server: RedisServer, replicas: int) -> tuple[dict[str, int], dict[str, int]]:
     """Flush BATCHES one at a time; Redis's counters spent by them, and by a
     look at the counters alone (what to take off)."""
-    keyspace = SharedKeyspace(RedisStore(server.url), partitions=PARTITIONS, replicas=replicas)
+    keyspace = RedisStore(
+        server.url, partitions=PARTITIONS, replicas=replicas, owner=RecordingOwner()
+    )
     await keyspace.open()
     try:
         with server.client() as client:
             for keys in keyspace.layout:
                 client.set(keys.epoch, EPOCH)
-        keyspace.epochs = {p: EPOCH for p in range(PARTITIONS)}
+        keyspace.epochs.update({p: EPOCH for p in range(PARTITIONS)})
         await _submit(keyspace, {"warm-up": b"connects and loads the script"})
         with server.client() as client:
             looked = _spent(_counts(client), _counts(client))  # a look's own cost
@@ -106,7 +110,7 @@ async def _flush_all(server: RedisServer, replicas: int) -> tuple[dict[str, int]
         await keyspace.close()
 
 
-async def _submit(keyspace: SharedKeyspace, changes: Changes) -> None:
+async def _submit(keyspace: RedisStore, changes: Changes) -> None:
     done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
     keyspace.submit(changes, done.set_result)
     error = await done

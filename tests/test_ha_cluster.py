@@ -23,18 +23,19 @@ import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
 from hacheck import Delivery, Fault, LoadGenerator, RequestLog, check, sink
+from owners import RecordingOwner
+from serverproc import ServerProcess
 from helpers import run
-from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
-from delaywheel.cluster.holder import Holder
-from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
-from delaywheel.cluster.partitions import Layout, partition_of
-from delaywheel.cluster.spread import SEALED, SPREAD
 from delaywheel.ha.lease import Leases
+from serverproc import ServerProcess, free_port
 from delaywheel.store.base import Changes
-from delaywheel.store.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
-from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis import FencedWrite, RedisStore
+from delaywheel.store.redis.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
+from delaywheel.store.redis.layout import Holder, Layout, partition_of
+from delaywheel.store.redis.spread import SEALED, SPREAD
+from delaywheel.store.redis.topology import ClusterTopology
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, below: not before
     from redisfarm import ClusterFarm
@@ -84,8 +85,8 @@ def ids_by_partition(count_each: int, partitions: int = PARTITIONS) -> dict[int,
 @contextlib.asynccontextmanager
 async def keyspace(
     url: str, prefix: str, partitions: int = PARTITIONS
-) -> AsyncIterator[SharedKeyspace]:
-    shared = SharedKeyspace(RedisStore(url, prefix=prefix), partitions=partitions)
+) -> AsyncIterator[RedisStore]:
+    shared = RedisStore(url, prefix=prefix, partitions=partitions, owner=RecordingOwner())
     await shared.open()
     try:
         yield shared
@@ -93,7 +94,7 @@ async def keyspace(
         await shared.close()
 
 
-async def acquire_all(shared: SharedKeyspace) -> Leases:
+async def acquire_all(shared: RedisStore) -> Leases:
     leases = Leases(shared.client, shared.layout, "test", "127.0.0.1:1")
     await leases.load()
     for p in range(shared.partitions):
@@ -103,7 +104,7 @@ async def acquire_all(shared: SharedKeyspace) -> Leases:
     return leases
 
 
-async def write(shared: SharedKeyspace, changes: Changes) -> Exception | None:
+async def write(shared: RedisStore, changes: Changes) -> Exception | None:
     done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
     shared.submit(changes, done.set_result)
     return await asyncio.wait_for(done, 20)
@@ -118,6 +119,7 @@ def test_a_flush_lands_on_every_primary_at_once(cluster6_redis: ClusterFarm) -> 
 
     async def scenario() -> set[tuple[str, int]]:
         async with keyspace(farm.url, "spread") as shared:
+            assert isinstance(shared.topology, ClusterTopology)  # found by asking the node
             assert await shared.client.hget(shared.layout.meta, "layout") == SPREAD.encode()
             await acquire_all(shared)
             changes: Changes = {i: f"r-{i}".encode() for group in ids.values() for i in group}
@@ -158,13 +160,15 @@ def test_a_fenced_write_on_one_primary_is_refused_while_the_others_land(
         async with keyspace(farm.url, "fence") as shared:
             await acquire_all(shared)
             await shared.client.incr(layout.partition(victim).epoch)  # another node took it
-            seen: list[tuple[set[int], set[int]]] = []
-            shared.on_fenced = lambda fenced, written, _holders: seen.append((fenced, written))
             error = await write(shared, {group[0]: b"x" for group in ids.values()})
             assert isinstance(error, FencedWrite) and error.reply_code == "moved"
             others = set(range(PARTITIONS)) - {victim}
             assert (error.fenced, error.written) == ({victim}, others)
-            assert seen == [({victim}, others)]
+            owner = shared.owner
+            assert isinstance(owner, RecordingOwner)
+            assert [(fenced, written) for fenced, written, _ in owner.fenced_calls] == [
+                ({victim}, others)
+            ]
             for p, group in ids.items():
                 landed = await shared.client.hexists(layout.partition(p).tasks, group[0])
                 assert landed == (p != victim), p

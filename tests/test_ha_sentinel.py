@@ -42,9 +42,9 @@ from conftest import RedisServer, primary_with_replica
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import DelaywheelError
 
-from delaywheel.cluster.partitions import Layout
 from delaywheel.ha.failover import stale_partitions
-from delaywheel.store.sentinel import RedisSentinelStore
+from delaywheel.store.redis.layout import Layout
+from delaywheel.store.redis.sentinel import SentinelTopology
 from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
 from tests.serverproc import ServerProcess, free_port
 from tests.waiting import wait_until
@@ -78,7 +78,9 @@ def test_after_a_failover_a_partition_is_kept_only_when_epoch_and_lease_are_ours
     tmp_path: Path,
 ) -> None:
     layout = Layout("delaywheel", PARTITIONS)
-    store = RedisSentinelStore("redis+sentinel://127.0.0.1:1/dwmaster/0")  # no I/O until used
+    store = SentinelTopology(  # no I/O until used
+        "redis+sentinel://127.0.0.1:1/dwmaster/0", shown="", connect_timeout_s=5, timeout_s=5
+    )
 
     def token(epoch: int) -> str:
         return f"{epoch} node-a 127.0.0.1:7000"

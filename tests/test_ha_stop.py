@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from serverproc import ServerProcess
 from waiting import wait_until
 
-from delaywheel.cluster.keyspace import SharedKeyspace
+from delaywheel.ha.coordinator import Coordinator, NodeRights
 from delaywheel.engine.engine import Engine
 from delaywheel.ha.coordinator import Coordinator
 from delaywheel.ha.sharing import Sharing
@@ -63,14 +63,15 @@ async def _stop_in_mid_round(url: str, after_s: float) -> tuple[bool, bool, int]
     Returns (stop ended in time, round loop ended, lease keys left)."""
     async with Redis.from_url(url) as client:
         await client.flushdb()
-    keyspace = SharedKeyspace(RedisStore(url), partitions=PARTITIONS)
+    rights = NodeRights()
+    keyspace = RedisStore(url, partitions=PARTITIONS, owner=rights)
     await keyspace.open()
     try:
         sharing = Sharing(
             node="a", address="127.0.0.1:7001", partitions=PARTITIONS, lease_s=LEASE_S
         )
         engine = Engine(keyspace, now_s=time.time(), ownership=sharing)
-        coordinator = Coordinator(engine, keyspace, sharing, handoff_wait_s=0.5)
+        coordinator = Coordinator(engine, keyspace, sharing, rights, handoff_wait_s=0.5)
         await coordinator.start()
         # Rounds back to back: a stop then nearly always lands inside a Redis
         # command of a round, the window where redis-py swallows a cancel.

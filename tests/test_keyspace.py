@@ -1,4 +1,4 @@
-"""The shared keyspace's writes on a plain Redis (cluster/keyspace.py): one
+"""The Redis store's writes for a node on a plain Redis (store/redis/store.py): one
 change (the one-request flush, packed by hand) and a grouped batch, written
 with the epoch held, refused for a partition another node took or this node
 dropped, and unknown for one dropped while its write was in flight."""
@@ -9,13 +9,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-from conftest import RedisServer, db_of
+from conftest import RedisServer
+from owners import RecordingOwner
+from conftest import db_of
 from helpers import run
+from conftest import RedisServer, db_of
 
-from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
-from delaywheel.cluster.partitions import partition_of
 from delaywheel.store.base import Changes, StoreError, StoreUnavailable
-from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis import FencedWrite, Holder, Holders, RedisStore
+from delaywheel.store.redis.layout import partition_of
 
 pytestmark = [pytest.mark.redis]
 
@@ -32,33 +34,30 @@ def tasks_key(partition: int) -> str:
 
 
 # on_fenced's calls: (fenced, written, holders)
-Told = list[tuple[set[int], set[int], dict[int, tuple[str, str, int]]]]
+Told = list[tuple[set[int], set[int], Holders]]
 
 
-def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable[None]]) -> None:
+def scenario_on(redis_url: str, body: Callable[[RedisStore, Told], Awaitable[None]]) -> None:
     """Run ``body`` on an open keyspace holding epoch 1 of every partition
     (set in Redis and in ``epochs``), with the coordinator's ``on_fenced``
     calls gathered in its second argument."""
 
     async def scenario() -> None:
-        shared = SharedKeyspace(RedisStore(redis_url), partitions=PARTITIONS)
+        owner = RecordingOwner()
+        shared = RedisStore(redis_url, partitions=PARTITIONS, owner=owner)
         await shared.open()
-        told: Told = []
-        shared.on_fenced = lambda fenced, written, holders: told.append(
-            (fenced, written, {p: (h.node, h.address, h.epoch) for p, h in holders.items()})
-        )
         try:
             for p in range(PARTITIONS):
                 await shared.client.set(f"{{delaywheel:p{p:03d}}}:epoch", 1)
                 shared.epochs[p] = 1
-            await body(shared, told)
+            await body(shared, owner.fenced_calls)
         finally:
             await shared.close()
 
     run(scenario)
 
 
-async def write(shared: SharedKeyspace, changes: Changes) -> StoreError | None:
+async def write(shared: RedisStore, changes: Changes) -> StoreError | None:
     done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
     shared.submit(changes, done.set_result)
     return await done
@@ -69,7 +68,7 @@ def test_one_change_and_a_batch_land_with_the_epoch_held(
 ) -> None:
     one, other = ids_in(1, 1)[0], ids_in(2, 2)
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         assert await write(shared, {one: b"r1"}) is None
         assert await write(shared, {other[0]: b"a", other[1]: b"b", one: None}) is None
         assert await write(shared, {other[0]: None}) is None
@@ -86,7 +85,7 @@ def test_one_change_for_a_partition_taken_or_dropped_is_refused_and_writes_nothi
 ) -> None:
     taken, dropped = ids_in(0, 1)[0], ids_in(3, 1)[0]
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         await shared.client.set("{delaywheel:p000}:epoch", 2)  # another node acquired it
         error = await write(shared, {taken: b"late"})
         assert isinstance(error, FencedWrite)
@@ -109,7 +108,7 @@ def test_one_change_whose_partition_is_dropped_in_flight_is_of_unknown_outcome(
 ) -> None:
     task_id = ids_in(2, 1)[0]
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         done: asyncio.Future[StoreError | None] = asyncio.get_running_loop().create_future()
         shared.submit({task_id: b"r"}, done.set_result)
         del shared.epochs[2]  # self-fenced while the write is out
@@ -128,7 +127,7 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
     # requests are told where to go, as any moved answer (docs/protocol.md).
     one, many = ids_in(0, 1)[0], ids_in(2, 3)
 
-    async def body(shared: SharedKeyspace, told: Told) -> None:
+    async def body(shared: RedisStore, told: Told) -> None:
         await shared.client.set("{delaywheel:p000}:epoch", 2)
         await shared.client.set("{delaywheel:p000}:lease", "2 node-b 10.0.0.2:7001", px=60_000)
         error = await write(shared, {one: b"late"})  # one change: the hand-packed flush
@@ -140,10 +139,37 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
         assert isinstance(error, FencedWrite)
         assert error.reply_data == {"partition": 2, "owner": "[::1]:7002", "epoch": 7}
         assert told == [
-            ({0}, set(), {0: ("node-b", "10.0.0.2:7001", 2)}),
-            ({2}, set(), {2: ("node-c", "[::1]:7002", 7)}),
+            ({0}, set(), {0: Holder("node-b", "10.0.0.2:7001", 2, 0)}),
+            ({2}, set(), {2: Holder("node-c", "[::1]:7002", 7, 0)}),
         ]
 
     scenario_on(redis_url, body)
     with redis_server.client(db_of(redis_url)) as client:
         assert client.exists(tasks_key(0), tasks_key(2)) == 0
+
+
+def test_a_store_opened_alone_writes_every_partition_until_a_node_takes_one(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """No owner (a tool, the bench): the store takes every partition at the epoch
+    Redis holds, 0 where none was ever held, without a lease; a node that
+    acquires one afterwards bumps its epoch, and the store's next write of it
+    is refused, not written behind the node's back (store/redis/owner.py)."""
+    with redis_server.client(db_of(redis_url)) as client:
+        client.set("{delaywheel:p001}:epoch", 7)  # held before, by a node now gone
+    taken, other = ids_in(1, 1)[0], ids_in(2, 1)[0]
+
+    async def scenario() -> None:
+        async with RedisStore(redis_url, partitions=PARTITIONS) as store:
+            assert store.epochs == {0: 0, 1: 7, 2: 0, 3: 0}
+            assert await write(store, {taken: b"a", other: b"b"}) is None
+            await store.client.incr("{delaywheel:p001}:epoch")  # a node acquired it
+            error = await write(store, {taken: b"late"})
+            assert isinstance(error, FencedWrite) and error.fenced == {1}
+            assert await write(store, {other: None}) is None  # the others go on
+            assert await store.client.exists("{delaywheel:p001}:lease") == 0  # no lease taken
+
+    run(scenario)
+    with redis_server.client(db_of(redis_url)) as client:
+        assert client.hgetall(tasks_key(1)) == {taken.encode(): b"a"}
+        assert client.hgetall(tasks_key(2)) == {}

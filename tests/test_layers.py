@@ -37,12 +37,12 @@ LAYERS: dict[str, int] = {
     "delaywheel.cancelling": 0,
     "delaywheel.checks": 1,
     "delaywheel.wheel": 2,
+    # The stores; store.redis, the Redis store (plain, Sentinel, Cluster), is
+    # part of it: fencing is how it writes, below the leases (docs/layout.md).
     "delaywheel.store": 2,
     # Recurring schedules, the pure part: cron, the schedule map, the planner.
     "delaywheel.schedules": 2,
     "delaywheel.delivery": 3,
-    # The shared keyspace's Redis side: partitions' keys, the fenced flush's keyspace.
-    "delaywheel.cluster": 3,
     # High availability: leases, membership, the coordinator, the ownership the engine gets.
     "delaywheel.ha": 4,
     "delaywheel.engine": 5,

@@ -1,4 +1,4 @@
-"""Migrating a single-node keyspace into partitions (delaywheel/cluster/migrate.py)
+"""Migrating a single-node keyspace into partitions (delaywheel/store/redis/migrate.py)
 against real redis-servers: written by today's store, moved, re-run, killed
 with -9 mid-way and re-run, two nodes at once, a late migrator fenced by an
 acquired epoch, and on Redis Cluster."""
@@ -21,10 +21,9 @@ import redis
 from conftest import RedisCluster, RedisServer
 from helpers import run
 
-from delaywheel.cluster.migrate import Migrated, MigrationError, lock_key, migrate
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of
-from delaywheel.store import open_store
-from delaywheel.store.redis_client import Client, close_quietly, connect
+from delaywheel.store.redis.client import Client, close_quietly, connect
+from delaywheel.store.redis.layout import Layout, PartitionsError, partition_of
+from delaywheel.store.redis.migrate import Migrated, MigrationError, lock_key, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,14 +34,9 @@ def records(count: int) -> dict[str, bytes]:
 
 
 async def write_single_node(url: str, tasks: dict[str, bytes]) -> None:
-    """Write ``tasks`` the way today's release does: RedisStore's one hash."""
-    async with open_store(url) as store:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        store.submit(
-            dict(tasks),
-            lambda error: done.set_result(None) if error is None else done.set_exception(error),
-        )
-        await done
+    """Write ``tasks`` the way the single-node release did: in one hash."""
+    async with client_for(url) as client:
+        await client.hset(Layout("delaywheel", 1).single_node_tasks, mapping=dict(tasks))
 
 
 @contextlib.asynccontextmanager
@@ -197,9 +191,9 @@ def test_a_late_migrator_cannot_bring_back_a_task_deleted_after_takeover(
 CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from delaywheel.cluster.migrate import migrate
-    from delaywheel.cluster.partitions import Layout
-    from delaywheel.store.redis_client import connect
+    from delaywheel.store.redis.migrate import migrate
+    from delaywheel.store.redis.layout import Layout
+    from delaywheel.store.redis.client import connect
 
     async def main():
         client = await connect(sys.argv[1], connect_timeout_s=2, timeout_s=5)

@@ -23,8 +23,8 @@ from conftest import RedisServer, primary_with_replica
 from delaywheel_client import Client
 from delaywheel_client.errors import Exists, Unavailable
 
-from delaywheel.cluster.keyspace import REPLICAS_WAIT_S
-from delaywheel.cluster.partitions import Layout
+from delaywheel.store.redis.layout import Layout
+from delaywheel.store.redis.store import REPLICAS_WAIT_S
 from tests.serverproc import ServerProcess
 from tests.waiting import wait_until
 

@@ -171,7 +171,7 @@ class HeldWrites:
             record = row[0]
         else:
             assert self.redis is not None
-            # The partition's hash holds it (cluster/keyspace.py names them).
+            # The partition's hash holds it (store/redis/store.py names them).
             hashes = [k for k in self.redis.scan_iter() if self.redis.type(k) == b"hash"]
             [record] = [r for k in hashes if (r := self.redis.hget(k, key)) is not None]
         return read_record(record).next_ms

@@ -1,6 +1,6 @@
 """The Redis sender: ``LPUSH`` of a packed map, or ``XADD`` of fields.
 
-It connects as the store does (``store.redis_client.connect``): a plain
+It connects as the store does (``store.redis.client.connect``): a plain
 client with hiredis, or a Cluster client when the node says it is one, so
 ``broker: "store"`` works whatever the store's Redis is. redis-py reconnects
 a pooled connection by itself on the next command, so after a connection
@@ -33,7 +33,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from delaywheel.checks import show
 from delaywheel.delivery._broker_link import BrokerLink
 from delaywheel.delivery.base import Delivery
-from delaywheel.store.redis_client import CLIENT_ERRORS, Client, close_quietly, connect
+from delaywheel.store.redis.client import CLIENT_ERRORS, Client, close_quietly, connect
 
 # A MessagePack fixmap's first byte holds its size (up to 15 keys).
 _FIXMAP = 0x80

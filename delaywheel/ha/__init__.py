@@ -11,5 +11,5 @@
 
 Below the engine: the coordinator asks of it only what ``coordinator.Host``
 names. The store's side (the partitions' keys, the fenced flush) is
-``delaywheel.cluster`` and ``delaywheel.store``.
+``delaywheel.store.redis``.
 """

@@ -70,13 +70,11 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from delaywheel.cluster.holder import Holder
-from delaywheel.cluster.keyspace import Holders, SharedKeyspace
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
 from delaywheel.ha.membership import Membership, plan
 from delaywheel.ha.sharing import Owner, Sharing
-from delaywheel.store.sentinel import RedisSentinelStore
+from delaywheel.store.redis import Holder, Holders, RedisStore
 from delaywheel.tallies import ClusterCounts
 
 log = logging.getLogger("delaywheel.cluster")
@@ -144,8 +142,9 @@ class Coordinator:
     def __init__(
         self,
         engine: Host[Any],
-        keyspace: SharedKeyspace,
+        keyspace: RedisStore,
         sharing: Sharing,
+        rights: NodeRights,
         *,
         handoff_wait_s: float = HANDOFF_WAIT_S,
     ) -> None:
@@ -169,11 +168,9 @@ class Coordinator:
         self._gave_up = False  # a hand-back whose cancel was swallowed ends on it
         self._stop_step = ""  # what a stop waits on now, for its give-up line
         self._dropping: set[int] = set()  # lost, their tasks to be dropped next turn
-        keyspace.on_fenced = self._fenced
         self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
         self._rereading: asyncio.Task[None] | None = None
-        if isinstance(keyspace.redis, RedisSentinelStore):
-            keyspace.redis.on_primary_changed = self._primary_changed
+        rights.coordinator = self  # the store's owner: its refusals and failovers come here
 
     # -- life cycle ----------------------------------------------------------
 
@@ -285,12 +282,10 @@ class Coordinator:
             await self._hand_back(leaving)
 
     def _primary_moves(self) -> int:
-        store = self.keyspace.redis
-        return store.primary_moves if isinstance(store, RedisSentinelStore) else 0
+        return self.keyspace.topology.primary_moves
 
     async def _primary_confirmed(self) -> bool:
-        store = self.keyspace.redis
-        return await store.confirm_primary() if isinstance(store, RedisSentinelStore) else True
+        return await self.keyspace.topology.confirm_primary()
 
     async def _claim(self, partition: int, holder: Holder | None) -> None:
         self._busy.add(partition)
@@ -409,15 +404,14 @@ class Coordinator:
             self._rereading = asyncio.get_running_loop().create_task(self._reread_epochs())
 
     async def _reread_epochs(self) -> None:
-        store = self.keyspace.redis
-        assert isinstance(store, RedisSentinelStore)
+        topology = self.keyspace.topology
         while (address := self._failed_over_to) is not None:
             self._failed_over_to = None
             held = self.keeper.held
             why = ""
             try:
                 stale = await stale_partitions(
-                    store, address, self.keyspace.layout, held, self.leases.token
+                    topology, address, self.keyspace.layout, held, self.leases.token
                 )
             except Exception as exc:  # unread is untrusted: drop them all
                 stale, why = set(held), f" (the read failed: {exc!r})"
@@ -473,3 +467,24 @@ class Coordinator:
 
     def stats(self) -> dict[str, Any]:
         return {"node": self.sharing.node, "partitions": self.sharing.stats()}
+
+
+class NodeRights:
+    """This node's side of the Redis store's ``Owner`` (store/redis/owner.py): the
+    partitions it may write (``epochs``, the coordinator's to fill), and the
+    coordinator's answers to a refused write and to a new primary. Built
+    before the store, which is built before the engine and the coordinator;
+    the coordinator takes it over when it is built. Until then nothing is
+    written (``epochs`` is empty) and no primary is followed."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, int] = {}
+        self.coordinator: Coordinator | None = None
+
+    def fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None:
+        if self.coordinator is not None:
+            self.coordinator._fenced(fenced, written, holders)
+
+    def primary_changed(self, host: str, port: int) -> None:
+        if self.coordinator is not None:
+            self.coordinator._primary_changed(host, port)

@@ -5,7 +5,7 @@ writes of the old primary, an acquire's INCR of an epoch and SET of a lease
 among them. On such a primary this node's epoch for a partition may be
 ahead of the stored one, and the next acquire by another node would hand
 out the very epoch this node holds: both would pass the flush's check. So
-when the store follows Sentinel to a new primary (store/sentinel.py), the
+when the store follows Sentinel to a new primary (store/redis/sentinel.py), the
 coordinator reads every owned partition's epoch and lease there again. A
 partition is kept only when its epoch is the one this node holds and its
 lease still holds this node's token for it; any other is dropped, and the
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from delaywheel.cluster._scripts import text
-from delaywheel.cluster.partitions import Layout
-from delaywheel.store.sentinel import RedisSentinelStore
+from delaywheel.store.redis.layout import Layout
+from delaywheel.store.redis.scripts import text
+from delaywheel.store.redis.topology import Topology
 
 
 async def stale_partitions(
-    store: RedisSentinelStore,
+    store: Topology,
     address: tuple[str, int],
     layout: Layout,
     held: dict[int, int],

@@ -13,7 +13,7 @@ between the check and the change:
 - release: delete only our own value (compare-and-delete).
 
 A lease alone cannot stop an owner that paused past its expiry; the epoch
-can, because every journal flush checks it at the store (store/fenced.py).
+can, because every journal flush checks it at the store (store/redis/fenced.py).
 The keeper adds the owner's own half: it renews every L/3 and, for each
 partition, measures on the monotonic clock from the *send* of the last
 renewal that succeeded. When 0.8 L passes with no newer success the
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from delaywheel.cancelling import cancel_and_wait
-from delaywheel.cluster._scripts import NodeScripts, Script, text
-from delaywheel.cluster.holder import Holder, parse_holder
+from delaywheel.store.redis.layout import Holder, parse_holder
+from delaywheel.store.redis.scripts import NodeScripts, Script, text
 
 log = logging.getLogger("delaywheel.cluster")
 

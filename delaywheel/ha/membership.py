@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delaywheel.cluster._scripts import NodeScripts, Script, text
+from delaywheel.store.redis.scripts import NodeScripts, Script, text
 
 _REGISTER = Script(
     """

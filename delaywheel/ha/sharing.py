@@ -1,8 +1,8 @@
 """Which partitions this node serves, and the answer for a task in another.
 
-With a shared Redis keyspace (cluster/keyspace.py) a task belongs to
+With a shared Redis keyspace (store/redis/store.py) a task belongs to
 partition ``crc32(id) % P`` (an occurrence ``s:{X}:{digits}`` hashes ``X``;
-cluster/partitions.py), and the engine holds
+store/redis/layout.py), and the engine holds
 and serves only the tasks of the partitions this node owns now. A request
 naming a task of any other partition is answered ``moved`` with the owner
 the store last showed, or ``tryagain`` while it has none. ``serving`` is

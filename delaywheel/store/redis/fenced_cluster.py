@@ -1,7 +1,7 @@
 """Fenced flushes on a Redis Cluster: one writer per primary, the primaries in parallel.
 
 How it works. Each partition's keys share a hash tag of their own
-(cluster/partitions.py), so the partitions' slots spread over the primaries.
+(layout.py), so the partitions' slots spread over the primaries.
 ``submit`` groups a flush's writes by the primary that serves each
 partition's slot (redis-py's slot map) and hands each group to that
 primary's ``FencedWriter`` (fenced.py): one pipeline per primary, its
@@ -41,9 +41,15 @@ from functools import partial
 from redis.asyncio import RedisCluster
 
 from delaywheel.cancelling import CANCEL_WAIT_S, cancel_and_wait
-from delaywheel.store._redis_journal import JournalLink
 from delaywheel.store.base import StoreUnavailable
-from delaywheel.store.fenced import Fenced, FencedWriter, FlushOutcome, OnOutcome, PartitionWrite
+from delaywheel.store.redis.fenced import (
+    Fenced,
+    FencedWriter,
+    FlushOutcome,
+    OnOutcome,
+    PartitionWrite,
+)
+from delaywheel.store.redis.link import JournalLink
 
 log = logging.getLogger("delaywheel.store")
 
@@ -52,9 +58,13 @@ log = logging.getLogger("delaywheel.store")
 RETRY_FOR_S = 5.0
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 0.5
+# How often ``drain`` looks whether the flushes are done.
+DRAIN_POLL_S = 0.01
 
 Address = tuple[str, int]
 MakeLink = Callable[[str, int], JournalLink]
+# Whether this node still holds (partition, epoch): the store's epochs.
+Held = Callable[[int, int], bool]
 # Where one write goes next: a node named by ASK (with ASKING) or MOVED, or
 # None for the slot's primary on the current map.
 Target = tuple[Address, bool] | None
@@ -86,6 +96,7 @@ class ClusterFencedWriter:
         *,
         replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        held: Held | None = None,
     ) -> None:
         self.client = client
         self._make_link = make_link
@@ -98,8 +109,7 @@ class ClusterFencedWriter:
         self._tasks: set[asyncio.Task[None]] = set()  # resends waiting
         self._closing: set[asyncio.Task[None]] = set()  # writers of former primaries
         self.retried = 0  # writes sent again (a redirect or a failover): for tests and logs
-        # Whether this node still holds (partition, epoch): the keyspace's epochs.
-        self.held: Callable[[int, int], bool] | None = None
+        self.held = held
 
     def primaries(self) -> set[Address]:
         """The primaries that have a writer now."""
@@ -264,7 +274,15 @@ class ClusterFencedWriter:
         finally:
             self._next()
 
+    async def drain(self) -> None:
+        """Wait until every flush submitted so far has its outcome (each within
+        ``RETRY_FOR_S`` of its start); polled: it is for close, not per flush."""
+        while self._current is not None or self._queue:
+            await asyncio.sleep(DRAIN_POLL_S)
+
     async def close(self) -> None:
+        """Fail what is still queued and close every link (``drain`` first to
+        let it finish: the store does)."""
         self._closed = True
         # Again while a resend that ended started another, within one bound (a
         # resend reads the slot map with redis-py, which can swallow a cancel).

@@ -1,7 +1,7 @@
 """Migrating a single-node keyspace to the per-partition layout, at first start.
 
-Today's release keeps every record in one hash, ``{<prefix>}:tasks``
-(store/redis.py). The partitioned layout (partitions.py) keeps partition
+The single-node release kept every record in one hash, ``{<prefix>}:tasks``.
+The partitioned layout (layout.py) keeps partition
 p's records in ``{<prefix>:p<p>}:tasks``. ``await migrate(client, layout)``
 moves them over; a node calls it at start, before it acquires a partition.
 It returns at once when there is nothing to move (the old hash is absent).
@@ -53,8 +53,8 @@ from typing import cast
 
 from redis.exceptions import ResponseError
 
-from delaywheel.cluster.partitions import Layout, partition_of, record_partitions
-from delaywheel.store.redis_client import Client
+from delaywheel.store.redis.client import Client
+from delaywheel.store.redis.layout import Layout, partition_of, record_partitions
 
 log = logging.getLogger("delaywheel.cluster")
 
@@ -137,7 +137,7 @@ async def migrate(
     """Move a single-node keyspace's records into their partitions; None if none to move.
 
     ``client`` is redis-py's (plain or Cluster, decode_responses off, as
-    store/redis_client.connect makes it). ``node`` names this node in the
+    client.connect makes it). ``node`` names this node in the
     lock (shown to a node that waits). ``on_batch(done)`` is awaited before
     each batch's copy with the number of records moved so far: progress, and a
     place for tests to pause a migration. Raises ``PartitionsError`` when the

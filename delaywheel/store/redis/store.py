@@ -1,37 +1,41 @@
-"""A Redis keyspace shared by several nodes: the store the engine journals to.
+"""The Redis store: partitions in Redis, each write an epoch-checked flush.
 
-``SharedKeyspace`` keeps the ``Store`` contract (store/base.py) over a
-``RedisStore`` that is already configured, and changes two things:
+``RedisStore`` keeps the ``Store`` contract (store/base.py) on plain Redis,
+Sentinel or a Redis Cluster alike: the differences are its topology's
+(topology.py, sentinel.py). What it does:
 
 - Records live in their partition's hash (``{<prefix>:pNNN}:tasks``,
-  cluster/partitions.py), and ``load_partition`` reads one partition: a node
-  loads the partitions it owns, when it acquires them.
-- Every ``submit`` is a fenced flush (store/fenced.py): one epoch-checked
+  layout.py), and ``load_partition`` reads one partition (scan.py): a node
+  loads the partitions it owns, when it acquires them; ``load`` reads them
+  all, one after another.
+- Every ``submit`` is a fenced flush (fenced.py): one epoch-checked
   script per partition it touches, pipelined, one round trip. ``epochs`` is
   the map of the partitions this node may write and the epoch it holds for
-  each (the coordinator keeps it, engine/coordinator.py). A change in a
-  partition not in ``epochs`` is refused here, without a round trip, as the
-  script would refuse it.
+  each, its ``Owner``'s (owner.py: the coordinator on a node; the store
+  itself, ``SoleOwner``, for one process alone). A change in a partition not
+  in ``epochs`` is refused here, without a round trip, as the script would
+  refuse it.
 
 A write refused for a partition fails with ``FencedWrite``, which names the
 fenced partitions and the ones written all the same (the flush's other
 scripts ran): the journal rolls the batch back and answers ``moved``, and
-``on_fenced`` tells the coordinator, which drops the fenced partitions and
+``on_fenced`` (the owner's ``fenced``) tells the coordinator, which drops the fenced partitions and
 reloads the written ones (its memory was rolled back over a durable write).
 A batch holding a change of a partition not in ``epochs`` is refused whole,
 before anything is written (see ``submit``).
 
 On a Redis Cluster each partition's keys are in a slot of their own, so the
 partitions spread over the primaries, and the writer keeps one link per
-primary (store/fenced_cluster.py): a flush sends each primary one pipeline of
+primary (fenced_cluster.py): a flush sends each primary one pipeline of
 its partitions' scripts, all at once, and is done when all have answered.
 
 At ``open``: P is recorded in the meta key at first use, and a keyspace made
 with another P is refused naming both values; so is the layout (``spread``).
 On a Cluster, a keyspace of the release that kept every partition in one
-slot is spread over the primaries first (cluster/spread.py); a keyspace
+slot is spread over the primaries first (spread.py); a keyspace
 written by the single-node release (one hash ``{<prefix>}:tasks``) is
-migrated (cluster/migrate.py). Both before anything is loaded.
+migrated (migrate.py). Both before anything is loaded. Durability and
+bounded time: see the package's docstring (__init__.py).
 """
 
 from __future__ import annotations
@@ -40,25 +44,38 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
-from redis.asyncio import RedisCluster
-
-from delaywheel.cluster.holder import Holder, parse_holder
-from delaywheel.cluster.migrate import migrate
-from delaywheel.cluster.partitions import Layout, PartitionsError, partition_of, record_partitions
-from delaywheel.cluster.spread import SPREAD, Spread, spread
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
     Done,
     Store,
+    StoreConfigError,
     StoreError,
     StoreUnavailable,
     check_batch_size,
+    redact_url,
 )
-from delaywheel.store.fenced import FencedWriter, FlushOutcome, PartitionWrite
-from delaywheel.store.fenced_cluster import ClusterFencedWriter
-from delaywheel.store.redis import RedisStore
-from delaywheel.store.redis_client import replicas_warning
+from delaywheel.store.redis.client import Client, durability_warnings, replicas_warning
+from delaywheel.store.redis.fenced import FencedWriter, FlushOutcome, PartitionWrite
+from delaywheel.store.redis.fenced_cluster import ClusterFencedWriter
+from delaywheel.store.redis.layout import (
+    DEFAULT_PARTITIONS,
+    Layout,
+    PartitionsError,
+    parse_holder,
+    partition_of,
+    record_partitions,
+)
+from delaywheel.store.redis.migrate import migrate
+from delaywheel.store.redis.owner import Holders, Owner, SoleOwner
+from delaywheel.store.redis.scan import scan_hash
+from delaywheel.store.redis.sentinel import SentinelTopology
+from delaywheel.store.redis.spread import Spread
+from delaywheel.store.redis.topology import Topology
+
+DEFAULT_PREFIX = "delaywheel"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_TIMEOUT_S = 5.0
 
 # How long a flush's WAIT waits for --replicas N confirmations before the
 # change is answered unavailable. Replicas on a LAN confirm in milliseconds;
@@ -68,7 +85,6 @@ REPLICAS_WAIT_S = 1.0
 
 # (fenced partitions, partitions written in the same flush, the holders the
 # refusals named, by partition)
-Holders = dict[int, Holder]
 OnFenced = Callable[[set[int], set[int], Holders], None]
 
 
@@ -94,62 +110,106 @@ class FencedWrite(StoreError):
         }
 
 
-class SharedKeyspace(Store):
+def topology_for(url: str, **options: Any) -> Topology:
+    """The topology of a store URL (``options``: Topology's): Sentinel's for
+    ``redis+sentinel://``, else one Redis until ``open`` finds a Cluster."""
+    if url.lower().startswith("redis+sentinel://"):
+        return SentinelTopology(url, **options)
+    return Topology(url, **options)
+
+
+class RedisStore(Store):
     inline = False
 
-    def __init__(self, store: RedisStore, *, partitions: int, replicas: int = 0) -> None:
-        super().__init__(store.url)
-        self.redis = store
-        self.layout = Layout(store.prefix, partitions)
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        partitions: int = DEFAULT_PARTITIONS,
+        replicas: int = 0,
+        owner: Owner | None = None,
+        node_name: str = "delaywheel",
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """``owner``: who owns the partitions (owner.py); None: this store alone.
+        ``node_name``: who migrates or spreads the layout, for the lock."""
+        super().__init__(redact_url(url))
+        try:
+            self.layout = Layout(prefix, partitions)
+        except PartitionsError as exc:
+            raise StoreConfigError(f"store URL {self.url!r}: {exc}") from None
+        self.prefix = prefix
         self.partitions = partitions
         self.replicas = replicas
-        self.epochs: dict[int, int] = {}  # partition -> epoch this node may write with
-        self.on_fenced: OnFenced | None = None
+        self._sole = owner is None
+        self.owner: Owner = SoleOwner() if owner is None else owner
+        self.epochs = self.owner.epochs  # partition -> epoch this node may write with
+        self.on_fenced: OnFenced | None = self.owner.fenced
+        self.topology = topology_for(
+            url,
+            shown=self.url,
+            connect_timeout_s=connect_timeout_s,
+            timeout_s=timeout_s,
+            on_primary_changed=self.owner.primary_changed,
+        )
         self._writer: FencedWriter | ClusterFencedWriter | None = None
         self.migrated = 0  # records moved from the single-node layout at open
         self.relaid: Spread | None = None  # the single-slot layout spread, at open
-        self._replicas_warning: list[str] = []
-        self.node_name = "delaywheel"  # who migrates, for the lock (app.py sets it)
+        self._warnings: list[str] = []
+        self.node_name = node_name
 
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
         """The redis-py client (leases, membership, loading)."""
-        client = self.redis._client
-        assert client is not None, "open() first"
-        return client
+        return self.topology.client
 
     async def open(self) -> None:
         self._start_open()
-        await self.redis.open()
+        self.topology = topology = await self.topology.open()
         # Each partition's (epoch, tasks, lease) keys, made once: a flush names them.
         self._keys = [(names.epoch, names.tasks, names.lease) for names in self.layout]
+        client, layout = topology.client, self.layout
         try:
-            await record_partitions(self.client, self.layout)
-            if isinstance(self.client, RedisCluster):
-                # A keyspace of the release that kept a Cluster's partitions in one slot.
-                self.relaid = await spread(self.client, self.layout, node=self.node_name)
-            else:  # plain Redis (or Sentinel) only ever had the spread key names
-                await self.client.hsetnx(self.layout.meta, "layout", SPREAD)
-            migrated = await migrate(self.client, self.layout, node=self.node_name)
-            self.migrated = 0 if migrated is None else migrated.moved
-            self._writer = self.redis.fenced_writer(
-                replicas=self.replicas, wait_timeout_s=REPLICAS_WAIT_S
+            warnings = await durability_warnings(
+                client, topology.secrets, **topology.route(layout.meta)
             )
-            if isinstance(self._writer, ClusterFencedWriter):
-                self._writer.held = self._holds
-            warning = await replicas_warning(self.client, self.layout.meta, self.replicas)
-            if warning is not None:
-                self._replicas_warning = [warning]
+            await record_partitions(client, layout)
+            self.relaid = await topology.lay_out(layout, self.node_name)
+            migrated = await migrate(client, layout, node=self.node_name)
+            self.migrated = 0 if migrated is None else migrated.moved
+            if self._sole:
+                await self._take_every_partition()
+            self._writer = topology.writer(
+                replicas=self.replicas, wait_timeout_s=REPLICAS_WAIT_S, held=self._holds
+            )
+            warning = await replicas_warning(client, self.replicas, **topology.route(layout.meta))
+            self._warnings = warnings if warning is None else [*warnings, warning]
         except PartitionsError as exc:
-            await self.redis.close()
+            await topology.close()
             raise StoreError(f"store {self.url}: {exc}") from None
         except Exception:
-            await self.redis.close()
+            await topology.close()
             raise
         self._state = "open"
 
+    async def _take_every_partition(self) -> None:
+        """This store alone (``SoleOwner``): every partition at the epoch Redis
+        holds, 0 where none was ever held (owner.py)."""
+        pipe = self.client.pipeline(transaction=False)
+        for names in self.layout:
+            pipe.set(names.epoch, 0, nx=True)
+        for names in self.layout:
+            pipe.get(names.epoch)
+        replies = await pipe.execute()
+        epochs = replies[self.partitions :]
+        self.epochs.update((p, int(epoch)) for p, epoch in enumerate(epochs))
+
     def load(self, batch_size: int = DEFAULT_BATCH_SIZE) -> AsyncIterator[list[tuple[str, bytes]]]:
         """Every partition's records (for tools; a node loads what it owns)."""
+        check_batch_size(batch_size)
+        self._check_open("load")
         return self._load_all(batch_size)
 
     async def _load_all(self, batch_size: int) -> AsyncIterator[list[tuple[str, bytes]]]:
@@ -157,30 +217,15 @@ class SharedKeyspace(Store):
             async for batch in self.load_partition(partition, batch_size):
                 yield batch
 
-    async def load_partition(
+    def load_partition(
         self, partition: int, batch_size: int = DEFAULT_BATCH_SIZE
     ) -> AsyncIterator[list[tuple[str, bytes]]]:
-        """One partition's ``(id, record)`` pairs, in batches, each id once."""
+        """One partition's ``(id, record)`` pairs, in batches, each id once (scan.py)."""
         check_batch_size(batch_size)
         self._check_open("load")
         key = self.layout.partition(partition).tasks
-        seen: set[str] = set()
-        cursor = 0
-        while True:
-            try:
-                cursor, fields = await self.client.hscan(key, cursor, count=batch_size)
-            except Exception as exc:
-                raise StoreUnavailable(f"store {self.url}: load of {key} failed: {exc}") from exc
-            batch = []
-            for field, record in cast("dict[bytes, bytes]", fields).items():
-                task_id = field.decode("utf-8")
-                if task_id not in seen:
-                    seen.add(task_id)
-                    batch.append((task_id, record))
-            if batch:
-                yield batch
-            if cursor == 0:
-                return
+        topology = self.topology
+        return scan_hash(topology.client, key, batch_size, url=self.url, secrets=topology.secrets)
 
     def submit(self, changes: Changes, done: Done) -> None:
         error = self._not_open("write")
@@ -327,11 +372,14 @@ class SharedKeyspace(Store):
         if self._state == "closed":
             return
         self._state = "closed"
+        # Writes submitted before close() are finished (or fail) first.
         writer, self._writer = self._writer, None
         if writer is not None:
             with contextlib.suppress(Exception):
+                await writer.drain()
+            with contextlib.suppress(Exception):
                 await writer.close()
-        await self.redis.close()
+        await self.topology.close()
 
     def warnings(self) -> list[str]:
-        return self.redis.warnings() + self._replicas_warning
+        return list(self._warnings)

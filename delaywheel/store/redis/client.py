@@ -1,14 +1,16 @@
-"""Connecting the Redis store: a plain or a Cluster client, and Redis's own settings.
+"""Connecting to Redis with redis-py: a plain or a Cluster client, and Redis's own settings.
 
 ``connect()`` opens a plain client on the URL and asks the server whether it
-is a Redis Cluster node (``INFO cluster``). If it is, the store talks to the
-cluster instead (redis-py's ``RedisCluster``, which learns the slot map from
+is a Redis Cluster node (``INFO cluster``). If it is, it returns a cluster
+client instead (redis-py's ``RedisCluster``, which learns the slot map from
 that node and follows it as it changes), so any node of a cluster will do as
-the URL. The store keeps all its keys under one hash tag, hence in one slot,
-so its MULTI/EXEC and HSCAN each go to the one node that owns that slot.
+the URL. The store's topology (topology.py) takes the same steps one by one,
+to know which kind it found; the broker of the store's Redis calls
+``connect()`` (delivery/_redis_broker.py).
 
 ``durability_warnings()`` reads the settings that decide whether Redis keeps
-what it acknowledged, on the node that holds the store's key.
+what it acknowledged, on the node that the topology routes the keyspace's
+meta key to.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ _SETTINGS = ("appendonly", "appendfsync", "maxmemory-policy")
 
 async def connect(url: str, *, connect_timeout_s: float, timeout_s: float) -> Client:
     """A client that has answered PING: plain, or Cluster when the node says so."""
+    plain = await connect_plain(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
+    if not await is_cluster_node(plain):
+        return plain
+    await close_quietly(plain)
+    return await connect_cluster(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
+
+
+async def connect_plain(url: str, *, connect_timeout_s: float, timeout_s: float) -> Redis:
+    """A plain client on ``url`` that has answered PING."""
     tls = url.startswith("rediss://")
     plain = Redis.from_url(
         url,
@@ -51,13 +62,23 @@ async def connect(url: str, *, connect_timeout_s: float, timeout_s: float) -> Cl
     )
     try:
         await plain.ping()
-        clustered = (await plain.info("cluster")).get("cluster_enabled") == 1
     except BaseException:
         await close_quietly(plain)
         raise
-    if not clustered:
-        return plain
-    await close_quietly(plain)
+    return plain
+
+
+async def is_cluster_node(client: Redis) -> bool:
+    """Whether the server behind ``client`` is a Redis Cluster node (INFO cluster)."""
+    try:
+        return bool((await client.info("cluster")).get("cluster_enabled") == 1)
+    except BaseException:
+        await close_quietly(client)
+        raise
+
+
+async def connect_cluster(url: str, *, connect_timeout_s: float, timeout_s: float) -> RedisCluster:
+    """redis-py's Cluster client, the slot map read from the node of ``url``."""
     cluster = RedisCluster.from_url(
         url,
         socket_connect_timeout=connect_timeout_s,
@@ -77,19 +98,17 @@ async def close_quietly(client: Client) -> None:
         await client.aclose()
 
 
-async def replicas_warning(client: Client, key: str, replicas: int) -> str | None:
+async def replicas_warning(client: Client, replicas: int, **route: Any) -> str | None:
     """The start-up warning for ``--replicas N`` when fewer replicas are connected
-    to the primary that holds ``key`` (INFO replication); None when enough are.
+    to the primary ``route`` names (INFO replication; redis-py's keywords for
+    the node serving a key, the topology's ``route``); None when enough are.
 
     One line for the log: with fewer replicas than asked every change waits
     out WAIT's timeout and is answered ``unavailable`` until they connect.
     """
     if replicas <= 0:
         return None
-    if isinstance(client, RedisCluster):
-        info = await client.info("replication", target_nodes=client.get_node_from_key(key))
-    else:
-        info = await client.info("replication")
+    info = await client.info("replication", **route)
     connected = int(info.get("connected_slaves", 0))
     if connected >= replicas:
         return None
@@ -99,16 +118,13 @@ async def replicas_warning(client: Client, key: str, replicas: int) -> str | Non
     )
 
 
-async def durability_warnings(client: Client, key: str, secrets: list[str]) -> list[str]:
-    """What in Redis's settings would lose acknowledged writes; [] when nothing."""
+async def durability_warnings(client: Client, secrets: list[str], **route: Any) -> list[str]:
+    """What in Redis's settings would lose acknowledged writes, on the node
+    ``route`` names (as for ``replicas_warning``); [] when nothing."""
     settings: dict[str, str] = {}
     try:
         for name in _SETTINGS:
-            if isinstance(client, RedisCluster):  # ask the node that holds the key
-                node = client.get_node_from_key(key)
-                reply = await client.config_get(name, target_nodes=node)
-            else:
-                reply = await client.config_get(name)
+            reply = await cast(Any, client).config_get(name, **route)
             for setting, value in reply.items():
                 settings[_text(setting)] = _text(value).lower()
     except ResponseError as exc:  # CONFIG renamed away or forbidden (managed Redis)

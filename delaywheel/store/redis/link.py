@@ -1,22 +1,23 @@
-"""The Redis store's write path: a connection of its own, one MULTI/EXEC per flush.
+"""The Redis store's write path: a connection of its own, one pipeline per flush.
 
 Why not redis-py here. Its asyncio ``pipeline(transaction=True)`` costs
 several times the CPU per execute, however small, of the same MULTI/HSET/EXEC
 bytes packed with ``hiredis.pack_command``, written on a plain
 ``asyncio.Protocol`` and parsed with ``hiredis.Reader`` (docs/performance.md,
-"Measurements behind the code"). A flush sits on the path of every mutating
-reply, so that difference is most of a journaled add.
-redis-py still does everything that is not per request: the start-up checks,
-loading, and finding the Cluster node that owns the store's slot.
+"Measurements behind the code"); the fenced flush (fenced.py) is the same
+case. A flush sits on the path of every mutating reply, so that difference
+is most of a journaled add. redis-py still does everything that is not per
+request: the start-up checks, loading, leases, the Cluster's slot map.
 
 How it works
 ------------
 ``send(flush)`` writes the flush's bytes at once when the link is connected,
 or queues them while it connects. Flushes are pipelined: several may be in
 flight, Redis runs them in the order they were written, and their replies
-come back in that order. A flush is a transaction (``transaction()``): MULTI,
-its commands, EXEC, so it expects ``2 + commands`` replies, and it succeeded
-when none of them is an error and EXEC returned an array. Each flush's
+come back in that order. A flush is its commands one after the other
+(``pipeline()``; the fenced flush packs its own), and it expects one reply
+each; it succeeded when none of them is an error (an EXEC's array is
+looked into, and its nil means aborted). Each flush's
 ``done`` is called from ``data_received`` with None or an exception: no Task,
 no coroutine.
 
@@ -27,7 +28,7 @@ values (HSET) and removes ids (HDEL) of one key, so running again one that
 Redis had already run changes nothing, and no later flush can have run
 before it. A connect that fails, a second drop, or a reply that does not come
 within ``timeout_s`` fails the flushes with ``ConnectionError`` or
-``TimeoutError`` (the store then backs off, see redis.py). An error reply
+``TimeoutError`` (the next send connects again). An error reply
 fails only its own flush. On a Redis Cluster, ``MOVED`` means the slot went to
 another node: nothing of that flush ran, so it is sent again to the node
 named, up to ``MAX_MOVES`` times.
@@ -70,29 +71,10 @@ Resolve = Callable[[], Awaitable[tuple[str, int]]]
 Command = Sequence[str | bytes | int | float]
 
 
-def transaction(commands: Sequence[Command]) -> Flush:
-    """One flush: ``commands`` between MULTI and EXEC, packed by hiredis.
-
-    A single command goes alone: Redis runs each command atomically anyway,
-    and MULTI and EXEC would be two more commands for it to parse, run and
-    log (a write that only puts, or only removes, is the commonest one).
-    """
-    if len(commands) == 1:
-        return pipeline(commands)
-    payload = b"".join(
-        [_MULTI, *(hiredis.pack_command(cast(Any, tuple(command))) for command in commands), _EXEC]
-    )
-    return Flush(payload, len(commands) + 2)
-
-
 def pipeline(commands: Sequence[Command]) -> Flush:
     """One flush: ``commands`` one after the other, no transaction."""
     payload = b"".join([hiredis.pack_command(cast(Any, tuple(command))) for command in commands])
     return Flush(payload, len(commands))
-
-
-_MULTI = hiredis.pack_command(("MULTI",))
-_EXEC = hiredis.pack_command(("EXEC",))
 
 
 class Flush:

@@ -7,8 +7,8 @@ PNG and Ethernet use, unsigned), except that an occurrence of a schedule,
 ``s:{X}:{digits}``, hashes ``X`` (delaywheel_client/partitions.py, shared
 with the clients).
 
-The key layout extends today's single-node store (store/redis.py), whose
-one hash is ``{<prefix>}:tasks`` (``--redis-prefix``, default
+The key layout extends the single-node release's store, whose one hash is
+``{<prefix>}:tasks`` (read now only by migrate.py) (``--redis-prefix``, default
 ``delaywheel``). The braces are a Redis Cluster hash tag: a key's slot is
 computed from the tag alone. Each partition gets a tag of its own, so all of
 a partition's keys sit in one slot and every script over them is legal on
@@ -17,7 +17,7 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>}:meta            hash: "partitions" -> P, "layout" -> "spread" (at first use)
     {<prefix>}:members         zset: node -> expiry, ms on Redis's clock (membership.py)
     {<prefix>}:nodes           hash: node -> "host:port" it serves on
-    {<prefix>}:tasks           today's hash, single-node layout (migrated from)
+    {<prefix>}:tasks           the single-node release's hash (migrated from)
     {<prefix>:p007}:tasks      hash: task id -> record, the tasks of partition 7
     {<prefix>:p007}:epoch      integer: bumped by every acquire (the fencing token)
     {<prefix>:p007}:lease      "<epoch> <node> <address>", with PX: the owner
@@ -26,8 +26,10 @@ The partition number is written with at least three digits (``p007``,
 ``p1000``) so the keys sort in a listing. The lease's value is also the
 owner map (the ``cluster`` method will read every lease key): there is no
 separate owners hash to go stale, and a partition whose lease expired shows
-no owner. The keyspace's own keys stay under
-``{<prefix>}``, beside today's hash, so a migration can check the meta key
+no owner; ``parse_holder`` reads it (for the coordinator's rounds, the
+store's ``moved`` answers, the layout's moves), the lease scripts
+(ha/lease.py) write it. The keyspace's own keys stay under
+``{<prefix>}``, beside the old hash, so a migration can check the meta key
 and the old hash in one script. Scripts name every key through KEYS, never
 build one from ARGV.
 """
@@ -38,7 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from delaywheel_client.partitions import partition_of
-from redis.asyncio import Redis, RedisCluster
+
+from delaywheel.store.redis.client import Client
 
 DEFAULT_PARTITIONS = 16
 # More partitions than Redis Cluster has slots would gain nothing, and each
@@ -116,7 +119,24 @@ class Layout:
         return (self.partition(p) for p in range(self.partitions))
 
 
-async def record_partitions(client: Redis | RedisCluster, layout: Layout) -> None:
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a partition's lease, as the lease key says, and for how long still."""
+
+    node: str
+    address: str
+    epoch: int
+    ttl_ms: int
+
+
+def parse_holder(value: str, ttl_ms: int) -> Holder:
+    """A lease key's value, ``"<epoch> <node> <address>"``, as its holder."""
+    epoch, _, rest = value.partition(" ")
+    node, _, address = rest.partition(" ")
+    return Holder(node, address, int(epoch) if epoch.isdigit() else 0, ttl_ms)
+
+
+async def record_partitions(client: Client, layout: Layout) -> None:
     """Record P in the meta key at first use; refuse a keyspace made with another P."""
     await client.hsetnx(layout.meta, "partitions", layout.partitions)
     stored = await client.hget(layout.meta, "partitions")

@@ -1,7 +1,7 @@
 """The fenced journal flush: one script per partition checks the epoch, then writes.
 
 How it works. A flush carries, for each partition it touches, the epoch its
-writer holds (the lease's fencing token, cluster/lease.py) and the batch of
+writer holds (the lease's fencing token, ha/lease.py) and the batch of
 puts and removes. Each partition's batch is one EVALSHA of ``FLUSH_SCRIPT``
 over that partition's keys, its epoch key, its tasks hash and its lease key
 (one hash tag, so one Cluster slot): when the stored epoch is not the
@@ -20,7 +20,7 @@ writes are on the primary but may not survive its failover, so the outcome
 is unknown (the engine answers ``unavailable``; the client retries with the
 same id).
 
-The bytes go over the store's own hiredis link (``_redis_journal``), not
+The bytes go over the store's own hiredis link (link.py), not
 redis-py: this is the per-request path. The script is loaded by the link's
 handshake (``SCRIPT LOAD``) on every connection, so EVALSHA finds it after a
 reconnect to a restarted or promoted Redis, whose script cache is empty.
@@ -49,8 +49,8 @@ from typing import Any, NamedTuple, cast
 
 import hiredis
 
-from delaywheel.store._redis_journal import Command, Flush, JournalLink
 from delaywheel.store.base import Changes, StoreError, StoreUnavailable
+from delaywheel.store.redis.link import Command, Flush, JournalLink
 
 # Fields per HSET/HDEL inside the script: unpack() of 2,000 values stays far
 # below Lua's C stack limit (LUAI_MAXCSTACK, 8,000).
@@ -93,7 +93,7 @@ _ASKING = hiredis.pack_command(("ASKING",))
 class Fenced(StoreError):
     """A partition's write was refused: its epoch moved on (another node owns it).
     ``lease``: the partition's lease key's value as the refusing script read
-    it (its holder, ``cluster.lease.parse_holder`` reads it), None when the
+    it (its holder, ``layout.parse_holder`` reads it), None when the
     lease was free or the refusal was this node's own."""
 
     def __init__(self, message: str, lease: str | None = None) -> None:
@@ -372,6 +372,10 @@ class FencedWriter:
             done(outcome_of([write], 0, flush, exc, where, keep_redirects=self.keep_redirects))
 
         link.send(flush, finished)
+
+    async def drain(self) -> None:
+        """Wait until every flush sent so far has its outcome."""
+        await self.link.drain()
 
     async def close(self) -> None:
         await self.link.close()

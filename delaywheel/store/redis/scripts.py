@@ -3,7 +3,7 @@
 These are the calls that are not per request (leases, membership), so
 redis-py's cost per call does not matter here (DESIGN.md's performance
 notes); the journal's fenced flush goes over the hand-made link instead
-(store/fenced.py).
+(fenced.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, cast
 
-from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError
 
-from delaywheel.cluster.partitions import Layout
+from delaywheel.store.redis.client import Client
+from delaywheel.store.redis.layout import Layout
 
-Client = Redis | RedisCluster
 Arg = str | bytes | int | float
 
 

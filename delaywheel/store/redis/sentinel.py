@@ -1,19 +1,19 @@
 """redis+sentinel://[:password@]host:port[,host:port...]/MASTER[/DB]: the Redis store
-with its primary found through Redis Sentinel.
+with its primary found through Redis Sentinel (the Sentinel topology).
 
 The Sentinels (one or more ``host:port``) are asked for the primary that
-they monitor as ``MASTER``; the store is then the Redis store (redis.py) on
-that primary, database ``DB`` (0 by default). The password, when given, is
+they monitor as ``MASTER``; the store then writes to that primary,
+database ``DB`` (0 by default). The password, when given, is
 the data nodes' (``requirepass``), not the Sentinels'.
 
 Following a failover. redis-py's Sentinel client (checks and loading) asks
 the Sentinels for the primary on every new connection and drops one that
 meets ``READONLY``. The journal link does the same through its ``resolve``
-hook (``_redis_journal``): it asks the Sentinels before each connect, so a
+hook (link.py): it asks the Sentinels before each connect, so a
 drop or a refused handshake finds the new primary on the next attempt, and a
 ``READONLY`` reply reconnects and sends the flush again (nothing of it ran).
 Writes that fail meanwhile fail as on any unreachable Redis
-(``StoreUnavailable``, with the store's backoff).
+(``StoreUnavailable``).
 
 Telling the node. Every lookup, the journal links' and redis-py's, goes
 through one ``_WatchedSentinel``, and the coordinator asks it every round
@@ -23,14 +23,13 @@ When the primary named differs from the one named before, every connection
 is moved (``_primary_moved``: the links reconnect and resend what was in
 flight, redis-py's pool is emptied) and ``on_primary_changed(host, port)``
 is called, once per change. The coordinator then reads every owned partition's epoch again on
-that primary (``read_on_primary``; cluster/failover.py): a failover can lose
+that primary (``read_on_primary``, topology.py; ha/failover.py): a failover can lose
 the last writes, an acquire's epoch among them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote, unquote
@@ -41,10 +40,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delaywheel.store._redis_journal import JournalLink, Resolve
 from delaywheel.store.base import StoreConfigError, redact_url
-from delaywheel.store.redis import RedisStore
-from delaywheel.store.redis_client import Client
+from delaywheel.store.redis.link import JournalLink, Resolve
+from delaywheel.store.redis.topology import OnPrimaryChanged, Topology
 
 SCHEME = "redis+sentinel://"
 
@@ -93,10 +91,6 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     return SentinelTarget(
         sentinels, unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0, password
     )
-
-
-# (host, port) of the primary the Sentinels name now, a different one than before.
-OnPrimaryChanged = Callable[[str, int], None]
 
 
 class _WatchedSentinel(Sentinel):
@@ -206,30 +200,29 @@ def vouched(newest: list[Answer]) -> bool:
     return 2 * sum(answer.down for answer in newest) <= len(newest)
 
 
-class RedisSentinelStore(RedisStore):
+class SentinelTopology(Topology):
+    """The primary that the Sentinels name, followed through failovers."""
+
     def __init__(self, url: str, **options: Any) -> None:
-        """``options`` are RedisStore's (prefix, timeouts)."""
+        """``options`` are Topology's (shown, timeouts, on_primary_changed)."""
         target = parse_sentinel_url(url)
-        # The Redis store's own settings (AUTH, SELECT) come from a redis:// URL;
-        # its host is replaced by the Sentinels' answer before every connect.
+        # The links' settings (AUTH, SELECT) come from a redis:// URL; its host
+        # is replaced by the Sentinels' answer before every connect.
         auth = f":{quote(target.password, safe='')}@" if target.password is not None else ""
         super().__init__(f"redis://{auth}sentinel-primary:6379/{target.db}", **options)
-        self.url = redact_url(url)
         self.target = target
         self._sentinel = _WatchedSentinel(
             target.sentinels,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._connect_timeout_s,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.connect_timeout_s,
         )
         self._sentinel.on_change = self._primary_moved
+        self._primary: Redis | None = None  # redis-py's client of the primary
         self._links: list[JournalLink] = []  # every write connection, to move them
         self._moving: set[asyncio.Task[None]] = set()  # pool disconnects under way
-        # Called with the new primary's host and port after a failover (the coordinator's).
-        self.on_primary_changed: OnPrimaryChanged | None = None
-        self.primary_moves = 0  # failovers seen since the start
 
-    def _journal_link(self, client: Client, **options: Any) -> JournalLink:
-        link = super()._journal_link(client, **options)
+    def link(self, **options: Any) -> JournalLink:
+        link = super().link(**options)
         self._links.append(link)
         return link
 
@@ -256,48 +249,23 @@ class RedisSentinelStore(RedisStore):
         self.primary_moves += 1
         for link in self._links:
             link.reconnect()
-        client = self._client
-        if isinstance(client, Redis):  # always: a Sentinel's primary is no Cluster
-            task = asyncio.get_running_loop().create_task(client.connection_pool.disconnect())
+        if self._primary is not None:
+            task = asyncio.get_running_loop().create_task(
+                self._primary.connection_pool.disconnect()
+            )
             self._moving.add(task)
             task.add_done_callback(self._moving.discard)
         if self.on_primary_changed is not None:
             self.on_primary_changed(host, port)
 
-    async def read_on_primary(
-        self, host: str, port: int, keys: Sequence[str]
-    ) -> tuple[str, list[bytes | None]]:
-        """``ROLE`` and a GET of each key, on the server at ``host:port`` itself,
-        on a connection of its own: not through a pool that may still hold
-        connections to the previous primary."""
-        client = Redis(
-            host=host,
-            port=port,
-            db=self.target.db,
-            password=self.target.password,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._connect_timeout_s,
-            client_name="delaywheel-failover",
-        )
-        try:
-            pipe = client.pipeline(transaction=False)
-            pipe.execute_command("ROLE")
-            for key in keys:
-                pipe.get(key)
-            role, *values = await pipe.execute()
-        finally:
-            await client.aclose()
-        name = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
-        return name, list(values)
-
-    async def _connect_client(self) -> Client:
+    async def _connect(self) -> Topology:
         client = self._sentinel.master_for(
             self.target.master,
             redis_class=Redis,
             db=self.target.db,
             password=self.target.password,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._connect_timeout_s,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.connect_timeout_s,
             client_name="delaywheel",
         )
         try:
@@ -305,9 +273,10 @@ class RedisSentinelStore(RedisStore):
         except BaseException:
             await client.aclose()
             raise
-        return cast(Client, client)
+        self._client = self._primary = client
+        return self
 
-    def _resolve_primary(self) -> Resolve:
+    def _resolve(self) -> Resolve:
         async def primary() -> tuple[str, int]:
             try:
                 host, port = await self._sentinel.discover_master(self.target.master)
@@ -321,6 +290,7 @@ class RedisSentinelStore(RedisStore):
         return primary
 
     async def close(self) -> None:
+        self._primary = None
         await super().close()
         for sentinel in self._sentinel.sentinels:
             await sentinel.aclose()

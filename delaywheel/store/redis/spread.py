@@ -4,7 +4,7 @@ The release before this one kept, on a Redis Cluster, every partition under
 the keyspace's own tag (``{<prefix>}:p007:tasks``, ``:epoch``, ``:lease``;
 ``Layout(single_slot=True)``): one slot, so one primary held every
 partition. This release gives each partition its tag everywhere
-(``{<prefix>:p007}:tasks``, partitions.py), and records which layout a
+(``{<prefix>:p007}:tasks``, layout.py), and records which layout a
 keyspace has in its meta key: ``layout`` -> ``spread``.
 
 ``await spread(client, layout)`` runs at open on a Cluster (plain Redis never
@@ -54,8 +54,9 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
-from delaywheel.cluster.holder import parse_holder
-from delaywheel.cluster.migrate import (
+from delaywheel.store.redis.client import Client
+from delaywheel.store.redis.layout import Layout, PartitionKeys, parse_holder
+from delaywheel.store.redis.migrate import (
     COPY_SCRIPT,
     DEFAULT_BATCH,
     EXTEND_SCRIPT,
@@ -65,8 +66,6 @@ from delaywheel.cluster.migrate import (
     MigrationError,
     lock_key,
 )
-from delaywheel.cluster.partitions import Layout, PartitionKeys
-from delaywheel.store.redis_client import Client
 
 log = logging.getLogger("delaywheel.cluster")
 
