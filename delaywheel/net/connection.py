@@ -53,6 +53,10 @@ MAX_QUEUED_REPLIES = 10_000
 # small enough that replies flow while a big pipeline is still being read,
 # large enough that the per-turn overhead is noise.
 MAX_REQUESTS_PER_TURN = 256
+# The message limit of a connection that has not signed in yet (on a server
+# with a token): ``auth`` with a token takes a few hundred bytes, and a peer
+# that has proved nothing should not make the server buffer megabytes.
+UNAUTHENTICATED_MAX_MESSAGE_BYTES = 16 * 1024
 # A reserve may block for at most a day; longer waits are a client bug.
 MAX_RESERVE_TIMEOUT_S = 86_400.0
 
@@ -84,6 +88,10 @@ class Connection(asyncio.Protocol):
         self.journal = server.engine.journal
         self.authed = server.settings.token is None
         self.decoder = Decoder(max_message_bytes=server.settings.max_message_bytes)
+        if not self.authed:  # until auth, a message is at most a token's size
+            self.decoder.max_message_bytes = min(
+                UNAUTHENTICATED_MAX_MESSAGE_BYTES, server.settings.max_message_bytes
+            )
         self.encoder = server.encoder
         self.transport: asyncio.Transport | None = None
         # Replies leave in request order: those free to go now (``ready``, bytes),
@@ -108,6 +116,11 @@ class Connection(asyncio.Protocol):
         # driver's: only then is the driver asked to look again (most requests
         # are reads, and each look costs a few heap peeks and clock reads).
         self.timers_moved = False
+
+    def signed_in(self) -> None:
+        """``auth`` succeeded: the connection gets the full message limit."""
+        self.authed = True
+        self.decoder.max_message_bytes = self.server.settings.max_message_bytes
 
     # -- transport events ----------------------------------------------------------
 

@@ -142,5 +142,5 @@ def _auth(conn: Connection, params: list[Any], _now_s: float) -> bool:
         return True
     if type(token) is not str or not hmac.compare_digest(token.encode(), expected.encode()):
         raise RequestError("unauthorized", "wrong token")
-    conn.authed = True
+    conn.signed_in()
     return True
