@@ -84,3 +84,70 @@ def test_before_auth_a_message_is_at_most_16_kib() -> None:
             assert peer.call("get", "x" * 17_000)[1] == "bad_request"  # an id over 200 bytes
     finally:
         server.stop()
+
+
+def ping_times_s(peer: Raw, count: int = 500) -> list[float]:
+    """``count`` pings' round trips, sorted."""
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        assert peer.call("ping") == "pong"
+        times.append(time.perf_counter() - start)
+    return sorted(times)
+
+
+def p99(times: list[float]) -> float:
+    return times[int(len(times) * 0.99) - 1]
+
+
+def test_replies_nobody_reads_pin_little_and_slow_nobody() -> None:
+    # Before: 400 pipelined gets of a task with a 1 MiB body, never read, made the server
+    # hold 400 MB, and a second client's pings stalled. Now the server handles none of a
+    # connection's buffered requests while its replies wait to be read: it holds about one
+    # reply and the transport's buffer (measured: 2 MB held; pings unaffected).
+    server = ServerProcess("--token", TOKEN)
+    try:
+        assert server.proc is not None
+        pid = server.proc.pid
+        with Raw(server.address) as setup:
+            assert setup.call("auth", TOKEN) is True
+            big = setup.call(
+                "add", {"id": "big", "topic": "t", "delay": 3600, "body": b"x" * 1_000_000}
+            )
+            assert big["id"] == "big"
+        other = Raw(server.address)
+        assert other.call("auth", TOKEN) is True
+        quiet = ping_times_s(other)
+        before = settle_rss(pid)
+        sock = socket.socket()
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024
+        )  # keep the kernel's share small
+        sock.connect(server.address)
+        sock.sendall(msgpack.packb([0, 1, "auth", [TOKEN]]))
+        packer = msgpack.Packer()
+        sock.sendall(b"".join(packer.pack([0, 2 + i, "get", ["big"]]) for i in range(400)))
+        busy = ping_times_s(other)
+        held = settle_rss(pid) - before
+        print(
+            f"held {held / 1e6:.1f} MB; ping p99 {p99(quiet) * 1e3:.2f} ms quiet,"
+            f" {p99(busy) * 1e3:.2f} ms beside it (max {busy[-1] * 1e3:.1f} ms)"
+        )
+        assert held < 20_000_000, held
+        # Within 2x, or 1 ms on a machine so quiet that a ping takes 0.1 ms.
+        assert p99(busy) < max(2 * p99(quiet), p99(quiet) + 0.001)
+        # The pipeline resumes as the client reads: every reply arrives, whole and in order.
+        sock.settimeout(30)
+        unpacker = msgpack.Unpacker(max_buffer_size=0)
+        replies = []
+        while len(replies) < 401:
+            data = sock.recv(1 << 20)
+            assert data, "closed by server"
+            unpacker.feed(data)
+            replies.extend(unpacker)
+        assert [msgid for _, msgid, _, _ in replies] == list(range(1, 402))
+        assert all(len(result["body"]) == 1_000_000 for _, _, _, result in replies[1:])
+        sock.close()
+        other.close()
+    finally:
+        server.stop()

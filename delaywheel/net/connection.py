@@ -12,8 +12,14 @@ that had to block is answered out of line, when it gets a task or times out.
 
 Backpressure: when the transport's write buffer is full (a client that sends
 but never reads), or too many replies are waiting on the store, the connection
-stops reading until it drains. Memory per connection is therefore bounded by
-one read, one decoder buffer and that many replies.
+stops reading until it drains; and while the transport's buffer is over its
+high-water mark, or more than MAX_HELD_REPLY_BYTES of replies are made and
+not yet written, it handles none of the requests it has already read (a
+pipeline of big reads would otherwise pile its replies up in memory). A turn
+stops as soon as its replies pass that size, so one reply larger than the
+bound goes out whole, alone. Memory per connection is therefore bounded by one
+read, one decoder buffer, about MAX_HELD_REPLY_BYTES of replies (or one reply)
+plus the transport's buffer, and MAX_QUEUED_REPLIES replies waiting on the store.
 
 An idle connection is small (about 3 kB, docs/operations.md "Connections"):
 its decoder holds a MessagePack parser only while a message is partly
@@ -49,6 +55,11 @@ log = logging.getLogger("delaywheel.connection")  # pinned: its name is document
 # Stop reading from a connection with this many replies waiting for the store:
 # enough for a deep pipeline, small enough to bound the memory it can pin.
 MAX_QUEUED_REPLIES = 10_000
+# Bytes of replies a connection may hold before it handles no more of its
+# requests until they leave (the transport's own high-water mark is 64 KiB
+# too): a client that pipelines big reads and never reads the replies pins at
+# most this, the transport's buffer and one reply, however large that is.
+MAX_HELD_REPLY_BYTES = 64 * 1024
 # Requests handled per connection per loop turn before the rest wait a turn:
 # small enough that replies flow while a big pipeline is still being read,
 # large enough that the per-turn overhead is noise.
@@ -72,10 +83,11 @@ class Replies:
     every reply in the line, and the line is emptied a group at a time
     (docs/performance.md, "Measurements behind the code")."""
 
-    __slots__ = ("batch", "msgids", "payloads", "routes")
+    __slots__ = ("batch", "msgids", "payloads", "routes", "size")
 
     def __init__(self, batch: Batch | None) -> None:
         self.batch = batch
+        self.size = 0  # bytes of its payloads
         self.payloads: list[bytes] = []
         self.msgids: list[int] = []
         self.routes: list[Method] = []  # the method each answers: a failed write counts against it
@@ -100,6 +112,11 @@ class Connection(asyncio.Protocol):
         self.ready: list[bytes] = []
         self.replies: deque[Replies] = deque()
         self.queued = 0
+        # Bytes of replies made and not yet handed to the transport (``held``),
+        # of which those in the line (``line_bytes``): over MAX_HELD_REPLY_BYTES,
+        # no more requests are handled until they leave (see _work).
+        self.held_bytes = 0
+        self.line_bytes = 0
         # The newest batch we have a callback on: the journal's pending batch only
         # moves forward (a batch replaced never comes back), so one is enough to
         # register each batch once.
@@ -112,6 +129,9 @@ class Connection(asyncio.Protocol):
         # When the message now half-received started to be waited for, or None.
         self.partial_since: float | None = None
         self.busy = False  # more requests are buffered; _work is scheduled for them
+        # Requests are buffered but handling them waits until the client reads
+        # its replies (writing resumes) or the line's replies leave.
+        self.stalled = False
         # A request of this turn may have scheduled a timer earlier than the
         # driver's: only then is the driver asked to look again (most requests
         # are reads, and each look costs a few heap peeks and clock reads).
@@ -151,6 +171,8 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writing_paused = False
+        if self.stalled:
+            self._resume_work()
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -173,6 +195,12 @@ class Connection(asyncio.Protocol):
         self.busy = False
         if self.transport is None:
             return
+        if self.writing_paused or self.held_bytes > MAX_HELD_REPLY_BYTES:
+            # The client is not reading what it was sent: handle nothing more
+            # of its pipeline, or its replies would pile up in memory.
+            self.stalled = True
+            self._update_reading()
+            return
         decoder, journal = self.decoder, self.journal
         handled = 0
         journal.flushed_by_caller = journal.inline  # flushed in the finally below
@@ -184,7 +212,7 @@ class Connection(asyncio.Protocol):
                     self._handle(message, now_s)
                 # Notifications from clients are ignored (pynvim sends one to
                 # announce itself); a response from a client has no meaning.
-                if handled == MAX_REQUESTS_PER_TURN:
+                if handled == MAX_REQUESTS_PER_TURN or self.held_bytes > MAX_HELD_REPLY_BYTES:
                     self.busy = True
                     break
         except ProtocolError as exc:
@@ -247,6 +275,8 @@ class Connection(asyncio.Protocol):
 
     def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
         replies = self.replies
+        size = len(payload)
+        self.held_bytes += size
         if not replies:
             if batch is None:  # nothing to wait for, nothing ahead of it
                 self.ready.append(payload)
@@ -263,6 +293,8 @@ class Connection(asyncio.Protocol):
         group.payloads.append(payload)
         group.msgids.append(msgid)
         group.routes.append(route)
+        group.size += size
+        self.line_bytes += size
         self.queued += 1
         if self.queued > MAX_QUEUED_REPLIES:
             self._update_reading()
@@ -287,12 +319,16 @@ class Connection(asyncio.Protocol):
         """Write the ready replies and those at the head of the line no longer waiting."""
         replies, ready = self.replies, self.ready
         while replies and replies[0].batch is None:
-            payloads = replies.popleft().payloads
-            ready += payloads
-            self.queued -= len(payloads)
+            group = replies.popleft()
+            ready += group.payloads
+            self.queued -= len(group.payloads)
+            self.line_bytes -= group.size
         if ready and self.transport is not None:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
             ready.clear()
+            self.held_bytes = self.line_bytes
+        if self.stalled and not self.writing_paused and self.held_bytes <= MAX_HELD_REPLY_BYTES:
+            self._resume_work()
         if (
             self.reading_paused
             or self.writing_paused
@@ -301,11 +337,23 @@ class Connection(asyncio.Protocol):
         ):
             self._update_reading()
 
+    def _resume_work(self) -> None:
+        """The replies that stalled the connection have left: handle its buffered
+        requests again, on the next loop turn (not inside a transport callback)."""
+        self.stalled = False
+        if not self.busy:
+            self.busy = True
+            asyncio.get_running_loop().call_soon(self._work)
+
     def _update_reading(self) -> None:
         if self.transport is None:
             return
         should_pause = (
-            self.stopping or self.writing_paused or self.busy or self.queued > MAX_QUEUED_REPLIES
+            self.stopping
+            or self.writing_paused
+            or self.busy
+            or self.stalled
+            or self.queued > MAX_QUEUED_REPLIES
         )
         if should_pause and not self.reading_paused:
             self.transport.pause_reading()

@@ -117,6 +117,8 @@ class Server:
         timeout_s = self.settings.message_timeout_s
         stale_before = time.monotonic() - timeout_s
         for conn in list(self.connections):
+            if conn.stalled:  # its requests wait for it to read, not for its bytes
+                continue
             if conn.partial_since is not None and conn.partial_since < stale_before:
                 conn.refuse("bad_request", f"no complete message for {timeout_s:g} s")
         self._sweeper = asyncio.get_running_loop().call_later(min(timeout_s / 2, 5.0), self._sweep)
