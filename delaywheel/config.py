@@ -35,6 +35,13 @@ DEFAULT_PORT = 3450
 DEFAULT_STORE = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MESSAGE_TIMEOUT_S = 30.0
+# A connection to a server with a token must sign in within this long: idle
+# connections that never do would otherwise hold --max-connections' slots.
+DEFAULT_AUTH_TIMEOUT_S = 10.0
+# Without --max-connections-per-address, one address may hold this share of
+# --max-connections: an application's hosts each keep a pool of connections,
+# and no one of them (or an attacker's) may take every slot.
+DEFAULT_PER_ADDRESS_SHARE = 4  # a quarter
 DEFAULT_HTTP_ALLOW = "public"
 DEFAULT_HTTP_CONCURRENCY = 64
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
@@ -119,6 +126,12 @@ class Settings:
     web_viewer_token: str | None = None
     web_hide_bodies: bool = False  # viewers see no task bodies
     web_insecure: bool = False
+    # Connections (docs/operations.md, "Connections"): on a server with a
+    # token, one that has not signed in within auth_timeout_s is closed; one
+    # address may hold at most max_connections_per_address (None: a quarter
+    # of max_connections, ``connections_per_address``).
+    auth_timeout_s: float = DEFAULT_AUTH_TIMEOUT_S
+    max_connections_per_address: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -158,6 +171,7 @@ class Settings:
         self._check_delivery()
         self._check_cluster()
         self._check_web()
+        self._check_connections()
         self.tls_context()  # loaded now, so that a bad file stops the start with its name
 
     def _check_delivery(self) -> None:
@@ -244,6 +258,23 @@ class Settings:
                 " token: anyone who can reach it could delete every task. Set --token (the"
                 " dashboard's sign-in), or pass --web-insecure if that is meant"
             )
+
+    def _check_connections(self) -> None:
+        if not (math.isfinite(self.auth_timeout_s) and self.auth_timeout_s > 0):
+            raise ConfigError(f"auth timeout must be > 0 s, got {self.auth_timeout_s}")
+        per_address = self.max_connections_per_address
+        if per_address is not None and not 1 <= per_address <= self.max_connections:
+            raise ConfigError(
+                f"max connections per address must be 1 to max connections"
+                f" ({self.max_connections}), got {per_address}"
+            )
+
+    @property
+    def connections_per_address(self) -> int:
+        """The connections one address may hold at once."""
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        return max(1, self.max_connections // DEFAULT_PER_ADDRESS_SHARE)
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""

@@ -20,6 +20,8 @@ from rawpeer import Raw
 from serverproc import ServerProcess
 from test_connections import rss_bytes
 
+from delaywheel.config import ConfigError, Settings
+
 pytestmark = pytest.mark.process
 
 TOKEN = "s3cret-token-for-hardening"
@@ -151,3 +153,76 @@ def test_replies_nobody_reads_pin_little_and_slow_nobody() -> None:
         other.close()
     finally:
         server.stop()
+
+
+def refusal(sock: socket.socket) -> list[object]:
+    """The notification a refused connection gets, [code, message]."""
+    sock.settimeout(10)
+    kind, name, error = msgpack.unpackb(sock.recv(1000))
+    assert (kind, name) == (2, "error")
+    return list(error)
+
+
+def test_connections_that_never_sign_in_lose_their_slot() -> None:
+    # Before: 200 idle connections held every slot of --max-connections 200 for as long as
+    # they liked, and a real client was told "too many connections". Now each is closed
+    # --auth-timeout after it was accepted.
+    server = ServerProcess(
+        "--token", TOKEN, "--max-connections", "200", "--max-connections-per-address", "200",
+        "--auth-timeout", "1",
+    )  # fmt: skip
+    try:
+        idle = [connect(server.address) for _ in range(200)]
+        time.sleep(0.3)
+        late = connect(server.address)
+        assert refusal(late)[0] == "unavailable"
+        late.close()
+        for sock in idle:  # each is told why, then closed
+            assert refusal(sock) == ["unauthorized", "no auth within 1 s"]
+            assert sock.recv(10) == b""
+            sock.close()
+        with Raw(server.address) as real:
+            assert real.call("auth", TOKEN) is True
+            assert real.call("ping") == "pong"
+            time.sleep(1.5)  # signed in: no deadline
+            assert real.call("ping") == "pong"
+    finally:
+        server.stop()
+
+
+def test_one_address_may_hold_a_share_of_the_slots() -> None:
+    # Before: no per-address cap. Now, by default, a quarter of --max-connections.
+    server = ServerProcess("--token", TOKEN, "--max-connections", "200")
+    try:
+        held = [connect(server.address) for _ in range(50)]
+        extra = connect(server.address)
+        assert refusal(extra) == [
+            "unavailable",
+            "too many connections from 127.0.0.1 (limit 50)",
+        ]
+        extra.close()
+        # Another address is not refused for this one's connections.
+        other = socket.create_connection(
+            server.address, timeout=10, source_address=("127.0.0.2", 0)
+        )
+        other.sendall(msgpack.packb([0, 1, "auth", [TOKEN]]))
+        assert msgpack.unpackb(other.recv(100)) == [1, 1, None, True]
+        other.close()
+        held.pop().close()  # a slot freed is a slot again
+        time.sleep(0.2)
+        with Raw(server.address) as again:
+            assert again.call("auth", TOKEN) is True
+        for sock in held:
+            sock.close()
+    finally:
+        server.stop()
+
+
+def test_connection_limits_are_checked_at_start() -> None:
+    assert Settings(max_connections=200).connections_per_address == 50
+    assert Settings(max_connections=3).connections_per_address == 1
+    assert Settings(max_connections_per_address=7).connections_per_address == 7
+    with pytest.raises(ConfigError, match="auth timeout must be > 0 s, got 0"):
+        Settings(auth_timeout_s=0)
+    with pytest.raises(ConfigError, match=r"per address must be 1 to max connections \(10\)"):
+        Settings(max_connections=10, max_connections_per_address=11)

@@ -13,6 +13,7 @@ from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from delaywheel.cli.errors import EXIT_CANNOT_LISTEN, EXIT_UNREACHABLE
 from delaywheel.cli.params import Duration
 from delaywheel.config import (
+    DEFAULT_AUTH_TIMEOUT_S,
     DEFAULT_HOST,
     DEFAULT_HTTP_ALLOW,
     DEFAULT_HTTP_CONCURRENCY,
@@ -109,6 +110,21 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     show_default=True,
     type=float,
     help="Seconds a peer may take to finish a message it has started.",
+)
+@_serve_option(
+    "--auth-timeout",
+    "auth_timeout_s",
+    default=DEFAULT_AUTH_TIMEOUT_S,
+    show_default=True,
+    type=float,
+    help="With --token, seconds a connection may take to send auth before it is closed.",
+)
+@_serve_option(
+    "--max-connections-per-address",
+    default=None,
+    type=int,
+    help="Connections one client address may hold at once [default: a quarter of "
+    "--max-connections].",
 )
 @_serve_option(
     "--http-allow",

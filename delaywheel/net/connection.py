@@ -136,6 +136,10 @@ class Connection(asyncio.Protocol):
         # driver's: only then is the driver asked to look again (most requests
         # are reads, and each look costs a few heap peeks and clock reads).
         self.timers_moved = False
+        # The peer's IP address while it is counted in server.per_address, and
+        # when the connection was accepted (for --auth-timeout).
+        self.address: str | None = None
+        self.opened_s = 0.0
 
     def signed_in(self) -> None:
         """``auth`` succeeded: the connection gets the full message limit."""
@@ -150,15 +154,36 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if len(self.server.connections) >= self.server.settings.max_connections:
-            limit = self.server.settings.max_connections
+        server = self.server
+        if len(server.connections) >= server.settings.max_connections:
+            limit = server.settings.max_connections
             self.refuse("unavailable", f"too many connections (limit {limit})")
             return
-        self.server.connections.add(self)
-        self.server.accepted += 1
+        name = transport.get_extra_info("peername")
+        address = name[0] if isinstance(name, tuple) and name else None
+        if address is not None:
+            held = server.per_address.get(address, 0)
+            if held >= server.settings.connections_per_address:
+                limit = server.settings.connections_per_address
+                self.refuse("unavailable", f"too many connections from {address} (limit {limit})")
+                return
+            server.per_address[address] = held + 1
+            self.address = address
+        self.opened_s = time.monotonic()
+        server.connections.add(self)
+        server.accepted += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        address = self.address
+        if address is not None:
+            self.address = None
+            per_address = self.server.per_address
+            held = per_address[address] - 1
+            if held:
+                per_address[address] = held
+            else:
+                del per_address[address]
         for waiter, (timer, _) in self.waiters.items():
             timer.cancel()
             self.engine.cancel_wait(waiter)
