@@ -51,7 +51,7 @@ PATH = "/metrics"
 # delivery target types and outcomes, and the codes a connection is refused with.
 DELIVERY_TARGETS = ("http", "redis", "amqp", "nats")
 DELIVERY_OUTCOMES = ("delivered", "failed")
-REFUSAL_CODES = ("bad_request", "too_large", "unavailable")
+REFUSAL_CODES = ("bad_request", "too_large", "unauthorized", "unavailable")
 
 # The engine's event counts (``EventCounts``) as counters: (slot, name, help).
 _EVENTS = (
@@ -303,6 +303,19 @@ class ServerCollector:
         for name, n in sorted(server.accept_errors.items()):
             accept_errors.add_metric([name], n)
         yield accept_errors
+        signins = server.signins
+        for name, counts, text in (
+            ("failures", signins.failures, "Wrong tokens given"),
+            ("refused", signins.refused, "Sign-ins refused unread after failures from the address"),
+        ):
+            family = CounterMetricFamily(
+                f"delaywheel_auth_{name}_total",
+                f"{text}, by door (protocol auth, dashboard api, sign_in form).",
+                labels=["door"],
+            )
+            for door, n in counts.items():
+                family.add_metric([door], n)
+            yield family
 
     def _deliveries(self) -> Iterator[Metric]:
         deliveries = self._server.deliveries

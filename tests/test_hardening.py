@@ -11,8 +11,12 @@ at the end of this module names them, so the hardening suite is this file plus t
 
 from __future__ import annotations
 
+import re
 import socket
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import msgpack
 import pytest
@@ -226,3 +230,88 @@ def test_connection_limits_are_checked_at_start() -> None:
         Settings(auth_timeout_s=0)
     with pytest.raises(ConfigError, match=r"per address must be 1 to max connections \(10\)"):
         Settings(max_connections=10, max_connections_per_address=11)
+
+
+def logged_url(server: ServerProcess, what: str) -> str:
+    """The URL the server logged for ``what`` ("dashboard" or "metrics")."""
+    deadline = time.monotonic() + 10
+    while True:
+        match = re.search(what + r" on (http://\S+)", server.log_text())
+        if match:
+            return match.group(1).rstrip("/")
+        assert time.monotonic() < deadline, f"no {what} line"
+        time.sleep(0.05)
+
+
+def http(url: str, token: str | None = None, data: bytes | None = None) -> tuple[int, str]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_token_guessing_is_slowed_and_logged_on_every_door() -> None:
+    # Before: the protocol's auth answered 20,000 wrong tokens on one connection in 0.13 s,
+    # /api took about 2,000 Bearer guesses a second, and nothing was logged. Now every door
+    # shares one rule: 5 failures from an address, then it is refused unread for a growing
+    # time (1 s, 2 s ... 60 s).
+    server = ServerProcess("--token", TOKEN, "--web-port", "0", "--metrics-port", "0")
+    try:
+        dashboard, metrics = logged_url(server, "dashboard"), logged_url(server, "metrics")
+        guesses = 20_000
+        sock = connect(server.address)
+        packer = msgpack.Packer()
+        start = time.perf_counter()
+        sock.sendall(b"".join(packer.pack([0, i, "auth", [f"guess-{i}"]]) for i in range(guesses)))
+        unpacker = msgpack.Unpacker()
+        errors = []
+        while len(errors) < guesses:
+            unpacker.feed(sock.recv(1 << 16))
+            errors.extend(error[1] for _, _, error, _ in unpacker)
+        elapsed_s = time.perf_counter() - start
+        checked = errors.count("wrong token")
+        print(f"{guesses} guesses in {elapsed_s:.2f} s: {checked} checked, the rest refused unread")
+        assert checked == 5
+        assert all(e.startswith("too many failed sign-ins") for e in errors[5:])
+        sock.close()
+        # Every door of this address is refused now, the right token included ...
+        with Raw(server.address) as again:
+            assert again.call("auth", TOKEN)[1] == "unauthorized"
+        status, _ = http(dashboard + "/api/stats", TOKEN)
+        assert status == 429
+        # ... but not another address's right token.
+        other = socket.create_connection(
+            server.address, timeout=10, source_address=("127.0.0.2", 0)
+        )
+        other.sendall(msgpack.packb([0, 1, "auth", [TOKEN]]))
+        assert msgpack.unpackb(other.recv(100)) == [1, 1, None, True]
+        other.close()
+        # One line for the burst, without any token.
+        lines = [line for line in server.log if "failed sign-in" in line]
+        assert len(lines) == 1 and "127.0.0.1 (protocol)" in lines[0], lines
+        assert "guess-" not in server.log_text() and TOKEN not in server.log_text()
+        status, text = http(metrics)
+        assert 'delaywheel_auth_failures_total{door="protocol"} 5.0' in text
+        refused = re.search(r'delaywheel_auth_refused_total\{door="protocol"\} (\S+)', text)
+        assert refused is not None and float(refused.group(1)) == guesses - 5 + 1
+    finally:
+        server.stop()
+
+
+def test_bearer_guessing_on_the_api_is_slowed() -> None:
+    # Before: about 2,000 Bearer guesses a second, and the right token worked while the
+    # sign-in form was blocked. Now the same rule as every door.
+    server = ServerProcess("--token", TOKEN, "--web-port", "0")
+    try:
+        dashboard = logged_url(server, "dashboard")
+        statuses = [http(dashboard + "/api/stats", f"guess-{i}")[0] for i in range(50)]
+        assert statuses[:5] == [401] * 5 and set(statuses[5:]) == {429}
+        form = urllib.parse.urlencode({"token": TOKEN}).encode()
+        assert http(dashboard + "/login", data=form)[0] == 429  # the form too
+        time.sleep(1.1)  # the first block is 1 s; a right token then signs in
+        assert http(dashboard + "/api/stats", TOKEN)[0] == 200
+    finally:
+        server.stop()

@@ -23,6 +23,7 @@ from delaywheel.engine.engine import Engine
 from delaywheel.net.connection import Connection
 from delaywheel.net.listener import Listener
 from delaywheel.net.routes import Method, routes_for
+from delaywheel.net.signins import SignIns
 from delaywheel.net.ticker import Ticker
 
 
@@ -35,6 +36,8 @@ class Server:
         self.deliveries = deliveries
         self.connections: set[Connection] = set()
         self.per_address: dict[str, int] = {}  # connections open, by peer IP address
+        # Failed sign-ins by address, for every door: auth here, and the dashboard's.
+        self.signins = SignIns()
         self.encoder = Encoder()  # one for every connection: replies are packed one at a time
         # A TLS peer gets --message-timeout to finish its handshake, as it gets
         # to finish a message.

@@ -22,7 +22,7 @@ from delaywheel import __version__
 from delaywheel.engine.task import STATES
 from delaywheel.errors import RequestError
 from delaywheel.web import actions, views
-from delaywheel.web.auth import ADMIN, VIEWER, LoginLimit, Session, Sessions, same_origin
+from delaywheel.web.auth import ADMIN, VIEWER, Session, Sessions, same_origin
 from delaywheel.web.live import CHART_SAMPLES, Producer, chart_points, chart_values
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class Context:
         self.tls = settings.tls_cert is not None
         self.cookie = "__Host-delaywheel" if self.tls else "delaywheel"
         self.sessions = Sessions()
-        self.logins = LoginLimit()
+        self.signins = server.signins  # failed sign-ins: one rule for every door
         self.producer = Producer(server)
         self.jobs = actions.Jobs(server)
         self.started_s = time.time()

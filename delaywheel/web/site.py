@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -162,14 +163,28 @@ class Dashboard(Context):
 
     async def _api(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not self.open_mode:
+            address = request.remote
+            wait_s = self.signins.retry_in_s(address, "api")
+            if wait_s:  # the token is not even looked at (net/signins.py)
+                return web.json_response(
+                    {
+                        "error": "unauthorized",
+                        "message": "too many failed sign-ins from this address: try again later",
+                    },
+                    status=429,
+                    headers={"Retry-After": str(math.ceil(wait_s))},
+                )
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             role = role_of(given, self.settings.token, self.settings.web_viewer_token)
             if scheme.lower() != "bearer" or role is None:
+                if given:  # a token was tried: a guess, as far as we know
+                    self.signins.failed(address, "api")
                 return web.json_response(
                     {"error": "unauthorized", "message": "send Authorization: Bearer TOKEN"},
                     status=401,
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+            self.signins.succeeded(address)
             request[ROLE] = role
         else:
             request[ROLE] = ADMIN
