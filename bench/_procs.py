@@ -125,7 +125,12 @@ def server_process(
 
     ``args`` are more ``serve`` options, e.g. ``("--tick", "0.01")``.
     """
-    command = [sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url]
+    # Every client of a bench connects from 127.0.0.1: one address may hold every
+    # connection (by default a quarter of --max-connections).
+    command = [
+        *(sys.executable, "-m", "delaywheel", "serve", "--port", "0", "--store", store_url),
+        *("--max-connections-per-address", "10000"),
+    ]
     proc = subprocess.Popen(
         [*command, *args],
         stderr=subprocess.PIPE,

@@ -39,6 +39,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.task import STATES
+from delaywheel.net.httpsite import BoundedSite
+from delaywheel.net.limits import METRICS_CONNECTIONS
 from delaywheel.tallies import Histogram
 
 if TYPE_CHECKING:
@@ -396,6 +398,7 @@ class MetricsEndpoint:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._runner: web.AppRunner | None = None
+        self._site: BoundedSite | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen; returns the address (the port picked when ``port`` is 0)."""
@@ -403,21 +406,22 @@ class MetricsEndpoint:
         app.router.add_get(PATH, self._scrape)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
+        self._site = site = BoundedSite(runner, max_connections=METRICS_CONNECTIONS, name="metrics")
         try:
-            site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
+            address = await site.start(host, port)
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        address = runner.addresses[0]
-        return address[0], address[1]
+        return address
 
     async def _scrape(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encoder(self._registry), headers={"Content-Type": content_type})
 
     async def stop(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

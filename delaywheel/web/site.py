@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from delaywheel.net.httpsite import BoundedSite
+from delaywheel.net.limits import WEB_CONNECTIONS
 from delaywheel.net.tls import server_context
 from delaywheel.web.api import Api
 from delaywheel.web.auth import ADMIN, role_of
@@ -55,6 +57,7 @@ class Dashboard(Context):
         super().__init__(server)
         self._limit = asyncio.Semaphore(MAX_REQUESTS)
         self._runner: web.AppRunner | None = None
+        self._site: BoundedSite | None = None
         self.app = self._build()
 
     def _build(self) -> web.Application:
@@ -107,19 +110,23 @@ class Dashboard(Context):
             tls = server_context(self.settings.tls_cert, self.settings.tls_key, None)
         self._runner = runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
+        self._site = site = BoundedSite(
+            runner, max_connections=WEB_CONNECTIONS, error_headers=security_headers,
+            name="dashboard",
+        )  # fmt: skip
         try:
-            site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
-            await site.start()
+            address = await site.start(host, port, tls)
         except BaseException:
             await runner.cleanup()
             raise
         self.producer.start()
-        address = runner.addresses[0]
-        return address[0], address[1]
+        return address
 
     async def stop(self) -> None:
         await self.producer.stop()
         await self.jobs.stop()
+        if self._site is not None:
+            await self._site.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -192,10 +199,18 @@ class Dashboard(Context):
 
 
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
-    headers = response.headers
-    headers["Content-Security-Policy"] = CSP
-    headers["X-Content-Type-Options"] = "nosniff"
-    headers["Referrer-Policy"] = "no-referrer"
-    headers["X-Frame-Options"] = "DENY"
-    if "/static/" not in request.path:
+    response.headers.update(security_headers(request.path))
+
+
+def security_headers(path: str) -> dict[str, str]:
+    """The headers of every response, the 400 of a request aiohttp could not
+    parse and the 503 of a connection over the cap included (net/httpsite.py)."""
+    headers = {
+        "Content-Security-Policy": CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+    }
+    if "/static/" not in path:
         headers["Cache-Control"] = "no-store"
+    return headers
