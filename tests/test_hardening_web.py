@@ -7,16 +7,24 @@ protocol port.
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import socket
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.cookiejar import CookieJar
 
 import pytest
+from delaywheel_client import Client
 from rawpeer import Raw
 from serverproc import ServerProcess
 
 from delaywheel.net.httpsite import IDLE_TIMEOUT_S
 from delaywheel.net.limits import WEB_CONNECTIONS
+from delaywheel.web.context import back_of
 
 pytestmark = pytest.mark.process
 
@@ -118,3 +126,69 @@ def test_a_malformed_request_gets_the_headers_and_logs_no_header() -> None:
     assert (
         lines and "WARNING delaywheel.http: dashboard: malformed request from 127.0.0.1" in lines[0]
     )
+
+
+def signed_in(base: str) -> urllib.request.OpenerDirector:
+    """A browser-like opener with the dashboard's session cookie."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+    form = urllib.parse.urlencode({"token": TOKEN}).encode()
+    with opener.open(base + "/login", data=form, timeout=10) as reply:
+        assert reply.status == 200  # followed the 303 to /
+    return opener
+
+
+def fetch(opener: urllib.request.OpenerDirector, url: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with opener.open(request, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+HOSTILE_IDS = ["a{b}", "{}", "a/b", "/lead", "50%", "a%2Fb", "with space", "a?b#c", "..", "é"]
+
+
+def test_pages_render_any_body_and_id_the_protocol_accepts() -> None:
+    # Before: a body nested 1,000 levels made /tasks/{id}, /tasks and /api/tasks answer 500
+    # until it was deleted, and an id with { or } could not be opened (404).
+    server = ServerProcess("--token", TOKEN, "--web-port", "0")
+    try:
+        host, port = dashboard_address(server)
+        base = f"http://{host}:{port}"
+        with Client(*server.address, token=TOKEN) as client:
+            deep: list[object] = []
+            for _ in range(1020):  # the deepest a body can be in a 1,024-level message
+                deep = [deep]
+            client.add("deep", deep, delay=3600, id="deep")
+            for task_id in HOSTILE_IDS:
+                client.add("ids", task_id, delay=3600, id=task_id)
+        opener = signed_in(base)
+        for path in ("/tasks/deep", "/tasks", "/tasks?topic=deep", "/api/tasks", "/api/tasks/deep"):
+            status, text = fetch(opener, base + path)
+            assert status == 200, (path, status)
+            if path != "/tasks":
+                assert "nested deeper than 64 levels" in text, path
+        api = json.loads(fetch(opener, base + "/api/tasks/deep")[1])
+        level, depth = api["body"], 0
+        while isinstance(level, list):
+            level, depth = level[0], depth + 1
+        assert (depth, level) == (64, "[nested deeper than 64 levels: not shown]")
+        for task_id in HOSTILE_IDS:
+            quoted = urllib.parse.quote(task_id, safe="")
+            status, text = fetch(opener, f"{base}/api/tasks/{quoted}")
+            assert status == 200 and json.loads(text)["id"] == task_id, task_id
+            status, text = fetch(opener, f"{base}/tasks/{quoted}")
+            assert status == 200 and html.escape(task_id) in text, task_id
+    finally:
+        server.stop()
+    assert " ERROR " not in server.log_text()
+
+
+def test_back_is_only_a_path_on_this_site() -> None:
+    # Before: /\evil.example and /<TAB>/evil.example passed, which browsers read as
+    # //evil.example.
+    for back in ("/\\evil.example", "/\t/evil.example", "//evil.example", "/\n/x", "https://x"):
+        assert back_of({"back": back}, "/") == "/", back
+    for back in ("/", "/tasks?topic=a&cursor=100", "/tasks/a%2Fb"):
+        assert back_of({"back": back}, "/") == back

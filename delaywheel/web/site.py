@@ -43,6 +43,10 @@ CSP = (
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 MAX_REQUESTS = 8
+# A path segment holding a task's or a schedule's id: anything but a slash
+# (aiohttp's default also refuses { and }, which ids may hold). A slash in an
+# id arrives as %2F, which aiohttp matches undecoded.
+ID = "{id:[^/]+}"
 
 
 def _is_loopback(address: str | None) -> bool:
@@ -69,7 +73,7 @@ class Dashboard(Context):
             ("/", pages.home),
             ("/topics", pages.topics),
             ("/tasks", pages.tasks),
-            ("/tasks/{id}", pages.task),
+            ("/tasks/" + ID, pages.task),
             ("/dead", pages.dead),
             ("/deliveries", pages.deliveries),
             ("/server", pages.server),
@@ -79,7 +83,7 @@ class Dashboard(Context):
             ("/api/stats", api.stats),
             ("/api/topics", api.topics),
             ("/api/tasks", api.tasks),
-            ("/api/tasks/{id}", api.task),
+            ("/api/tasks/" + ID, api.task),
             ("/api/dead", api.dead),
             ("/api/cluster", api.cluster),
         ]
@@ -91,9 +95,9 @@ class Dashboard(Context):
         app.router.add_get(b + "/events", pages.events)
         # The mutating routes: admin only, with the CSRF token (``_guard``).
         for name in ("delete", "kick", "run", "reschedule"):
-            app.router.add_post(b + "/tasks/{id}/" + name, forms.task_action)
+            app.router.add_post(b + "/tasks/" + ID + "/" + name, forms.task_action)
         for name in ("pause", "resume", "trigger"):
-            app.router.add_post(b + "/schedules/{id}/" + name, forms.schedule_action)
+            app.router.add_post(b + "/schedules/" + ID + "/" + name, forms.schedule_action)
         app.router.add_post(b + "/dead/kick", forms.bulk)
         app.router.add_post(b + "/dead/delete", forms.bulk)
         app.router.add_static(b + "/static", HERE / "static", append_version=False)
