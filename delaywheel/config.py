@@ -40,8 +40,10 @@ DEFAULT_MESSAGE_TIMEOUT_S = 30.0
 DEFAULT_AUTH_TIMEOUT_S = 10.0
 # Without --max-connections-per-address, one address may hold this share of
 # --max-connections: an application's hosts each keep a pool of connections,
-# and no one of them (or an attacker's) may take every slot.
+# and no one of them (or an attacker's) may take every slot. But always at
+# least a small pool's worth (or all, when --max-connections is smaller).
 DEFAULT_PER_ADDRESS_SHARE = 4  # a quarter
+MIN_PER_ADDRESS = 16
 DEFAULT_HTTP_ALLOW = "public"
 DEFAULT_HTTP_CONCURRENCY = 64
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
@@ -274,7 +276,8 @@ class Settings:
         """The connections one address may hold at once."""
         if self.max_connections_per_address is not None:
             return self.max_connections_per_address
-        return max(1, self.max_connections // DEFAULT_PER_ADDRESS_SHARE)
+        share = self.max_connections // DEFAULT_PER_ADDRESS_SHARE
+        return max(share, min(self.max_connections, MIN_PER_ADDRESS))
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without ``tls_cert``; raises ``ConfigError``."""

@@ -5,21 +5,25 @@ reading the server's memory from /proc and timing a second, honest client. The f
 issue measured before the fixes are in each test's comment; the bounds here are generous
 multiples of what the fixed server does, far below the broken one.
 
-The probes that already held when the issue was filed live where they were written; the list
-at the end of this module names them, so the hardening suite is this file plus those.
+The probes that already held when the issue was filed live where they were written;
+tests/hardening_probes.py names them, and ``pytest -m hardening`` runs this file,
+tests/test_hardening_web.py and those together.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import msgpack
 import pytest
+from hardening_probes import PROBES, WHOLE
 from rawpeer import Raw
 from serverproc import ServerProcess
 from test_connections import rss_bytes
@@ -133,15 +137,19 @@ def test_replies_nobody_reads_pin_little_and_slow_nobody() -> None:
         sock.sendall(msgpack.packb([0, 1, "auth", [TOKEN]]))
         packer = msgpack.Packer()
         sock.sendall(b"".join(packer.pack([0, 2 + i, "get", ["big"]]) for i in range(400)))
+        # While the server handles the first few gets (each packs and writes 1 MB), pings
+        # wait a little; then none of its requests is handled and pings are as before.
+        first = ping_times_s(other, 100)
         busy = ping_times_s(other)
         held = settle_rss(pid) - before
         print(
             f"held {held / 1e6:.1f} MB; ping p99 {p99(quiet) * 1e3:.2f} ms quiet,"
-            f" {p99(busy) * 1e3:.2f} ms beside it (max {busy[-1] * 1e3:.1f} ms)"
+            f" {p99(busy) * 1e3:.2f} ms beside it; at most {first[-1] * 1e3:.1f} ms as it began"
         )
         assert held < 20_000_000, held
-        # Within 2x, or 1 ms on a machine so quiet that a ping takes 0.1 ms.
-        assert p99(busy) < max(2 * p99(quiet), p99(quiet) + 0.001)
+        # Within 2x, or 5 ms: a ping takes 0.1 ms here, and a shared machine adds its own.
+        assert p99(busy) < max(2 * p99(quiet), p99(quiet) + 0.005)
+        assert first[-1] < 0.2  # before: 1,840 ms
         # The pipeline resumes as the client reads: every reply arrives, whole and in order.
         sock.settimeout(30)
         unpacker = msgpack.Unpacker(max_buffer_size=0)
@@ -224,7 +232,8 @@ def test_one_address_may_hold_a_share_of_the_slots() -> None:
 
 def test_connection_limits_are_checked_at_start() -> None:
     assert Settings(max_connections=200).connections_per_address == 50
-    assert Settings(max_connections=3).connections_per_address == 1
+    assert Settings(max_connections=3).connections_per_address == 3  # all, when few
+    assert Settings(max_connections=40).connections_per_address == 16  # a small pool's worth
     assert Settings(max_connections_per_address=7).connections_per_address == 7
     with pytest.raises(ConfigError, match="auth timeout must be > 0 s, got 0"):
         Settings(auth_timeout_s=0)
@@ -315,3 +324,19 @@ def test_bearer_guessing_on_the_api_is_slowed() -> None:
         assert http(dashboard + "/api/stats", TOKEN)[0] == 200
     finally:
         server.stop()
+
+
+def test_the_probe_list_names_tests_that_exist() -> None:
+    # tests/hardening_probes.py names the tests of the doors that held: a renamed or removed
+    # one must not leave the suite quietly.
+    tests = Path(__file__).resolve().parent
+    for file in (*WHOLE, *PROBES):
+        assert (tests / file).is_file(), file
+    for file, names in PROBES.items():
+        tree = ast.parse((tests / file).read_text())
+        defined = {
+            node.name
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        assert set(names) <= defined, (file, set(names) - defined)

@@ -192,3 +192,36 @@ def test_back_is_only_a_path_on_this_site() -> None:
         assert back_of({"back": back}, "/") == "/", back
     for back in ("/", "/tasks?topic=a&cursor=100", "/tasks/a%2Fb"):
         assert back_of({"back": back}, "/") == back
+
+
+TRAVERSALS = [
+    "/static/../site.py",
+    "/static/%2e%2e/site.py",
+    "/static/%2e%2e%2fsite.py",
+    "/static/..%2f..%2fconfig.py",
+    "/static/..%5csite.py",
+    "/static/....//site.py",
+    "/static//etc/passwd",
+    "/static/%252e%252e/site.py",
+]
+
+
+def test_static_files_do_not_leave_their_directory() -> None:
+    # Held when the issue was filed; kept so.
+    server = ServerProcess("--token", TOKEN, "--web-port", "0")
+    try:
+        host, port = dashboard_address(server)
+        for path in TRAVERSALS:
+            sock = socket.create_connection((host, port), timeout=10)
+            with sock:  # raw, so that no client library normalizes the path first
+                sock.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+                )
+                reply = b""
+                while chunk := sock.recv(65536):
+                    reply += chunk
+            status = int(reply.split(b" ", 2)[1])
+            assert status in (400, 403, 404), (path, status)
+            assert b"import" not in reply and b"root:" not in reply, path
+    finally:
+        server.stop()

@@ -124,7 +124,7 @@ def _serve_option(*names: str, **kwargs: Any) -> Callable[[F], F]:
     default=None,
     type=int,
     help="Connections one client address may hold at once [default: a quarter of "
-    "--max-connections].",
+    "--max-connections, at least 16].",
 )
 @_serve_option(
     "--http-allow",
