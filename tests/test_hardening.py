@@ -79,6 +79,31 @@ def test_unfinished_claims_hold_no_memory_before_or_after_auth() -> None:
         server.stop()
 
 
+def test_a_reserve_names_at_most_1000_topics() -> None:
+    # Before: a blocked reserve naming 100,000 topics (1.2 MB sent) held 90 MB here (a line
+    # per topic), 25 MB of it still after the connection closed. Now such a reserve is
+    # refused; 1,000 topics held about 1 MB.
+    server = ServerProcess()
+    try:
+        assert server.proc is not None
+        with Raw(server.address) as peer:
+            assert peer.call("ping") == "pong"
+            before = settle_rss(server.proc.pid)
+            many = [f"topic-{i}" for i in range(100_000)]
+            error = peer.call("reserve", many, 30)
+            assert error == (
+                "error",
+                "bad_request",
+                "reserve may name at most 1000 topics, got 100000",
+            )
+            peer.send("reserve", many[:1000], 30)  # blocks
+            held = settle_rss(server.proc.pid) - before
+            print(f"a reserve blocked on 1,000 topics: {held / 1e6:.1f} MB held")
+            assert held < 10_000_000, held
+    finally:
+        server.stop()
+
+
 def test_before_auth_a_message_is_at_most_16_kib() -> None:
     # Before: an unauthenticated peer could park 4 MiB (--max-message) per connection.
     server = ServerProcess("--token", TOKEN)
