@@ -135,57 +135,71 @@ def p99(times: list[float]) -> float:
     return times[int(len(times) * 0.99) - 1]
 
 
-def test_replies_nobody_reads_pin_little_and_slow_nobody() -> None:
-    # Before: 400 pipelined gets of a task with a 1 MiB body, never read, made the server
-    # hold 400 MB, and a second client's pings stalled. Now the server handles none of a
-    # connection's buffered requests while its replies wait to be read: it holds about one
-    # reply and the transport's buffer (measured: 2 MB held; pings unaffected).
+# A task with a 1 MiB body, and 1,000 small ones for list pages of 1,000.
+def _big_and_many(peer: Raw) -> None:
+    peer.call("add", {"id": "big", "topic": "t", "delay": 3600, "body": b"x" * 1_000_000})
+    tasks = [{"topic": "many", "delay": 3600, "body": {"n": i}} for i in range(1000)]
+    assert len(peer.call("add_many", tasks)) == 1000
+
+
+# (method, params, how many pipelined, the check of each result). Before, unread: 400 gets of
+# the big task held 402 MB here and stalled a second client's ping 1,840 ms; 2,000 list pages
+# of 1,000 held 2.4 GB in the probe. 300 pages (about 30 MB of replies) keep the test
+# short: each page costs the server milliseconds to make once the client reads.
+UNREAD = {
+    "get": ("get", ["big"], 400, lambda result: len(result["body"]) == 1_000_000),
+    "list": ("list", [{"topic": "many", "limit": 1000}], 300, lambda r: len(r["tasks"]) == 1000),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNREAD))
+def test_replies_nobody_reads_pin_little_and_slow_nobody(kind: str) -> None:
+    # Now the server handles none of a connection's buffered requests while its replies wait
+    # to be read: it holds about one reply and the transport's buffer (measured: 5 MB held
+    # for the gets, pings as before once it stalls).
+    method, params, count, check = UNREAD[kind]
     server = ServerProcess("--token", TOKEN)
     try:
         assert server.proc is not None
         pid = server.proc.pid
         with Raw(server.address) as setup:
             assert setup.call("auth", TOKEN) is True
-            big = setup.call(
-                "add", {"id": "big", "topic": "t", "delay": 3600, "body": b"x" * 1_000_000}
-            )
-            assert big["id"] == "big"
+            _big_and_many(setup)
         other = Raw(server.address)
         assert other.call("auth", TOKEN) is True
         quiet = ping_times_s(other)
         before = settle_rss(pid)
         sock = socket.socket()
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024
-        )  # keep the kernel's share small
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # a small kernel share
         sock.connect(server.address)
         sock.sendall(msgpack.packb([0, 1, "auth", [TOKEN]]))
         packer = msgpack.Packer()
-        sock.sendall(b"".join(packer.pack([0, 2 + i, "get", ["big"]]) for i in range(400)))
-        # While the server handles the first few gets (each packs and writes 1 MB), pings
+        sock.sendall(b"".join(packer.pack([0, 2 + i, method, params]) for i in range(count)))
+        # While the server handles the first few (each packs and writes a big reply), pings
         # wait a little; then none of its requests is handled and pings are as before.
         first = ping_times_s(other, 100)
         busy = ping_times_s(other)
         held = settle_rss(pid) - before
         print(
-            f"held {held / 1e6:.1f} MB; ping p99 {p99(quiet) * 1e3:.2f} ms quiet,"
-            f" {p99(busy) * 1e3:.2f} ms beside it; at most {first[-1] * 1e3:.1f} ms as it began"
+            f"{count} unread {method}s: held {held / 1e6:.1f} MB; ping p99 "
+            f"{p99(quiet) * 1e3:.2f} ms quiet, {p99(busy) * 1e3:.2f} ms beside it; at most "
+            f"{first[-1] * 1e3:.1f} ms as it began"
         )
         assert held < 20_000_000, held
         # Within 2x, or 5 ms: a ping takes 0.1 ms here, and a shared machine adds its own.
         assert p99(busy) < max(2 * p99(quiet), p99(quiet) + 0.005)
-        assert first[-1] < 0.2  # before: 1,840 ms
+        assert first[-1] < 0.2
         # The pipeline resumes as the client reads: every reply arrives, whole and in order.
         sock.settimeout(30)
-        unpacker = msgpack.Unpacker(max_buffer_size=0)
+        unpacker = msgpack.Unpacker(max_buffer_size=0, raw=False)
         replies = []
-        while len(replies) < 401:
+        while len(replies) < count + 1:
             data = sock.recv(1 << 20)
             assert data, "closed by server"
             unpacker.feed(data)
             replies.extend(unpacker)
-        assert [msgid for _, msgid, _, _ in replies] == list(range(1, 402))
-        assert all(len(result["body"]) == 1_000_000 for _, _, _, result in replies[1:])
+        assert [msgid for _, msgid, _, _ in replies] == list(range(1, count + 2))
+        assert all(check(result) for _, _, _, result in replies[1:])
         sock.close()
         other.close()
     finally:
