@@ -13,13 +13,14 @@ that had to block is answered out of line, when it gets a task or times out.
 Backpressure: when the transport's write buffer is full (a client that sends
 but never reads), or too many replies are waiting on the store, the connection
 stops reading until it drains; and while the transport's buffer is over its
-high-water mark, or more than MAX_HELD_REPLY_BYTES of replies are made and
-not yet written, it handles none of the requests it has already read (a
-pipeline of big reads would otherwise pile its replies up in memory). A turn
-stops as soon as its replies pass that size, so one reply larger than the
-bound goes out whole, alone. Memory per connection is therefore bounded by one
-read, one decoder buffer, about MAX_HELD_REPLY_BYTES of replies (or one reply)
-plus the transport's buffer, and MAX_QUEUED_REPLIES replies waiting on the store.
+high-water mark, or more than MAX_LINE_BYTES of replies wait on the store, it
+handles none of the requests it has already read (a pipeline of big reads
+would otherwise pile its replies up in memory). A turn stops as soon as its
+replies pass MAX_TURN_REPLY_BYTES, so one reply larger than the bound goes
+out whole, alone. Memory per connection is therefore bounded by one read, one
+decoder buffer, about MAX_TURN_REPLY_BYTES of replies (or one reply) plus the
+transport's buffer, and MAX_LINE_BYTES (or MAX_QUEUED_REPLIES replies) waiting
+on the store.
 
 An idle connection is small (about 3 kB, docs/operations.md "Connections"):
 its decoder holds a MessagePack parser only while a message is partly
@@ -55,11 +56,16 @@ log = logging.getLogger("delaywheel.connection")  # pinned: its name is document
 # Stop reading from a connection with this many replies waiting for the store:
 # enough for a deep pipeline, small enough to bound the memory it can pin.
 MAX_QUEUED_REPLIES = 10_000
-# Bytes of replies a connection may hold before it handles no more of its
-# requests until they leave (the transport's own high-water mark is 64 KiB
-# too): a client that pipelines big reads and never reads the replies pins at
-# most this, the transport's buffer and one reply, however large that is.
-MAX_HELD_REPLY_BYTES = 64 * 1024
+# Bytes of replies one turn may make before it stops (the transport's own
+# high-water mark is 64 KiB too): a client that pipelines big reads and never
+# reads the replies pins at most this, the transport's buffer and one reply,
+# however large that is.
+MAX_TURN_REPLY_BYTES = 64 * 1024
+# Bytes of replies waiting on the store above which no more requests are
+# handled until they leave: far above what a pipeline of adds has in flight
+# (10,000 replies of about 70 bytes), so only big replies (reserves of big
+# tasks) ever reach it.
+MAX_LINE_BYTES = 4 * 1024 * 1024
 # Requests handled per connection per loop turn before the rest wait a turn:
 # small enough that replies flow while a big pipeline is still being read,
 # large enough that the per-turn overhead is noise.
@@ -116,10 +122,9 @@ class Connection(asyncio.Protocol):
         self.ready: list[bytes] = []
         self.replies: deque[Replies] = deque()
         self.queued = 0
-        # Bytes of replies made and not yet handed to the transport (``held``),
-        # of which those in the line (``line_bytes``): over MAX_HELD_REPLY_BYTES,
-        # no more requests are handled until they leave (see _work).
-        self.held_bytes = 0
+        # Bytes of replies made this turn (``turn_bytes``, see _work), and of
+        # those in the line (``line_bytes``, see MAX_LINE_BYTES).
+        self.turn_bytes = 0
         self.line_bytes = 0
         # The newest batch we have a callback on: the journal's pending batch only
         # moves forward (a batch replaced never comes back), so one is enough to
@@ -224,12 +229,13 @@ class Connection(asyncio.Protocol):
         self.busy = False
         if self.transport is None:
             return
-        if self.writing_paused or self.held_bytes > MAX_HELD_REPLY_BYTES:
+        if self.writing_paused or self.line_bytes > MAX_LINE_BYTES:
             # The client is not reading what it was sent: handle nothing more
             # of its pipeline, or its replies would pile up in memory.
             self.stalled = True
             self._update_reading()
             return
+        self.turn_bytes = 0
         decoder, journal = self.decoder, self.journal
         handled = 0
         journal.flushed_by_caller = journal.inline  # flushed in the finally below
@@ -241,7 +247,7 @@ class Connection(asyncio.Protocol):
                     self._handle(message, now_s)
                 # Notifications from clients are ignored (pynvim sends one to
                 # announce itself); a response from a client has no meaning.
-                if handled == MAX_REQUESTS_PER_TURN or self.held_bytes > MAX_HELD_REPLY_BYTES:
+                if handled == MAX_REQUESTS_PER_TURN or self.turn_bytes > MAX_TURN_REPLY_BYTES:
                     self.busy = True
                     break
         except ProtocolError as exc:
@@ -305,7 +311,7 @@ class Connection(asyncio.Protocol):
     def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
         replies = self.replies
         size = len(payload)
-        self.held_bytes += size
+        self.turn_bytes += size
         if not replies:
             if batch is None:  # nothing to wait for, nothing ahead of it
                 self.ready.append(payload)
@@ -355,8 +361,7 @@ class Connection(asyncio.Protocol):
         if ready and self.transport is not None:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
             ready.clear()
-            self.held_bytes = self.line_bytes
-        if self.stalled and not self.writing_paused and self.held_bytes <= MAX_HELD_REPLY_BYTES:
+        if self.stalled and not self.writing_paused and self.line_bytes <= MAX_LINE_BYTES:
             self._resume_work()
         if (
             self.reading_paused
