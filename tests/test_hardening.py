@@ -214,6 +214,7 @@ def refusal(sock: socket.socket) -> list[object]:
     return list(error)
 
 
+@pytest.mark.slow  # waits --auth-timeout
 def test_connections_that_never_sign_in_lose_their_slot() -> None:
     # Before: 200 idle connections held every slot of --max-connections 200 for as long as
     # they liked, and a real client was told "too many connections". Now each is closed

@@ -81,6 +81,7 @@ def test_half_sent_requests_cannot_starve_the_protocol_port() -> None:
         server.stop()
 
 
+@pytest.mark.slow  # waits IDLE_TIMEOUT_S
 def test_headers_that_never_finish_are_cut_off_in_seconds() -> None:
     # Before: 3,630 s (aiohttp's keep-alive default). Now IDLE_TIMEOUT_S.
     server = ServerProcess("--token", TOKEN, "--web-port", "0")
