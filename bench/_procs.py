@@ -119,6 +119,9 @@ def server_process(
 
     ``args`` are more ``serve`` options, e.g. ``("--tick", "0.01")``.
     """
+    # Every client of a bench connects from 127.0.0.1: one address may hold every
+    # connection (by default a quarter of --max-connections).
+    args = ("--max-connections-per-address", "10000", *args)
     try:
         server = ServerProcess(*args, store=store_url, tick=None, start_timeout_s=START_TIMEOUT_S)
     except RuntimeError as exc:

@@ -25,7 +25,7 @@ from delaywheel.config import DEFAULT_LEASE_S, Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
-from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.coordinator import Coordinator, NodeRights
 from delaywheel.ha.sharing import Sharing
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.limits import raise_open_files_limit

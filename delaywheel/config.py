@@ -30,6 +30,15 @@ DEFAULT_PORT = 3450
 DEFAULT_STORE = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MESSAGE_TIMEOUT_S = 30.0
+# A connection to a server with a token must sign in within this long: idle
+# connections that never do would otherwise hold --max-connections' slots.
+DEFAULT_AUTH_TIMEOUT_S = 10.0
+# Without --max-connections-per-address, one address may hold this share of
+# --max-connections: an application's hosts each keep a pool of connections,
+# and no one of them (or an attacker's) may take every slot. But always at
+# least a small pool's worth (or all, when --max-connections is smaller).
+DEFAULT_PER_ADDRESS_SHARE = 4  # a quarter
+MIN_PER_ADDRESS = 16
 DEFAULT_HTTP_ALLOW = "public"
 DEFAULT_HTTP_CONCURRENCY = 64
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
@@ -114,6 +123,12 @@ class Settings:
     web_viewer_token: str | None = None
     web_hide_bodies: bool = False  # viewers see no task bodies
     web_insecure: bool = False
+    # Connections (docs/operations.md, "Connections"): on a server with a
+    # token, one that has not signed in within auth_timeout_s is closed; one
+    # address may hold at most max_connections_per_address (None: a quarter
+    # of max_connections, ``connections_per_address``).
+    auth_timeout_s: float = DEFAULT_AUTH_TIMEOUT_S
+    max_connections_per_address: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -154,6 +169,7 @@ class Settings:
         self._check_cluster()
         self._check_web()
         self._check_tls()
+        self._check_connections()
 
     def _check_delivery(self) -> None:
         if self.http_concurrency < 1:
@@ -239,6 +255,24 @@ class Settings:
                 " token: anyone who can reach it could delete every task. Set --token (the"
                 " dashboard's sign-in), or pass --web-insecure if that is meant"
             )
+
+    def _check_connections(self) -> None:
+        if not (math.isfinite(self.auth_timeout_s) and self.auth_timeout_s > 0):
+            raise ConfigError(f"auth timeout must be > 0 s, got {self.auth_timeout_s}")
+        per_address = self.max_connections_per_address
+        if per_address is not None and not 1 <= per_address <= self.max_connections:
+            raise ConfigError(
+                f"max connections per address must be 1 to max connections"
+                f" ({self.max_connections}), got {per_address}"
+            )
+
+    @property
+    def connections_per_address(self) -> int:
+        """The connections one address may hold at once."""
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        share = self.max_connections // DEFAULT_PER_ADDRESS_SHARE
+        return max(share, min(self.max_connections, MIN_PER_ADDRESS))
 
     def _check_tls(self) -> None:
         """The TLS files go together; net/tls.py loads them (``tls_of``), at start."""

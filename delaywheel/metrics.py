@@ -39,6 +39,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.task import STATES
+from delaywheel.net.httpsite import BoundedSite
+from delaywheel.net.limits import METRICS_CONNECTIONS
 from delaywheel.tallies import Histogram
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ PATH = "/metrics"
 # delivery target types and outcomes, and the codes a connection is refused with.
 DELIVERY_TARGETS = ("http", "redis", "amqp", "nats")
 DELIVERY_OUTCOMES = ("delivered", "failed")
-REFUSAL_CODES = ("bad_request", "too_large", "unavailable")
+REFUSAL_CODES = ("bad_request", "too_large", "unauthorized", "unavailable")
 
 # The engine's event counts (``EventCounts``) as counters: (slot, name, help).
 _EVENTS = (
@@ -303,6 +305,19 @@ class ServerCollector:
         for name, n in sorted(server.accept_errors.items()):
             accept_errors.add_metric([name], n)
         yield accept_errors
+        signins = server.signins
+        for name, counts, text in (
+            ("failures", signins.failures, "Wrong tokens given"),
+            ("refused", signins.refused, "Sign-ins refused unread after failures from the address"),
+        ):
+            family = CounterMetricFamily(
+                f"delaywheel_auth_{name}_total",
+                f"{text}, by door (protocol auth, dashboard api, sign_in form).",
+                labels=["door"],
+            )
+            for door, n in counts.items():
+                family.add_metric([door], n)
+            yield family
 
     def _deliveries(self) -> Iterator[Metric]:
         deliveries = self._server.deliveries
@@ -383,6 +398,7 @@ class MetricsEndpoint:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._runner: web.AppRunner | None = None
+        self._site: BoundedSite | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen; returns the address (the port picked when ``port`` is 0)."""
@@ -390,21 +406,22 @@ class MetricsEndpoint:
         app.router.add_get(PATH, self._scrape)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
+        self._site = site = BoundedSite(runner, max_connections=METRICS_CONNECTIONS, name="metrics")
         try:
-            site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
+            address = await site.start(host, port)
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        address = runner.addresses[0]
-        return address[0], address[1]
+        return address
 
     async def _scrape(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encoder(self._registry), headers={"Content-Type": content_type})
 
     async def stop(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

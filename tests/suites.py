@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hardening_probes import mark_hardening
 from services import BROKERS, need_brokers
 
 MARKERS = ("slow", "process", "redis", "brokers", "packaging")
@@ -84,6 +85,7 @@ def fixturenames(item: pytest.Item) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_hardening(items)  # ``-m hardening``: issue 30's suite (tests/hardening_probes.py)
     for item in items:
         for name in sorted(fixturenames(item)):
             mark = fixture_mark(name)

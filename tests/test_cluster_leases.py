@@ -297,7 +297,7 @@ def test_a_first_round_that_loads_for_longer_than_the_lease_keeps_every_partitio
         )
         store, keyspace = shared_store(settings)
         await store.open()
-        _, coordinator = _assemble(settings, store, keyspace)
+        server, coordinator = _assemble(settings, store, keyspace)
         assert coordinator is not None
         thresholds = gc.get_threshold()
         try:

@@ -51,6 +51,9 @@ MAX_RESERVES_ANSWERED_S = 5.0
 # Descriptors the server needs besides the connections, on the memory store
 # with the default --http-concurrency (net/limits.py), and some to spare.
 SERVER_OVERHEAD = 300
+# Every holder connects from 127.0.0.1: one address may hold them all (by default a
+# quarter of --max-connections, docs/operations.md "Connections").
+ONE_ADDRESS = ("--max-connections-per-address", "10000")
 # Runs uvloop's server, or asyncio's own loop (uvloop made unimportable).
 ON_ASYNCIO = (
     "-c",
@@ -150,7 +153,7 @@ def settled_rss(server: ServerProcess) -> int:
 @pytest.mark.timeout(300)
 def test_5000_connections_are_served_from_a_soft_limit_of_1024() -> None:
     needs_descriptors(CONNECTIONS + SERVER_OVERHEAD)
-    server = ServerProcess(prefix=["prlimit", f"--nofile=1024:{hard_limit()}"])
+    server = ServerProcess(*ONE_ADDRESS, prefix=["prlimit", f"--nofile=1024:{hard_limit()}"])
     try:
         pid = server_pid(server)
         assert open_files_limit(pid) >= CONNECTIONS  # raised at start
@@ -174,7 +177,7 @@ def test_5000_connections_are_served_from_a_soft_limit_of_1024() -> None:
 @pytest.mark.timeout(300)
 def test_5000_blocked_reserves_each_get_a_task_after_one_add_many() -> None:
     needs_descriptors(CONNECTIONS + SERVER_OVERHEAD)
-    server = ServerProcess()
+    server = ServerProcess(*ONE_ADDRESS)
     try:
         before = settled_rss(server)
         with holders(server, CONNECTIONS, "block", "jobs") as procs:

@@ -31,7 +31,8 @@ PING = enc.request(1, "ping", [])
 
 
 def pool_of(decoder: Decoder) -> Any:
-    return decoder._pool
+    """The idle unpackers of the decoder's pool (each pooled with its skipper)."""
+    return [unpacker for _skipper, unpacker in decoder._pool]
 
 
 def decode(decoder: Decoder, data: bytes) -> list[Message]:
@@ -147,7 +148,7 @@ def test_the_pool_keeps_at_most_a_few_idle_unpackers() -> None:
 
 def test_limits_are_not_shared_between_decoders_of_other_limits() -> None:
     small, default = Decoder(max_message_bytes=1024), Decoder()
-    assert pool_of(small) is not pool_of(default)
+    assert small._pool is not default._pool
     body = enc.request(5, "add", [{"body": b"z" * 2000}])
     with pytest.raises(ProtocolError) as info:
         decode(small, body)

@@ -22,10 +22,8 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServer
-from owners import RecordingOwner
-from conftest import primary_with_replica
 from conftest import RedisServer, primary_with_replica
+from owners import RecordingOwner
 
 from delaywheel.store.base import Changes, StoreError
 from delaywheel.store.redis import RedisStore

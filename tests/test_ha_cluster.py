@@ -23,13 +23,12 @@ import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
 from hacheck import Delivery, Fault, LoadGenerator, RequestLog, check, sink
-from owners import RecordingOwner
-from serverproc import ServerProcess
 from helpers import run
+from owners import RecordingOwner
+from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
 from delaywheel.ha.lease import Leases
-from serverproc import ServerProcess, free_port
 from delaywheel.store.base import Changes
 from delaywheel.store.redis import FencedWrite, RedisStore
 from delaywheel.store.redis.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter

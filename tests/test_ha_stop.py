@@ -30,9 +30,8 @@ from redis.asyncio import Redis
 from serverproc import ServerProcess
 from waiting import wait_until
 
-from delaywheel.ha.coordinator import Coordinator, NodeRights
 from delaywheel.engine.engine import Engine
-from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.coordinator import Coordinator, NodeRights
 from delaywheel.ha.sharing import Sharing
 from delaywheel.store.redis import RedisStore
 

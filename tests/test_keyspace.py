@@ -9,11 +9,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-from conftest import RedisServer
-from owners import RecordingOwner
-from conftest import db_of
-from helpers import run
 from conftest import RedisServer, db_of
+from helpers import run
+from owners import RecordingOwner
 
 from delaywheel.store.base import Changes, StoreError, StoreUnavailable
 from delaywheel.store.redis import FencedWrite, Holder, Holders, RedisStore

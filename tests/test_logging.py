@@ -397,6 +397,14 @@ def check_events(
         assert back.fields["failed_writes"] == ids.failed_writes
         assert back.fields["store"] == store == connected.fields["store"]
 
+    # The wrong token: one line for the burst, naming the address, not the token.
+    one(
+        events,
+        r"failed sign-in from 127\.0\.0\.1 \(protocol\): after 5 failures in a row it is "
+        r"refused for a growing time, up to 60 s",
+        "WARNING",
+        "delaywheel.auth",
+    )
     one(events, "shutting down", "INFO", "delaywheel")
     # Nothing else, from any logger: the push's failed attempts while its broker
     # was down, and the store's Redis as a broker, are the only other lines.

@@ -405,11 +405,46 @@ def test_default_container_limit() -> None:
 
 
 def test_str_over_the_limit_is_too_large() -> None:
-    # Whole, msgpack's own str cap names the str; fed in pieces, the message cap fires first.
+    # The message is measured before anything of it is built, so its size is what is named.
     data = enc.request(1, "m", ["x" * 60])
     reject_three_ways(data, "too_large", "", max_message_bytes=50)
-    with pytest.raises(ProtocolError, match="60 exceeds max_str_len"):
+    with pytest.raises(ProtocolError, match="a 68-byte message is over the 50-byte limit"):
         Decoder(max_message_bytes=50).receive(data)
+
+
+def test_lowered_limit_applies_and_can_be_put_back() -> None:
+    # A server lowers the limit until a connection signs in (net/connection.py).
+    decoder = Decoder(max_message_bytes=1000)
+    decoder.max_message_bytes = 50
+    assert decoder.receive(enc.request(1, "auth", ["t" * 20]))[0].method == "auth"
+    decoder.max_message_bytes = 1000
+    assert decoder.receive(enc.request(2, "m", ["x" * 500]))[0].msgid == 2
+    decoder.max_message_bytes = 50
+    with pytest.raises(ProtocolError, match="over the 50-byte limit"):
+        decoder.receive(enc.request(3, "m", ["x" * 60]))
+    with pytest.raises(ValueError, match=r"1\.\.1000"):
+        Decoder(max_message_bytes=1000).max_message_bytes = 1001
+
+
+def test_unfinished_claims_build_nothing() -> None:
+    # 1,000 nested headers each claiming 100,000 entries, never finished: the skipper walks
+    # them without building, so nothing is preallocated (issue 30, finding 1). The decoder's
+    # two parsers and their buffers are about 600 kB; one list of 100,000 is another 800 kB
+    # (all 1,000 were 800 MB before).
+    import tracemalloc
+
+    bomb = b"\x94\x00\x01\xa3add" + b"\xdd\x00\x01\x86\xa0" * 1000
+    decoder = Decoder()
+    tracemalloc.start()
+    try:
+        for i in range(0, len(bomb), 7):
+            decoder.feed(bomb[i : i + 7])
+            assert list(decoder) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, peak
+    assert decoder.buffered_bytes == len(bomb)
 
 
 @pytest.mark.parametrize("limits", [{"max_message_bytes": 0}, {"max_container_len": -1}])

@@ -30,9 +30,9 @@ from hacheck import Sink, sink
 from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
-from delaywheel.ha.membership import first_choice
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
+from delaywheel.ha.membership import first_choice
 from delaywheel.store.redis.layout import Layout
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]

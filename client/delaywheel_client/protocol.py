@@ -14,25 +14,39 @@ parsed once. The size of each message is the distance ``Unpacker.tell()`` moved 
 it. A decoded array is then checked against the three shapes ``[0, msgid, method, params]``,
 ``[1, msgid, error, result]`` and ``[2, method, params]``.
 
-Memory. An ``Unpacker`` is about 41 KiB however it is configured (its parser embeds a stack
-of 1024 levels), so a decoder holds one only while it has bytes buffered: from the ``feed()``
+Memory. A decoder builds nothing until a message has wholly arrived: msgpack's C parser
+preallocates every list and dict from its header's count, so a parser fed an unfinished
+message holds what the message claims, not what was sent (1,000 nested headers claiming
+100,000 entries each, 5 KB on the wire, held about 66 MB). So each decoder feeds the same bytes
+to two unpackers: a *skipper*, which walks the next message with ``skip()`` and builds nothing
+(its place inside a half-received message is a stack of counts), and the unpacker proper, whose
+``unpack()`` is called only once the skipper has passed the whole message, when every claim
+has been paid for in bytes that arrived. A connection mid-message therefore holds its bytes
+twice and two parsers, whatever the bytes claim.
+
+An ``Unpacker`` is about 41 KiB however it is configured (its parser embeds a stack of 1024
+levels), so a decoder holds its pair only while it has bytes buffered: from the ``feed()``
 that brings bytes until an iteration has yielded every one of them as a message. Then the
-unpacker, empty and back at the start of a message, goes to a small pool shared by every
-decoder of the process with the same limits, and the next decoder that receives bytes takes
-it. Whole messages, the common case, pass through one pooled unpacker; a connection mid-message
-keeps its own, with its parser's place, until the message is complete. An idle decoder (a
-server's idle connection, a client's idle pooled connection) is a few attributes. The pool is
-plain lists, so decoders in different threads may share it; one decoder is still not
-thread-safe.
+pair, empty and back at the start of a message, goes to a small pool shared by every decoder
+of the process with the same limits, and the next decoder that receives bytes takes it. Whole
+messages, the common case, pass through one pooled pair; a connection mid-message keeps its
+own, with the skipper's place, until the message is complete. An idle decoder (a server's idle
+connection, a client's idle pooled connection) is a few attributes. The pool is plain lists,
+so decoders in different threads may share it; one decoder is still not thread-safe.
 
 Limits. Input is untrusted, so every buffer is bounded:
 
-- ``max_message_bytes`` caps one message. It is checked when a message completes (by its
-  ``tell()`` delta) and, so that nobody has to wait for 1 GB to arrive before refusing it,
-  after every feed for the incomplete message still buffered. ``feed()`` also refuses input
-  while more than the limit is already waiting, so the buffer stays below the limit plus one
-  fed chunk even for a caller that feeds without iterating.
-- ``max_container_len`` caps every array and map (msgpack allocates from the header's count).
+- ``max_message_bytes`` caps one message. It is checked when the skipper has passed a message
+  (by its ``tell()`` delta), before anything is built, and, so that nobody has to wait for
+  1 GB to arrive before refusing it, after every feed for the incomplete message still
+  buffered. ``feed()`` also refuses input while more than the limit is already waiting, so
+  the buffer stays below the limit plus one fed chunk even for a caller that feeds without
+  iterating.
+- ``max_container_len`` caps every array and map, checked as the unpacker builds it (the
+  skipper does not check counts: it allocates nothing, and a claim it waits on is bounded by
+  the message limit).
+- ``max_message_bytes`` may be lowered after the decoder is made (a server does until a
+  connection signs in) and put back, never above its first value.
 - str, bin and ext payloads are capped at ``max_message_bytes`` (a bigger one cannot fit in a
   message anyway; without this msgpack would derive its caps from its 4 GiB buffer cap).
 
@@ -46,13 +60,13 @@ caller's fault and raise ``TypeError`` from ``Encoder``.
 Where it is weak.
 
 - The limits bound wire bytes, not Python objects. Decoded objects are larger than their
-  encoding (an empty array is 1 byte on the wire and a 56-byte list in memory), and msgpack
-  preallocates a list when it reads an array header. Nesting is allowed 1024 deep, so about
-  5 KiB of nested 100,000-entry array headers that never complete was measured to hold about
-  80 MiB (msgpack 1.2). The codec cannot see inside msgpack's parser; the defence belongs to
-  the server: cap connections and give an incomplete message a deadline.
-- A complete oversized message that arrives within one chunk is fully decoded before it is
-  refused, so callers must keep their read chunks small (64-256 KiB).
+  encoding (an empty array is 1 byte on the wire and a 56-byte list in memory), so a message
+  being handled costs up to about 60 times its size for as long as it is handled; nothing of
+  it stays once it has been.
+- Each message is parsed twice, once by the skipper and once by the unpacker: about 0.1-0.3 µs
+  more for a 100-byte request.
+- A chunk is buffered whole before its messages are looked at, so callers must keep their
+  read chunks small (64-256 KiB).
 - ``receive()`` is all or nothing per chunk: when a chunk holds good messages followed by junk,
   it raises and the good messages are lost. Iterate instead to get them.
 """
@@ -143,8 +157,10 @@ class Decoder:
         "_grown",
         "_max_container_len",
         "_max_message_bytes",
+        "_max_string_bytes",
         "_pool",
         "_shift",
+        "_skipper",
         "unpacker",
     )
 
@@ -159,11 +175,16 @@ class Decoder:
         if max_container_len < 0:
             raise ValueError(f"max_container_len must be >= 0, got {max_container_len}")
         self._max_message_bytes = max_message_bytes
+        # Built into the unpackers (their str, bin and ext cap): the largest limit
+        # ``max_message_bytes`` may be set to later.
+        self._max_string_bytes = max_message_bytes
         self._max_container_len = max_container_len
         self._pool = _pool_for(max_message_bytes, max_container_len)
         # The Unpacker held while bytes are buffered; None when none are (or when dead), so
         # a caller can tell an idle decoder at the cost of an attribute. Read it, never use it.
+        # It is held with its skipper (see "Memory"), which is fed the same bytes.
         self.unpacker: Any = None
+        self._skipper: Any = None
         self._fed = 0  # bytes fed since the start of the stream
         self._consumed = 0  # stream offset just past the last message yielded
         # The held unpacker's ``tell()`` minus our stream offset: a pooled unpacker has
@@ -173,6 +194,21 @@ class Decoder:
         # freed, not pooled (a buffer never shrinks).
         self._grown = False
         self._error: ProtocolError | None = None
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The message limit now. A server lowers it until a connection has signed in
+        (``auth`` needs a few hundred bytes), then puts it back; it may not go above the
+        limit the decoder was made with, which its unpackers' str and bin caps are."""
+        return self._max_message_bytes
+
+    @max_message_bytes.setter
+    def max_message_bytes(self, limit: int) -> None:
+        if not 1 <= limit <= self._max_string_bytes:
+            raise ValueError(
+                f"max_message_bytes must be in 1..{self._max_string_bytes}, got {limit}"
+            )
+        self._max_message_bytes = limit
 
     @property
     def buffered_bytes(self) -> int:
@@ -193,20 +229,24 @@ class Decoder:
             )
         size = len(data)
         unpacker = self.unpacker
-        if unpacker is None:  # nothing buffered: take an idle unpacker (inline: once a read)
+        if unpacker is None:  # nothing buffered: take an idle pair (inline: once a read)
             if not size:
                 return
             try:
-                unpacker = self._pool.pop()
+                skipper, unpacker = self._pool.pop()
             except IndexError:  # none idle (in threads, another may just have taken it)
-                unpacker = _new_unpacker(self._max_message_bytes, self._max_container_len)
-            self._shift = unpacker.tell() - self._consumed
-            self.unpacker = unpacker
+                skipper = _new_unpacker(self._max_string_bytes, self._max_container_len)
+                unpacker = _new_unpacker(self._max_string_bytes, self._max_container_len)
+            self._shift = skipper.tell() - self._consumed
+            self.unpacker, self._skipper = unpacker, skipper
             if size > UNPACKER_BUFFER_BYTES:
                 self._grown = True
-        elif waiting + size > UNPACKER_BUFFER_BYTES:
-            self._grown = True
+        else:
+            skipper = self._skipper
+            if waiting + size > UNPACKER_BUFFER_BYTES:
+                self._grown = True
         try:
+            skipper.feed(data)
             unpacker.feed(data)
         except msgpack.BufferFull:
             raise self._fail(
@@ -221,24 +261,29 @@ class Decoder:
         unpacker = self.unpacker
         if unpacker is None:  # nothing buffered
             return
-        tell, unpack, shift = unpacker.tell, unpacker.unpack, self._shift
-        limit = self._max_message_bytes
+        skipper = self._skipper
+        skip, tell, unpack, shift = skipper.skip, skipper.tell, unpacker.unpack, self._shift
         try:
-            # unpack() while bytes are left, not ``for obj in unpacker``: that
-            # ends every read with a StopIteration, whose Cython traceback costs
-            # more than decoding a small message (docs/performance.md). Only a
-            # read that ends mid-message raises, OutOfData.
+            # skip() then unpack(): the skipper walks the next message without building
+            # anything, so the unpacker, which preallocates every array and map from its
+            # header, only ever parses a message whose bytes have all arrived (see
+            # "Memory"). unpack() while bytes are left, not ``for obj in unpacker``: that
+            # ends every read with a StopIteration, whose Cython traceback costs more than
+            # decoding a small message (docs/performance.md). Only a read that ends
+            # mid-message raises, OutOfData.
             while self._consumed < self._fed:
                 try:
-                    obj = unpack()
+                    skip()
                 except msgpack.OutOfData:
                     break
                 end = tell() - shift
                 size = end - self._consumed
-                if size > limit:
+                if size > self._max_message_bytes:
+                    limit = self._max_message_bytes
                     raise ProtocolError(
                         "too_large", f"a {size}-byte message is over the {limit}-byte limit"
                     )
+                obj = unpack()
                 self._consumed = end
                 # Fast path for a well-formed request or response, inline because this runs
                 # once per message; everything else, errors included, goes the long way.
@@ -258,27 +303,29 @@ class Decoder:
                 if end != self._fed:
                     yield obj
                     continue
-                # The last whole message of what was fed: the unpacker is empty and at the
-                # start of a message, so it goes back now, before the yield, since a caller
-                # may stop at this message and never resume (inline: once a read).
-                self.unpacker = None
+                # The last whole message of what was fed: both unpackers are empty and at
+                # the start of a message, so they go back now, before the yield, since a
+                # caller may stop at this message and never resume (inline: once a read).
+                self.unpacker = self._skipper = None
                 if self._grown:
                     self._grown = False
                 else:
-                    self._pool.append(unpacker)
+                    self._pool.append((skipper, unpacker))
                 yield obj
                 unpacker = self.unpacker
                 if unpacker is None:
                     return
-                tell, unpack, shift = unpacker.tell, unpacker.unpack, self._shift  # fed meanwhile
+                skipper = self._skipper  # fed meanwhile
+                skip, tell, unpack, shift = skipper.skip, skipper.tell, unpacker.unpack, self._shift
         except ProtocolError as exc:
             self._error = exc
-            self.unpacker = None
+            self.unpacker = self._skipper = None
             raise
         except (ValueError, TypeError, RecursionError) as exc:
-            raise self._fail(*_unpack_error(exc, unpacker, shift)) from exc
+            raise self._fail(*_unpack_error(exc, skipper, shift)) from exc
         waiting = self._fed - self._consumed
-        if waiting > limit:
+        if waiting > self._max_message_bytes:
+            limit = self._max_message_bytes
             raise self._fail(
                 "too_large",
                 f"an incomplete message is already {waiting} bytes, over the {limit}-byte limit",
@@ -292,11 +339,11 @@ class Decoder:
 
     def _fail(self, code: str, message: str) -> ProtocolError:
         self._error = ProtocolError(code, message)
-        self.unpacker = None  # mid-parse or broken: never back to the pool
+        self.unpacker = self._skipper = None  # mid-parse or broken: never back to the pool
         return self._error
 
 
-# The idle unpackers, by the limits they were made with: ``(max_message_bytes,
+# The idle (skipper, unpacker) pairs, by the limits they were made with: ``(max_message_bytes,
 # max_container_len) -> list``. Limits are built into an Unpacker, so decoders share only
 # with decoders of the same limits; a process has a few sets of them (the server's, the
 # client's), and a decoder with limits beyond MAX_POOLS sets keeps a pool of its own.

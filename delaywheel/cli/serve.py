@@ -13,6 +13,7 @@ from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from delaywheel.cli.errors import EXIT_CANNOT_LISTEN, EXIT_UNREACHABLE
 from delaywheel.cli.params import Duration, EnvOption
 from delaywheel.config import (
+    DEFAULT_AUTH_TIMEOUT_S,
     DEFAULT_HOST,
     DEFAULT_HTTP_ALLOW,
     DEFAULT_HTTP_CONCURRENCY,
@@ -53,7 +54,10 @@ HELP_SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "Store": ("--store", "--redis-prefix", "--slow-flush"),
     "The wheel": ("--slots", "--tick"),
-    "Limits": ("--max-message", "--max-body", "--max-connections", "--message-timeout"),
+    "Limits": (
+        "--max-message", "--max-body", "--max-connections", "--max-connections-per-address",
+        "--message-timeout", "--auth-timeout",
+    ),
     "Deliveries": (
         "--http-allow", "--http-concurrency", "--signing-secret", "--broker", "--retry-base",
         "--retry-cap", "--shutdown-grace",
@@ -154,6 +158,21 @@ class _SectionedCommand(click.Command):
     show_default=True,
     type=float,
     help="Seconds a peer may take to finish a message it has started.",
+)
+@_serve_option(
+    "--auth-timeout",
+    "auth_timeout_s",
+    default=DEFAULT_AUTH_TIMEOUT_S,
+    show_default=True,
+    type=float,
+    help="With --token, seconds a connection may take to send auth before it is closed.",
+)
+@_serve_option(
+    "--max-connections-per-address",
+    default=None,
+    type=int,
+    help="Connections one client address may hold at once [default: a quarter of "
+    "--max-connections, at least 16].",
 )
 @_serve_option(
     "--http-allow",

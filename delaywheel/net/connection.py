@@ -12,8 +12,15 @@ that had to block is answered out of line, when it gets a task or times out.
 
 Backpressure: when the transport's write buffer is full (a client that sends
 but never reads), or too many replies are waiting on the store, the connection
-stops reading until it drains. Memory per connection is therefore bounded by
-one read, one decoder buffer and that many replies.
+stops reading until it drains; and while the transport's buffer is over its
+high-water mark (OUTPUT_HIGH_BYTES), or more than MAX_LINE_BYTES of replies wait on the store, it
+handles none of the requests it has already read (a pipeline of big reads
+would otherwise pile its replies up in memory). A turn stops as soon as its
+replies pass MAX_TURN_REPLY_BYTES, so one reply larger than the bound goes
+out whole, alone. Memory per connection is therefore bounded by one read, one
+decoder buffer, about MAX_TURN_REPLY_BYTES of replies (or one reply) plus the
+transport's buffer, and MAX_LINE_BYTES (or MAX_QUEUED_REPLIES replies) waiting
+on the store.
 
 An idle connection is small (about 3 kB, docs/operations.md "Connections"):
 its decoder holds a MessagePack parser only while a message is partly
@@ -49,12 +56,36 @@ log = logging.getLogger("delaywheel.connection")  # pinned: its name is document
 # Stop reading from a connection with this many replies waiting for the store:
 # enough for a deep pipeline, small enough to bound the memory it can pin.
 MAX_QUEUED_REPLIES = 10_000
+# The transport's high-water mark: above it, the connection handles none of
+# its buffered requests and reads nothing more until the client has read its
+# replies down to a quarter of it. Group commit answers a pipeline's adds in
+# bursts (a store write's worth: 8,000 replies of ~70 bytes in the journal
+# bench); asyncio's 64 KiB default made every burst a pause, and Redis
+# pipelined adds lost a third of their rate waiting on the client.
+OUTPUT_HIGH_BYTES = 1024 * 1024
+# Bytes of replies one turn may make before it stops: a client that pipelines
+# big reads and never reads the replies pins at most this, the transport's
+# buffer (OUTPUT_HIGH_BYTES) and one reply, however large that is.
+MAX_TURN_REPLY_BYTES = 64 * 1024
+# Bytes of replies waiting on the store above which no more requests are
+# handled until they leave: far above what a pipeline of adds has in flight
+# (10,000 replies of about 70 bytes), so only big replies (reserves of big
+# tasks) ever reach it.
+MAX_LINE_BYTES = 4 * 1024 * 1024
 # Requests handled per connection per loop turn before the rest wait a turn:
 # small enough that replies flow while a big pipeline is still being read,
 # large enough that the per-turn overhead is noise.
 MAX_REQUESTS_PER_TURN = 256
+# The message limit of a connection that has not signed in yet (on a server
+# with a token): ``auth`` with a token takes a few hundred bytes, and a peer
+# that has proved nothing should not make the server buffer megabytes.
+UNAUTHENTICATED_MAX_MESSAGE_BYTES = 16 * 1024
 # A reserve may block for at most a day; longer waits are a client bug.
 MAX_RESERVE_TIMEOUT_S = 86_400.0
+# Topics one reserve may name. A blocked reserve waits in a line per topic
+# (about 0.6 kB each), so 100,000 topics (1.2 MB sent) held 90 MB; a worker
+# that watches more than this many topics is better served by fewer.
+MAX_RESERVE_TOPICS = 1_000
 
 
 class Replies:
@@ -68,10 +99,11 @@ class Replies:
     every reply in the line, and the line is emptied a group at a time
     (docs/performance.md, "Measurements behind the code")."""
 
-    __slots__ = ("batch", "msgids", "payloads", "routes")
+    __slots__ = ("batch", "msgids", "payloads", "routes", "size")
 
     def __init__(self, batch: Batch | None) -> None:
         self.batch = batch
+        self.size = 0  # bytes of its payloads
         self.payloads: list[bytes] = []
         self.msgids: list[int] = []
         self.routes: list[Method] = []  # the method each answers: a failed write counts against it
@@ -84,6 +116,10 @@ class Connection(asyncio.Protocol):
         self.journal = server.engine.journal
         self.authed = server.settings.token is None
         self.decoder = Decoder(max_message_bytes=server.settings.max_message_bytes)
+        if not self.authed:  # until auth, a message is at most a token's size
+            self.decoder.max_message_bytes = min(
+                UNAUTHENTICATED_MAX_MESSAGE_BYTES, server.settings.max_message_bytes
+            )
         self.encoder = server.encoder
         self.transport: asyncio.Transport | None = None
         # Replies leave in request order: those free to go now (``ready``, bytes),
@@ -92,6 +128,10 @@ class Connection(asyncio.Protocol):
         self.ready: list[bytes] = []
         self.replies: deque[Replies] = deque()
         self.queued = 0
+        # Bytes of replies made this turn (``turn_bytes``, see _work), and of
+        # those in the line (``line_bytes``, see MAX_LINE_BYTES).
+        self.turn_bytes = 0
+        self.line_bytes = 0
         # The newest batch we have a callback on: the journal's pending batch only
         # moves forward (a batch replaced never comes back), so one is enough to
         # register each batch once.
@@ -104,28 +144,62 @@ class Connection(asyncio.Protocol):
         # When the message now half-received started to be waited for, or None.
         self.partial_since: float | None = None
         self.busy = False  # more requests are buffered; _work is scheduled for them
+        # Requests are buffered but handling them waits until the client reads
+        # its replies (writing resumes) or the line's replies leave.
+        self.stalled = False
         # A request of this turn may have scheduled a timer earlier than the
         # driver's: only then is the driver asked to look again (most requests
         # are reads, and each look costs a few heap peeks and clock reads).
         self.timers_moved = False
+        # The peer's IP address while it is counted in server.per_address, and
+        # when the connection was accepted (for --auth-timeout).
+        self.address: str | None = None
+        self.opened_s = 0.0
+
+    def signed_in(self) -> None:
+        """``auth`` succeeded: the connection gets the full message limit."""
+        self.authed = True
+        self.decoder.max_message_bytes = self.server.settings.max_message_bytes
 
     # -- transport events ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, so no isinstance.
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=OUTPUT_HIGH_BYTES)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if len(self.server.connections) >= self.server.settings.max_connections:
-            limit = self.server.settings.max_connections
+        server = self.server
+        if len(server.connections) >= server.settings.max_connections:
+            limit = server.settings.max_connections
             self.refuse("unavailable", f"too many connections (limit {limit})")
             return
-        self.server.connections.add(self)
-        self.server.accepted += 1
+        name = transport.get_extra_info("peername")
+        address = name[0] if isinstance(name, tuple) and name else None
+        if address is not None:
+            held = server.per_address.get(address, 0)
+            if held >= server.settings.connections_per_address:
+                limit = server.settings.connections_per_address
+                self.refuse("unavailable", f"too many connections from {address} (limit {limit})")
+                return
+            server.per_address[address] = held + 1
+            self.address = address
+        self.opened_s = time.monotonic()
+        server.connections.add(self)
+        server.accepted += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        address = self.address
+        if address is not None:
+            self.address = None
+            per_address = self.server.per_address
+            held = per_address[address] - 1
+            if held:
+                per_address[address] = held
+            else:
+                del per_address[address]
         for waiter, (timer, _) in self.waiters.items():
             timer.cancel()
             self.engine.cancel_wait(waiter)
@@ -138,6 +212,8 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writing_paused = False
+        if self.stalled:
+            self._resume_work()
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -160,6 +236,13 @@ class Connection(asyncio.Protocol):
         self.busy = False
         if self.transport is None:
             return
+        if self.writing_paused or self.line_bytes > MAX_LINE_BYTES:
+            # The client is not reading what it was sent: handle nothing more
+            # of its pipeline, or its replies would pile up in memory.
+            self.stalled = True
+            self._update_reading()
+            return
+        self.turn_bytes = 0
         decoder, journal = self.decoder, self.journal
         handled = 0
         journal.flushed_by_caller = journal.inline  # flushed in the finally below
@@ -171,7 +254,7 @@ class Connection(asyncio.Protocol):
                     self._handle(message, now_s)
                 # Notifications from clients are ignored (pynvim sends one to
                 # announce itself); a response from a client has no meaning.
-                if handled == MAX_REQUESTS_PER_TURN:
+                if handled == MAX_REQUESTS_PER_TURN or self.turn_bytes > MAX_TURN_REPLY_BYTES:
                     self.busy = True
                     break
         except ProtocolError as exc:
@@ -234,6 +317,8 @@ class Connection(asyncio.Protocol):
 
     def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
         replies = self.replies
+        size = len(payload)
+        self.turn_bytes += size
         if not replies:
             if batch is None:  # nothing to wait for, nothing ahead of it
                 self.ready.append(payload)
@@ -250,6 +335,8 @@ class Connection(asyncio.Protocol):
         group.payloads.append(payload)
         group.msgids.append(msgid)
         group.routes.append(route)
+        group.size += size
+        self.line_bytes += size
         self.queued += 1
         if self.queued > MAX_QUEUED_REPLIES:
             self._update_reading()
@@ -274,12 +361,15 @@ class Connection(asyncio.Protocol):
         """Write the ready replies and those at the head of the line no longer waiting."""
         replies, ready = self.replies, self.ready
         while replies and replies[0].batch is None:
-            payloads = replies.popleft().payloads
-            ready += payloads
-            self.queued -= len(payloads)
+            group = replies.popleft()
+            ready += group.payloads
+            self.queued -= len(group.payloads)
+            self.line_bytes -= group.size
         if ready and self.transport is not None:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
             ready.clear()
+        if self.stalled and not self.writing_paused and self.line_bytes <= MAX_LINE_BYTES:
+            self._resume_work()
         if (
             self.reading_paused
             or self.writing_paused
@@ -288,11 +378,23 @@ class Connection(asyncio.Protocol):
         ):
             self._update_reading()
 
+    def _resume_work(self) -> None:
+        """The replies that stalled the connection have left: handle its buffered
+        requests again, on the next loop turn (not inside a transport callback)."""
+        self.stalled = False
+        if not self.busy:
+            self.busy = True
+            asyncio.get_running_loop().call_soon(self._work)
+
     def _update_reading(self) -> None:
         if self.transport is None:
             return
         should_pause = (
-            self.stopping or self.writing_paused or self.busy or self.queued > MAX_QUEUED_REPLIES
+            self.stopping
+            or self.writing_paused
+            or self.busy
+            or self.stalled
+            or self.queued > MAX_QUEUED_REPLIES
         )
         if should_pause and not self.reading_paused:
             self.transport.pause_reading()
@@ -312,6 +414,11 @@ class Connection(asyncio.Protocol):
             timeout_s = checks.number(
                 "timeout", 0 if timeout is None else timeout, high=MAX_RESERVE_TIMEOUT_S
             )
+            if type(topics) is list and len(topics) > MAX_RESERVE_TOPICS:
+                raise RequestError(
+                    "bad_request",
+                    f"reserve may name at most {MAX_RESERVE_TOPICS} topics, got {len(topics)}",
+                )
             result = self.engine.try_reserve(topics, now_s)
         except RequestError as exc:
             route.failed(exc.code)

@@ -40,8 +40,15 @@ REDIS_STORE_DESCRIPTORS = 4
 REDIS_BROKER_DESCRIPTORS = 100
 # RabbitMQ and NATS: one connection each, and a reconnect overlapping it.
 BROKER_DESCRIPTORS = 2
-# The metrics endpoint: its listening socket and scrapes in flight.
-METRICS_DESCRIPTORS = 16
+# Connections the metrics endpoint serves at once (more are answered 503,
+# net/httpsite.py): Prometheus and a person or two.
+METRICS_CONNECTIONS = 15
+# Connections the dashboard serves at once (more are answered 503): a browser
+# keeps about six to a host, and each open page one more for its event stream.
+WEB_CONNECTIONS = 128
+# Each of those, and its listening socket.
+METRICS_DESCRIPTORS = METRICS_CONNECTIONS + 1
+WEB_DESCRIPTORS = WEB_CONNECTIONS + 1
 
 
 def reserved_descriptors(settings: Settings) -> int:
@@ -57,6 +64,8 @@ def reserved_descriptors(settings: Settings) -> int:
         reserved += REDIS_BROKER_DESCRIPTORS if redis else BROKER_DESCRIPTORS
     if settings.metrics_port is not None:
         reserved += METRICS_DESCRIPTORS
+    if settings.web_port is not None:
+        reserved += WEB_DESCRIPTORS
     return reserved
 
 
@@ -94,7 +103,7 @@ def raise_open_files_limit(settings: Settings) -> OpenFiles:
     elif soft != before:
         log.info(
             "open files limit raised from %d to %d: --max-connections %d and %d for "
-            "the store, brokers, deliveries, metrics and a margin",
+            "the store, brokers, deliveries, metrics, dashboard and a margin",
             *(before, soft, settings.max_connections, reserved),
             extra={"before": before, "limit": soft, "wanted": wanted},
         )
@@ -105,7 +114,7 @@ def _log_short(result: OpenFiles, max_connections: int) -> None:
     hard = "unlimited" if result.hard == resource.RLIM_INFINITY else str(result.hard)
     log.warning(
         "open files limit is %d (hard limit %s), below the %d that --max-connections %d "
-        "needs (and %d for the store, brokers, deliveries, metrics and a margin): fewer "
+        "needs (and %d for the store, brokers, deliveries, metrics, dashboard and a margin): fewer "
         "than %d connections can be open at once, the rest wait to be accepted. Raise the "
         "hard limit (LimitNOFILE= in systemd, ulimits: nofile: in compose, ulimit -Hn in a "
         "shell) or lower --max-connections",

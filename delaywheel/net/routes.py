@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import inspect
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +141,16 @@ def _auth(conn: Connection, params: list[Any], _now_s: float) -> bool:
     if expected is None:
         conn.authed = True
         return True
+    signins, address = conn.server.signins, conn.address
+    wait_s = signins.retry_in_s(address, "protocol")
+    if wait_s:  # the token is not even looked at (net/signins.py)
+        raise RequestError(
+            "unauthorized",
+            f"too many failed sign-ins from this address: try again in {math.ceil(wait_s)} s",
+        )
     if type(token) is not str or not hmac.compare_digest(token.encode(), expected.encode()):
+        signins.failed(address, "protocol")
         raise RequestError("unauthorized", "wrong token")
-    conn.authed = True
+    signins.succeeded(address)
+    conn.signed_in()
     return True

@@ -24,6 +24,7 @@ from delaywheel.ha.coordinator import Coordinator
 from delaywheel.net.connection import Connection
 from delaywheel.net.listener import Listener
 from delaywheel.net.routes import Method, routes_for
+from delaywheel.net.signins import SignIns
 from delaywheel.net.ticker import Ticker
 
 
@@ -40,6 +41,9 @@ class Server:
         self.engine = engine
         self.deliveries = deliveries
         self.connections: set[Connection] = set()
+        self.per_address: dict[str, int] = {}  # connections open, by peer IP address
+        # Failed sign-ins by address, for every door: auth here, and the dashboard's.
+        self.signins = SignIns()
         self.encoder = Encoder()  # one for every connection: replies are packed one at a time
         # A TLS peer gets --message-timeout to finish its handshake, as it gets
         # to finish a message.
@@ -118,13 +122,24 @@ class Server:
         self.ticker.rearm()
 
     def _sweep(self) -> None:
-        """Close connections stuck in the middle of a message (see message_timeout_s)."""
-        timeout_s = self.settings.message_timeout_s
-        stale_before = time.monotonic() - timeout_s
+        """Close connections stuck in the middle of a message (see message_timeout_s),
+        and those that have not signed in within auth_timeout_s on a server with a token."""
+        settings = self.settings
+        timeout_s, auth_timeout_s = settings.message_timeout_s, settings.auth_timeout_s
+        now = time.monotonic()
+        stale_before, unsigned_before = now - timeout_s, now - auth_timeout_s
         for conn in list(self.connections):
+            if not conn.authed and conn.opened_s < unsigned_before:
+                conn.refuse("unauthorized", f"no auth within {auth_timeout_s:g} s")
+                continue
+            if conn.stalled:  # its requests wait for it to read, not for its bytes
+                continue
             if conn.partial_since is not None and conn.partial_since < stale_before:
                 conn.refuse("bad_request", f"no complete message for {timeout_s:g} s")
-        self._sweeper = asyncio.get_running_loop().call_later(min(timeout_s / 2, 5.0), self._sweep)
+        every_s = min(timeout_s / 2, 5.0)
+        if settings.token is not None:
+            every_s = min(every_s, auth_timeout_s / 2)
+        self._sweeper = asyncio.get_running_loop().call_later(every_s, self._sweep)
 
     def stats(self, now_s: float) -> dict[str, Any]:
         """What ``stats`` answers: the engine's figures and the server's own."""

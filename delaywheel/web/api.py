@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from delaywheel.errors import RequestError
-from delaywheel.web import views
+from delaywheel.web import nesting, views
 from delaywheel.web.context import Context, list_args
 
 
@@ -64,6 +64,7 @@ def _task(task: dict[str, Any], hide_body: bool) -> dict[str, Any]:
     shown = dict(task)
     body = shown.pop("body")
     if not hide_body:
-        shown["body"] = body.hex() if isinstance(body, bytes) else body
+        # nesting.shown: any depth the protocol accepts (collapsed past 64 levels).
+        shown["body"] = body.hex() if isinstance(body, bytes) else nesting.shown(body)
         shown["body_is_bytes"] = isinstance(body, bytes)
     return shown

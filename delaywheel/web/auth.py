@@ -3,7 +3,8 @@
 A session is a random id in a server-side dict (never data in the cookie),
 so logout revokes it at once. Each holds its role (``admin`` or ``viewer``)
 and its CSRF token, which every form carries. Sign-in failures are limited
-per address: a token cannot be guessed at the loop's speed.
+per address by the server's one rule for every door (net/signins.py): a
+token cannot be guessed at the loop's speed.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 ADMIN = "admin"
 VIEWER = "viewer"
 IDLE_S = 3600.0  # a session unused this long is gone
 MAX_AGE_S = 12 * 3600.0  # and none lives longer than this
-FAILURES_PER_MINUTE = 5
 
 
 @dataclass
@@ -77,28 +76,6 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self._by_id)
-
-
-class LoginLimit:
-    """At most ``FAILURES_PER_MINUTE`` failed sign-ins a minute per address."""
-
-    def __init__(self) -> None:
-        self._failures: dict[str, deque[float]] = {}
-
-    def blocked(self, address: str) -> bool:
-        failures = self._failures.get(address)
-        if failures is None:
-            return False
-        cutoff = time.monotonic() - 60.0
-        while failures and failures[0] < cutoff:
-            failures.popleft()
-        if not failures:
-            del self._failures[address]
-            return False
-        return len(failures) >= FAILURES_PER_MINUTE
-
-    def failed(self, address: str) -> None:
-        self._failures.setdefault(address, deque()).append(time.monotonic())
 
 
 def role_of(given: str, admin_token: str | None, viewer_token: str | None) -> str | None:

@@ -9,6 +9,7 @@ them imports the site (tests/test_layers.py refuses a cycle).
 from __future__ import annotations
 
 import hmac
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from delaywheel import __version__
 from delaywheel.engine.task import STATES
 from delaywheel.errors import RequestError
 from delaywheel.web import actions, present, views
-from delaywheel.web.auth import ADMIN, VIEWER, LoginLimit, Session, Sessions, same_origin
+from delaywheel.web.auth import ADMIN, VIEWER, Session, Sessions, same_origin
 from delaywheel.web.live import Producer
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Context:
         self.tls = settings.tls_cert is not None
         self.cookie = "__Host-delaywheel" if self.tls else "delaywheel"
         self.sessions = Sessions()
-        self.logins = LoginLimit()
+        self.signins = server.signins  # failed sign-ins: one rule for every door
         self.producer = Producer(server)
         self.jobs = actions.Jobs(server)
         self.started_s = time.time()
@@ -154,10 +155,19 @@ def list_args(request: web.Request) -> tuple[str | None, str | None, int, int]:
     return topic, state, cursor, limit
 
 
+# A path: printable ASCII but the backslash, not starting with two slashes.
+_OWN_PATH = re.compile(r"/(?!/)[\x21-\x5b\x5d-\x7e]*")
+
+
 def back_of(form: Any, fallback: str) -> str:
-    """Where a form asked to go back to: a path of ours, never another site."""
+    """Where a form asked to go back to: a path of ours, never another site.
+
+    Browsers read ``\\`` as ``/`` and drop tabs and newlines from a URL, so
+    ``/\\evil.example`` and ``/<TAB>/evil.example`` are ``//evil.example``,
+    another site: a path here is printable ASCII without a backslash (a
+    page's link is percent-encoded) and its second character is not a slash."""
     back = form.get("back")
-    if isinstance(back, str) and back.startswith("/") and not back.startswith("//"):
+    if isinstance(back, str) and _OWN_PATH.fullmatch(back):
         return back
     return fallback
 

@@ -10,6 +10,7 @@ was done (the pattern works with JavaScript off).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,10 +47,13 @@ class Forms:
         address = request.remote or "?"
         if not same_origin_of(request):
             return ctx.expired(request)
-        if ctx.logins.blocked(address):
-            return ctx.render(
+        wait_s = ctx.signins.retry_in_s(address, "sign_in")
+        if wait_s:  # the token is not even looked at (net/signins.py)
+            response = ctx.render(
                 request, "login.html", status=429, title="Sign in", failed=True, blocked=True
             )
+            response.headers["Retry-After"] = str(math.ceil(wait_s))
+            return response
         form = await request.post()
         given = form.get("token")
         role = (
@@ -58,9 +62,9 @@ class Forms:
             else None
         )
         if role is None:
-            ctx.logins.failed(address)
-            log.warning("web sign-in failed from %s", address, extra={"address": address})
+            ctx.signins.failed(address, "sign_in")  # logs once per address and burst
             return ctx.render(request, "login.html", status=401, title="Sign in", failed=True)
+        ctx.signins.succeeded(address)
         session = ctx.sessions.create(role)
         log.info("web %s: signed in from %s", session.who, address, extra={"who": session.who})
         response = ctx.redirect("/")

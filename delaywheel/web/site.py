@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from delaywheel.net.httpsite import BoundedSite
+from delaywheel.net.limits import WEB_CONNECTIONS
 from delaywheel.net.tls import server_context
 from delaywheel.web.api import Api
 from delaywheel.web.auth import ADMIN, role_of
@@ -40,6 +43,10 @@ CSP = (
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 MAX_REQUESTS = 8
+# A path segment holding a task's or a schedule's id: anything but a slash
+# (aiohttp's default also refuses { and }, which ids may hold). A slash in an
+# id arrives as %2F, which aiohttp matches undecoded.
+ID = "{id:[^/]+}"
 
 
 def _is_loopback(address: str | None) -> bool:
@@ -54,6 +61,7 @@ class Dashboard(Context):
         super().__init__(server)
         self._limit = asyncio.Semaphore(MAX_REQUESTS)
         self._runner: web.AppRunner | None = None
+        self._site: BoundedSite | None = None
         self.app = self._build()
 
     def _build(self) -> web.Application:
@@ -65,7 +73,7 @@ class Dashboard(Context):
             ("/", pages.home),
             ("/topics", pages.topics),
             ("/tasks", pages.tasks),
-            ("/tasks/{id}", pages.task),
+            ("/tasks/" + ID, pages.task),
             ("/dead", pages.dead),
             ("/deliveries", pages.deliveries),
             ("/server", pages.server),
@@ -75,7 +83,7 @@ class Dashboard(Context):
             ("/api/stats", api.stats),
             ("/api/topics", api.topics),
             ("/api/tasks", api.tasks),
-            ("/api/tasks/{id}", api.task),
+            ("/api/tasks/" + ID, api.task),
             ("/api/dead", api.dead),
             ("/api/cluster", api.cluster),
         ]
@@ -87,9 +95,9 @@ class Dashboard(Context):
         app.router.add_get(b + "/events", pages.events)
         # The mutating routes: admin only, with the CSRF token (``_guard``).
         for name in ("delete", "kick", "run", "reschedule"):
-            app.router.add_post(b + "/tasks/{id}/" + name, forms.task_action)
+            app.router.add_post(b + "/tasks/" + ID + "/" + name, forms.task_action)
         for name in ("pause", "resume", "trigger"):
-            app.router.add_post(b + "/schedules/{id}/" + name, forms.schedule_action)
+            app.router.add_post(b + "/schedules/" + ID + "/" + name, forms.schedule_action)
         app.router.add_post(b + "/dead/kick", forms.bulk)
         app.router.add_post(b + "/dead/delete", forms.bulk)
         app.router.add_static(b + "/static", HERE / "static", append_version=False)
@@ -106,19 +114,23 @@ class Dashboard(Context):
             tls = server_context(self.settings.tls_cert, self.settings.tls_key, None)
         self._runner = runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
+        self._site = site = BoundedSite(
+            runner, max_connections=WEB_CONNECTIONS, error_headers=security_headers,
+            name="dashboard",
+        )  # fmt: skip
         try:
-            site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
-            await site.start()
+            address = await site.start(host, port, tls)
         except BaseException:
             await runner.cleanup()
             raise
         self.producer.start()
-        address = runner.addresses[0]
-        return address[0], address[1]
+        return address
 
     async def stop(self) -> None:
         await self.producer.stop()
         await self.jobs.stop()
+        if self._site is not None:
+            await self._site.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -162,14 +174,28 @@ class Dashboard(Context):
 
     async def _api(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not self.open_mode:
+            address = request.remote
+            wait_s = self.signins.retry_in_s(address, "api")
+            if wait_s:  # the token is not even looked at (net/signins.py)
+                return web.json_response(
+                    {
+                        "error": "unauthorized",
+                        "message": "too many failed sign-ins from this address: try again later",
+                    },
+                    status=429,
+                    headers={"Retry-After": str(math.ceil(wait_s))},
+                )
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             role = role_of(given, self.settings.token, self.settings.web_viewer_token)
             if scheme.lower() != "bearer" or role is None:
+                if given:  # a token was tried: a guess, as far as we know
+                    self.signins.failed(address, "api")
                 return web.json_response(
                     {"error": "unauthorized", "message": "send Authorization: Bearer TOKEN"},
                     status=401,
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+            self.signins.succeeded(address)
             request[ROLE] = role
         else:
             request[ROLE] = ADMIN
@@ -177,10 +203,18 @@ class Dashboard(Context):
 
 
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
-    headers = response.headers
-    headers["Content-Security-Policy"] = CSP
-    headers["X-Content-Type-Options"] = "nosniff"
-    headers["Referrer-Policy"] = "no-referrer"
-    headers["X-Frame-Options"] = "DENY"
-    if "/static/" not in request.path:
+    response.headers.update(security_headers(request.path))
+
+
+def security_headers(path: str) -> dict[str, str]:
+    """The headers of every response, the 400 of a request aiohttp could not
+    parse and the 503 of a connection over the cap included (net/httpsite.py)."""
+    headers = {
+        "Content-Security-Policy": CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+    }
+    if "/static/" not in path:
         headers["Cache-Control"] = "no-store"
+    return headers

@@ -17,6 +17,7 @@ from typing import Any
 
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.task import DEAD, DELAYED, Task
+from delaywheel.web import nesting
 
 SCAN_CHUNK = 10_000
 PAGE_ROWS = 50
@@ -186,6 +187,7 @@ def body_views(body: Any) -> Body:
         raw = body.encode("utf-8", errors="surrogatepass")
         text = body
     else:
+        body = nesting.shown(body)  # any depth the protocol accepts, collapsed past 64
         text = json.dumps(body, default=repr, ensure_ascii=False)
         raw = text.encode("utf-8", errors="surrogatepass")
     as_json = json.dumps(
