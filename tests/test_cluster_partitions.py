@@ -103,20 +103,63 @@ def test_a_bad_prefix_or_partition_is_named() -> None:
 NODES = [f"node-{i}" for i in range(5)]
 
 
-def test_rendezvous_balances_partitions_over_nodes() -> None:
-    for count in (2, 3, 5):
-        owners = assignment(NODES[:count], 3000)
-        per_node = [list(owners.values()).count(node) for node in NODES[:count]]
-        mean = 3000 / count
-        assert all(0.85 * mean < n < 1.15 * mean for n in per_node), per_node
+def _loads(owners: dict[int, str], nodes: list[str]) -> list[int]:
+    return [list(owners.values()).count(node) for node in nodes]
 
 
-def test_rendezvous_ranks_the_same_whatever_the_order() -> None:
+@pytest.mark.parametrize("partitions", [16, 64])
+def test_each_live_node_owns_p_over_n_rounded_down_or_up(partitions: int) -> None:
+    """Plain rendezvous gave two nodes 5 and 11 of 16 (issue 29)."""
+    for count in range(1, 9):
+        nodes = [f"node-{i}" for i in range(count)]
+        fresh = assignment(nodes, partitions)
+        assert sorted(fresh) == list(range(partitions))
+        low = partitions // count
+        assert set(_loads(fresh, nodes)) <= {low, low + (partitions % count > 0)}, count
+        # From any owners at all (another balance, a gone node's), balanced too.
+        skewed = assignment(nodes, partitions, dict.fromkeys(range(partitions), "node-0"))
+        assert set(_loads(skewed, nodes)) <= {low, low + (partitions % count > 0)}, count
+
+
+@pytest.mark.parametrize("partitions", [16, 64])
+def test_a_join_or_a_leave_moves_no_more_than_it_must(partitions: int) -> None:
+    """Growing 1 -> 9 nodes and shrinking back, each step from the owners the
+    last one left: a join moves only what the new node takes, its P // N (the
+    fewest a balanced assignment can), a leave only the leaver's: 27 and 115
+    partitions over the eight joins with P 16 and 64, 32 and 120 over the
+    eight leaves (the oldest node leaving each time, with a larger share).
+    Plain rendezvous moved 26 and 108 joining (less than a share at some
+    joins: it left the nodes unbalanced) and 33 and 123 leaving."""
+    owners: dict[int, str] = {}
+    nodes: list[str] = []
+    moved_total = left_total = 0
+    for count in range(1, 10):
+        nodes.append(f"node-{count}")
+        after = assignment(nodes, partitions, owners)
+        moved = {p for p in owners if after[p] != owners[p]}
+        assert all(after[p] == nodes[-1] for p in moved)  # nothing moves between the others
+        if owners:
+            assert len(moved) == partitions // count
+        moved_total += len(moved)
+        owners = after
+    while len(nodes) > 1:
+        gone = nodes.pop(0)
+        left = {p: node for p, node in owners.items() if node != gone}
+        after = assignment(nodes, partitions, left)
+        assert all(after[p] == node for p, node in left.items())  # only the leaver's move
+        left_total += partitions - len(left)
+        owners = after
+    assert moved_total == sum(partitions // count for count in range(2, 10))
+    assert left_total == {16: 32, 64: 120}[partitions]  # each time the leaver's own
+
+
+def test_the_assignment_is_the_same_whatever_the_order() -> None:
     for p in range(50):
         assert ranking(p, NODES) == ranking(p, list(reversed(NODES)))
         assert first_choice(p, NODES) == ranking(p, NODES)[0]
     assert first_choice(3, []) is None
     assert assignment([], 16) == {}
+    assert assignment(NODES, 16) == assignment(list(reversed(NODES)), 16)
 
 
 names = st.lists(st.text("abcdefgh0123456789-", min_size=1, max_size=8), unique=True)
@@ -124,11 +167,12 @@ names = st.lists(st.text("abcdefgh0123456789-", min_size=1, max_size=8), unique=
 
 @settings(max_examples=100)
 @given(names.filter(lambda n: len(n) >= 1), st.text("xyz", min_size=1, max_size=6))
-def test_a_joining_node_takes_only_what_it_now_ranks_first(nodes: list[str], new: str) -> None:
+def test_a_joining_node_takes_only_its_share(nodes: list[str], new: str) -> None:
     before = assignment(nodes, 64)
-    after = assignment([*nodes, new], 64)
+    after = assignment([*nodes, new], 64, before)
     for p in range(64):
         assert after[p] in (before[p], new)  # nothing moves between the old nodes
+    assert list(after.values()).count(new) == 64 // (len(nodes) + 1)
 
 
 @settings(max_examples=100)
@@ -136,12 +180,10 @@ def test_a_joining_node_takes_only_what_it_now_ranks_first(nodes: list[str], new
 def test_a_leaving_node_gives_up_only_its_own(nodes: list[str], data: st.DataObject) -> None:
     gone = data.draw(st.sampled_from(nodes))
     before = assignment(nodes, 64)
-    after = assignment([n for n in nodes if n != gone], 64)
+    after = assignment([n for n in nodes if n != gone], 64, before)
     for p in range(64):
         if before[p] != gone:
             assert after[p] == before[p]
-        else:
-            assert after[p] == ranking(p, nodes)[1]  # its next-ranked node
 
 
 def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
@@ -153,17 +195,21 @@ def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
     assert alone.claim == frozenset(range(32)) and not alone.hand_back
     # Holding everything while b and c register: hand back exactly theirs.
     held_all = plan("a", ["b", "c"], 32, dict.fromkeys(range(32), "a"))
-    assert held_all.hand_back == frozenset(set(range(32)) - mine)
+    kept = assignment(three, 32, dict.fromkeys(range(32), "a"))
+    assert held_all.hand_back == frozenset(p for p in range(32) if kept[p] != "a")
+    assert len(held_all.hand_back) == 32 - 11  # "a" owns the most: a larger share, 11
     assert not held_all.claim
     # A partition held by someone else is neither claimed nor handed back.
     others = plan("a", ["b", "c"], 32, dict.fromkeys(range(32), "b"))
     assert not others.claim and not others.hand_back
-    # Free partitions: only those "a" ranks first among the live.
+    # Free partitions: only those assigned to "a" among the live.
     free = plan("a", ["a", "b", "c"], 32, {})
     assert free.claim == frozenset(mine)
-    # "a" keeps what it ranks first even when its own registration lapsed.
+    # "a" keeps its share even when its own registration lapsed.
     lapsed = plan("a", ["b"], 32, dict.fromkeys(range(32), "a"))
-    assert lapsed.hand_back == frozenset(p for p in range(32) if ranking(p, ["a", "b"])[0] == "b")
+    keeps = assignment(["a", "b"], 32, dict.fromkeys(range(32), "a"))
+    assert lapsed.hand_back == frozenset(p for p in range(32) if keeps[p] == "b")
+    assert len(lapsed.hand_back) == 16
 
 
 def test_plan_never_claims_a_partition_it_still_holds() -> None:

@@ -31,7 +31,7 @@ from hacheck import Sink, sink
 from serverproc import ServerProcess
 from waiting import wait_until
 
-from delaywheel.cluster.membership import first_choice
+from delaywheel.cluster.membership import assignment
 from delaywheel.cluster.partitions import Layout
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
@@ -141,7 +141,10 @@ def test_a_handoff_does_not_wait_for_an_attempt_it_only_holds(
     name = next(
         f"joining-{n}"
         for n in range(100)
-        if first_choice(partition, ["solo", f"joining-{n}"]) == f"joining-{n}"
+        if assignment(
+            ["solo", f"joining-{n}"], PARTITIONS, dict.fromkeys(range(PARTITIONS), "solo")
+        )[partition]
+        == f"joining-{n}"
     )
     joined_s = time.monotonic()
     other = ServerProcess(

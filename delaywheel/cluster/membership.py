@@ -1,4 +1,4 @@
-"""Which nodes are live, and which partitions each should own (rendezvous hashing).
+"""Which nodes are live, and which partitions each should own (balanced rendezvous).
 
 Membership: a node registers in ``{<prefix>}:members`` (a zset of node ->
 expiry in ms) and ``{<prefix>}:nodes`` (node -> address), and re-registers
@@ -6,20 +6,37 @@ well within its time to live. The expiry is computed inside the script from
 Redis ``TIME``, never from the node's clock, so nodes whose clocks disagree
 still agree on who is live. The same scripts drop the entries that expired.
 
-Assignment: rendezvous hashing (highest random weight). Each node scores
-every (node, partition) pair with a hash and a partition belongs to the live
-node with the highest score. No coordinator: every node computes the same
-ranking from the same member list, and the lease settles any race between
-two nodes that saw different lists for a moment. When a node joins, it takes
-over only the partitions it now ranks first (about P / N of them); when one
-leaves, only its own partitions move, each to its next-ranked node.
+Assignment: balanced and sticky rendezvous. Each (node, partition) pair has
+a score, a hash (rendezvous hashing, highest random weight). Plain
+rendezvous gives each partition to the live node of the highest score,
+which is not balanced: with 16 partitions two nodes owned 5 and 11. Here
+each of N live nodes owns ``P // N`` or ``P // N + 1`` (its quota), and
+what already has a live owner stays with it where the quotas allow:
+
+1. quotas: the ``P % N`` larger ones go to the nodes that own the most now
+   (then by name);
+2. each node keeps the partitions it owns now, up to its quota (those it
+   scores highest);
+3. the rest (free, a gone node's, or over a quota) go by score, highest
+   pair first, to the nodes below their quota.
+
+So when a node joins, only the partitions it takes move, its quota (the
+fewest any balanced assignment moves), and they come from the nodes over
+their new quota; when one leaves, only its own move. With no owners (a
+keyspace's start) step 3 alone decides, by score. No coordinator: every
+node computes the same plan from the same member list and lease map (read
+each round), and the lease settles any race between two nodes that saw
+them differently for a moment. Measured by tests/test_cluster_partitions.py
+(balance for N = 1..8 with P = 16 and 64, moves of a join and of a leave).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from delaywheel.cluster._scripts import NodeScripts, Script, text
@@ -90,6 +107,7 @@ class Membership(NodeScripts):
         return [self.layout.members, self.layout.nodes]
 
 
+@lru_cache(maxsize=65_536)  # each round asks P x N of them: the same ones
 def weight(node: str, partition: int) -> int:
     """The rendezvous score of ``node`` for ``partition``: 64 bits of BLAKE2b.
 
@@ -110,16 +128,42 @@ def first_choice(partition: int, nodes: Iterable[str]) -> str | None:
     return max(nodes, key=lambda node: (weight(node, partition), node), default=None)
 
 
-def assignment(nodes: Collection[str], partitions: int) -> dict[int, str]:
-    """partition -> the node that ranks it first, over ``nodes`` (none: {})."""
-    owners = {p: first_choice(p, nodes) for p in range(partitions)}
-    return {p: node for p, node in owners.items() if node is not None}
+def assignment(
+    nodes: Collection[str], partitions: int, owners: Mapping[int, str | None] | None = None
+) -> dict[int, str]:
+    """partition -> its node over ``nodes`` (none: {}), balanced, keeping what
+    ``owners`` (partition -> node, None: free) gives a node in ``nodes`` where
+    the quotas allow (see the module docstring)."""
+    names = sorted(set(nodes))
+    if not names:
+        return {}
+    low, extra = divmod(partitions, len(names))
+    current = {p: node for p, node in (owners or {}).items() if node in names}
+    owned = Counter(current.values())
+    by_owned = sorted(names, key=lambda node: (-owned[node], node))
+    quota = {node: low + (i < extra) for i, node in enumerate(by_owned)}
+    placed: dict[int, str] = {}
+    load = dict.fromkeys(names, 0)
+    for node in names:
+        mine = [p for p, owner in current.items() if owner == node]
+        mine.sort(key=lambda p: (weight(node, p), p), reverse=True)
+        for p in mine[: quota[node]]:
+            placed[p] = node
+        load[node] = min(len(mine), quota[node])
+    pairs = sorted(
+        (weight(node, p), node, p) for node in names for p in range(partitions) if p not in placed
+    )
+    for _, node, p in reversed(pairs):  # the highest score first
+        if p not in placed and load[node] < quota[node]:
+            placed[p] = node
+            load[node] += 1
+    return placed
 
 
 @dataclass(frozen=True)
 class Plan:
-    claim: frozenset[int]  # free, and this node ranks first: acquire them
-    hand_back: frozenset[int]  # held, but a live, registered node ranks first
+    claim: frozenset[int]  # free, and assigned to this node: acquire them
+    hand_back: frozenset[int]  # held, but assigned to another live, registered node
 
 
 def plan(
@@ -144,12 +188,13 @@ def plan(
     the partition, and the round after that claims it with a new epoch.
     """
     members = set(live) | {node}
+    assigned = assignment(members, partitions, owners)
     claim, hand_back = set(), set()
     for p in range(partitions):
-        first = first_choice(p, members)
+        to = assigned[p]
         owner = owners.get(p)
-        if owner is None and first == node and p not in held:
+        if owner is None and to == node and p not in held:
             claim.add(p)
-        elif owner == node and first != node:
+        elif owner == node and to != node:
             hand_back.add(p)
     return Plan(frozenset(claim), frozenset(hand_back))
