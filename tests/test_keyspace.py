@@ -32,8 +32,8 @@ def tasks_key(partition: int) -> str:
     return f"{{delaywheel:p{partition:03d}}}:tasks"
 
 
-# on_fenced's calls: (fenced, written, holders)
-Told = list[tuple[set[int], set[int], dict[int, tuple[str, str, int]]]]
+# on_fenced's calls: (fenced, holders)
+Told = list[tuple[set[int], dict[int, tuple[str, str, int]]]]
 
 
 def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable[None]]) -> None:
@@ -45,8 +45,8 @@ def scenario_on(redis_url: str, body: Callable[[SharedKeyspace, Told], Awaitable
         shared = SharedKeyspace(RedisStore(redis_url), partitions=PARTITIONS)
         await shared.open()
         told: Told = []
-        shared.on_fenced = lambda fenced, written, holders: told.append(
-            (fenced, written, {p: (h.node, h.address, h.epoch) for p, h in holders.items()})
+        shared.on_fenced = lambda fenced, holders: told.append(
+            (fenced, {p: (h.node, h.address, h.epoch) for p, h in holders.items()})
         )
         try:
             for p in range(PARTITIONS):
@@ -98,7 +98,7 @@ def test_one_change_for_a_partition_taken_or_dropped_is_refused_and_writes_nothi
         del shared.epochs[3]  # self-fenced: refused here, without a round trip
         error = await write(shared, {dropped: b"late"})
         assert isinstance(error, FencedWrite) and error.fenced == {3}
-        assert told == [({0}, set(), {}), ({3}, set(), {})]
+        assert told == [({0}, {}), ({3}, {})]
 
     scenario_on(redis_url, body)
     with redis_server.client(db_of(redis_url)) as client:
@@ -141,8 +141,8 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
         assert isinstance(error, FencedWrite)
         assert error.reply_data == {"partition": 2, "owner": "[::1]:7002", "epoch": 7}
         assert told == [
-            ({0}, set(), {0: ("node-b", "10.0.0.2:7001", 2)}),
-            ({2}, set(), {2: ("node-c", "[::1]:7002", 7)}),
+            ({0}, {0: ("node-b", "10.0.0.2:7001", 2)}),
+            ({2}, {2: ("node-c", "[::1]:7002", 7)}),
         ]
 
     scenario_on(redis_url, body)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from delaywheel.engine.record import (
@@ -154,8 +154,14 @@ class ColdTasks:
     def __init__(self, table: TaskTable) -> None:
         self._table = table
 
-    def pack(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
-        """A batch is in the store: pack its far delayed tasks.
+    def pack(
+        self,
+        tasks: dict[str, Task],
+        changes: Mapping[str, bytes | None],
+        pending: Callable[[Task], bool],
+    ) -> None:
+        """A batch is in the store: pack its far delayed tasks (the journal's
+        ``durable`` hook; ``pending``: whether a task has a change not yet durable).
 
         Packed, a task is the record just written, which is the task as it is
         now only if nothing has changed it since: it must be the indexed task
@@ -169,7 +175,7 @@ class ColdTasks:
         wheel, packed = table.wheel, table.packed
         now_s = wheel.now_s
         hold_from_s = packed.hold_from(now_s)
-        by_id, pending = table.index.by_id, table.journal.is_pending
+        by_id = table.index.by_id
         held: list[str] = []
         held_at: list[float] = []
         for task_id, task in tasks.items():

@@ -334,11 +334,12 @@ class Coordinator:
         self.counts.lost += 1
         self._forget(partition)
 
-    def _fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None:
-        """The keyspace's: a flush was refused for ``fenced``, whose new holders
+    def _fenced(self, fenced: set[int], holders: Holders) -> None:
+        """The keyspace's: a write was refused for ``fenced``, whose new holders
         the store named (``holders``: the next requests are answered ``moved``
         to them, not ``tryagain`` until the next round). Called before the
-        journal rolls the batch back, so the drops wait a loop turn."""
+        journal rolls those partitions' lanes back, so the drops wait a loop
+        turn."""
         self.counts.fenced_flushes += 1
         for partition in fenced:
             log.warning(
@@ -352,12 +353,8 @@ class Coordinator:
             holder = holders.get(partition)
             if holder is not None:
                 self.sharing.owners[partition] = Owner(holder.node, holder.address, holder.epoch)
-        loop = asyncio.get_running_loop()
         if fenced:
-            loop.call_soon(partial(self.engine.drop_partitions, set(fenced)))
-        for partition in written - fenced:
-            # Written in the store, rolled back in memory: load it again.
-            loop.call_soon(self._reload, partition)
+            asyncio.get_running_loop().call_soon(partial(self.engine.drop_partitions, set(fenced)))
 
     def _primary_changed(self, host: str, port: int) -> None:
         """The store's: Sentinel names a new primary. Its epochs are read in a task
@@ -408,26 +405,6 @@ class Coordinator:
     def _drop_forgotten(self) -> None:
         dropping, self._dropping = self._dropping, set()
         self.engine.drop_partitions(dropping)
-
-    def _reload(self, partition: int) -> None:
-        if partition not in self.sharing.serving or partition in self._busy:
-            return
-        epoch = self.sharing.serving.pop(partition)
-        self.engine.drop_partition(partition)
-
-        async def reload() -> None:
-            self._busy.add(partition)
-            try:
-                await self.engine.load_partition(self.keyspace.load_partition(partition))
-                if self.keyspace.epochs.get(partition) == epoch:
-                    self.sharing.serving[partition] = epoch
-                    self.rearm()
-                else:
-                    self.engine.drop_partition(partition)
-            finally:
-                self._busy.discard(partition)
-
-        asyncio.get_running_loop().create_task(reload())
 
     def stats(self) -> dict[str, Any]:
         return {"node": self.sharing.node, "partitions": self.sharing.stats()}
