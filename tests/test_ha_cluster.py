@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,7 +33,8 @@ from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
 from delaywheel.cluster.lease import Holder, Leases
 from delaywheel.cluster.partitions import Layout, partition_of
 from delaywheel.cluster.spread import SEALED, SPREAD
-from delaywheel.store.base import Changes
+from delaywheel.store.base import Changes, LaneOutcomes, StoreError
+from delaywheel.store.fenced import TooFewReplicas
 from delaywheel.store.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
 from delaywheel.store.redis import RedisStore
 
@@ -175,6 +177,63 @@ def test_a_fenced_write_on_one_primary_is_refused_while_the_others_land(
         owner_port(farm, layout.partition(p).tasks) for p in range(PARTITIONS) if p != victim
     }
     assert victim_port in landed_on and len(landed_on) == 3
+
+
+def test_a_wait_that_fails_on_one_primary_fails_only_its_partitions(
+    cluster6_redis: ClusterFarm,
+) -> None:
+    """Issue 35, item 6: with --replicas 1, one primary's replica frozen past
+    WAIT's 1 s fails that primary's partitions (too few replicas), and only
+    them: the others are written and reported at once, not after it."""
+    farm = cluster6_redis
+    ids = ids_by_partition(1)
+    layout = Layout("wait1", PARTITIONS)
+    victim_port = owner_port(farm, layout.partition(0).tasks)
+    replica = next(node for node in farm.replicas() if _primary_port(node.port) == victim_port)
+    on_victim = {
+        p for p in range(PARTITIONS) if owner_port(farm, layout.partition(p).tasks) == victim_port
+    }
+    outcomes: dict[int, tuple[StoreError | None, float]] = {}
+
+    async def scenario() -> None:
+        shared = SharedKeyspace(
+            RedisStore(farm.url, prefix="wait1"), partitions=PARTITIONS, replicas=1
+        )
+        await shared.open()
+        try:
+            await acquire_all(shared)
+            assert await write(shared, {ids[0][0]: b"warm"}) is None  # links up
+            all_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            started_s = time.monotonic()
+
+            def done(reported: LaneOutcomes) -> None:
+                for p, error in reported:
+                    outcomes[p] = (error, time.monotonic() - started_s)
+                if len(outcomes) == PARTITIONS:
+                    all_done.set_result(None)
+
+            assert replica.proc is not None
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                shared.submit_lanes([(p, {group[0]: b"x"}) for p, group in ids.items()], done)
+                await asyncio.wait_for(all_done, 20)
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+        finally:
+            await shared.close()
+
+    run(scenario)
+    failed = {p for p, (error, _) in outcomes.items() if error is not None}
+    assert failed == on_victim
+    assert all(isinstance(outcomes[p][0], TooFewReplicas) for p in on_victim)
+    assert all(outcomes[p][0] is None and outcomes[p][1] < 0.5 for p in set(outcomes) - on_victim)
+    assert all(outcomes[p][1] >= 0.9 for p in on_victim)  # WAIT's second
+
+
+def _primary_port(replica_port: int) -> int:
+    with redis.Redis(port=replica_port, socket_timeout=5) as client:
+        role = client.execute_command("ROLE")
+    return int(role[2])
 
 
 def _node_id(port: int) -> str:

@@ -10,8 +10,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from conftest import RedisServer
+from delaywheel_client import Client
+from delaywheel_client.errors import Moved, TryAgain
+from serverproc import ServerProcess
 from test_fenced_flush import db_of
 from test_store import run
+from waiting import wait_until
 
 from delaywheel.cluster.keyspace import FencedWrite, SharedKeyspace
 from delaywheel.cluster.partitions import partition_of
@@ -148,3 +152,45 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
     scenario_on(redis_url, body)
     with redis_server.client(db_of(redis_url)) as client:
         assert client.exists(tasks_key(0), tasks_key(2)) == 0
+
+
+@pytest.mark.process
+def test_a_refused_partition_answers_moved_about_itself_and_the_others_their_results(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """Issue 29: every reply is about the request's own partition. A pipeline of
+    adds over every partition, one of which another node took meanwhile: its
+    adds are answered ``moved`` naming it, each other add with its result, in
+    order (before the journal's lanes, the whole flush was refused, every add
+    answered ``moved`` naming the refused partition)."""
+    partitions = 16
+    node = ServerProcess(
+        *("--node", "a", "--partitions", str(partitions), "--lease", "3"), store=redis_url
+    )
+    try:
+        with Client(*node.address) as dw:
+            wait_until(lambda: len(dw.stats()["partitions"]) == partitions, 20, "all served")
+            taken = 5
+            with redis_server.client(db_of(redis_url)) as client:
+                client.incr(f"{{delaywheel:p{taken:03d}}}:epoch")  # another node acquired it
+            ids = [f"lane-{n}" for n in range(200)]
+            pipe = dw.pipeline()
+            for task_id in ids:
+                pipe.add("t", {}, id=task_id, delay=3600)
+            results = pipe.execute(raise_on_error=False)
+        for task_id, result in zip(ids, results, strict=True):
+            p = partition_of(task_id, partitions)
+            if p == taken:
+                assert isinstance(result, Moved | TryAgain), result  # tryagain: dropped by then
+                assert result.data["partition"] == taken, result
+            else:
+                assert isinstance(result, dict) and result["id"] == task_id, (p, result)
+        with redis_server.client(db_of(redis_url)) as client:
+            stored = {
+                task_id
+                for p in range(partitions)
+                for task_id in (f.decode() for f in client.hkeys(tasks_key(p)))
+            }
+        assert stored == {i for i in ids if partition_of(i, partitions) != taken}
+    finally:
+        node.kill()

@@ -200,26 +200,29 @@ def test_an_outage_is_one_line_when_it_begins_and_one_when_it_ends(
     assert caplog.records[0].getMessage().startswith("store redis://:***@h:1/0 lost: again")
 
 
-def test_an_outage_of_some_lanes_ends_when_each_has_written_again(
+def test_an_outage_of_some_lanes_ends_when_they_or_their_group_write_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A Cluster primary's partitions failing while the others' writes land is
-    one outage, not a lost/back pair at every write of another primary."""
+    """A Cluster primary's partitions failing while another primary's writes
+    land is one outage, not a lost/back pair at every write of the other; on
+    one Redis (one group) any write that lands ends it."""
     clock = Clock()
     watch = StoreWatch("redis://h:1/0", clock=clock)
     caplog.set_level(logging.INFO, logger="delaywheel.store")
-    for lane in (3, 5):
-        watch.failed(1, RuntimeError("gone"), watch.started(), lane)
-    for _ in range(3):  # other lanes' writes land meanwhile
+    for lane in (3, 5):  # partitions of primary "b"
+        watch.failed(1, RuntimeError("gone"), watch.started(), lane, "b")
+    for _ in range(3):  # primary "a"'s writes land meanwhile
         clock.now_s += 1.0
         watch.written(2, watch.started())
-        watch.recovered(0)
-    watch.recovered(3)
+        watch.recovered(0, "a")
     assert watch.lost
-    watch.recovered(5)
+    watch.recovered(3, "b")  # b is back: its other lanes with it
+    assert not watch.lost
+    watch.failed(1, RuntimeError("gone"), watch.started(), 7)  # one Redis: group None
+    watch.recovered(2)
     assert not watch.lost
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 2 and "lost" in messages[0] and "back after 3.0 s" in messages[1]
+    assert len(messages) == 4 and "back after 3.0 s" in messages[1], messages
 
 
 def test_a_slow_write_is_a_warning_with_its_size_and_time(caplog: pytest.LogCaptureFixture) -> None:

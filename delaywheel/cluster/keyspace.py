@@ -199,6 +199,14 @@ class SharedKeyspace(Store):
     def lane_of(self, key: str) -> int:
         return partition_of(key, self.partitions)
 
+    def lane_group(self, lane: int) -> object:
+        """On a Cluster, the primary that serves the partition's slot now; else
+        the one Redis (None)."""
+        writer = self._writer
+        if type(writer) is FencedWriter or writer is None:
+            return None
+        return cast(ClusterFencedWriter, writer).primary_of(self._keys[lane][1])
+
     def submit(self, changes: Changes, done: Done) -> None:
         """The batch's partitions written as ``submit_lanes`` writes them,
         answered once all are: None, the first error, or ``FencedWrite`` naming

@@ -6,13 +6,12 @@ released partition is taken over in well under a second) the coordinator:
 1. registers this node (cluster/membership.py; the expiry from Redis TIME),
 2. reads the live members and every partition's lease (the owner map that
    ``cluster`` answers and ``moved`` names),
-3. claims the free partitions it ranks first by rendezvous hashing among
-   the live nodes (not one it still holds: a lease key deleted under it is
-   dropped by the keeper first, then claimed anew), and those whose lease
+3. claims the free partitions assigned to it (balanced rendezvous over the
+   live nodes, cluster/membership.py; not one it still holds: a lease key
+   deleted under it is dropped by the keeper first, then claimed anew), and those whose lease
    names this node but another epoch (this node's previous process, killed:
    its name is its own), and
-4. hands back a partition whose first-ranked node is another live,
-   registered node.
+4. hands back a partition assigned to another live, registered node.
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and

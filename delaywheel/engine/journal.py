@@ -178,7 +178,7 @@ class Lane:
 
 class _Turn:
     """The writes submitted together (one store round trip per primary), for the
-    figures: counted as one flush once every lane has reported."""
+    figures: counted as one flush once every lane has reported, written."""
 
     __slots__ = ("failed", "left", "size", "started_s")
 
@@ -196,6 +196,7 @@ class Journal:
         # None: one lane (memory, SQLite), whose path is the single-node one.
         self._lane_of: Callable[[str], int] | None = None if lanes == 1 else store.lane_of
         self._lanes = [Lane(index) for index in range(lanes)]
+        self._one = self._lanes[0]  # the lane of a store of one
         self._ready: list[Lane] = []  # lanes with changes and no write in flight
         self._flush_scheduled = False
         # Held by a connection while it handles a turn's requests on an inline
@@ -216,21 +217,25 @@ class Journal:
 
     def _lane(self, key: str) -> Lane:
         lane_of = self._lane_of
-        return self._lanes[0 if lane_of is None else lane_of(key)]
+        return self._one if lane_of is None else self._lanes[lane_of(key)]
 
     def record(self, task: Task, before: tuple[Any, ...] | None) -> None:
         """Journal ``task``'s new state. ``before`` is its snapshot before this change
         (None for a task that did not exist)."""
         lane_of = self._lane_of
-        lane = self._lanes[0 if lane_of is None else lane_of(task.id)]
+        lane = self._one if lane_of is None else self._lanes[lane_of(task.id)]
         batch = lane.gathering
         key = id(task)
         if key not in lane.touched:
             lane.touched.add(key)
             batch.undo.append((task, before if before is not None else _NEW_SNAPSHOT))
         batch.tasks[task.id] = task
-        if self._wait is not batch:
-            self._waits_on(batch)
+        wait = self._wait
+        if wait is not batch:
+            if wait is None:  # a request's first change: the commonest
+                self._wait = batch
+            else:
+                self._waits_on(batch)
         if not lane.queued and lane.writing is None:
             self._queue(lane)
 
@@ -311,7 +316,7 @@ class Journal:
     def newest(self) -> Wait | None:
         """The newest batch of every lane not yet durable (None: all are)."""
         if self._lane_of is None:
-            return self._lanes[0].newest()
+            return self._one.newest()
         found = [batch for lane in self._lanes if (batch := lane.newest()) is not None]
         if len(found) > 1:
             return Joint(found)
@@ -408,7 +413,7 @@ class Journal:
             if not self.inline:
                 self.watch.written(batch.size, self._started_s)
                 if self.watch.lost:
-                    self.watch.recovered(lane.index)
+                    self.watch.recovered(lane.index, self._store.lane_group(lane.index))
             self._durable(lane, batch, changes)
             batch.finish(None)
         if lane.gathering.has_changes() and not lane.queued:
@@ -444,16 +449,15 @@ class Journal:
                 self._fail(lane, batch, error, turn.started_s)
                 continue
             if watch.lost:
-                watch.recovered(lane.index)
+                watch.recovered(lane.index, self._store.lane_group(lane.index))
             self._durable(lane, batch, changes)
             batch.finish(None)
         turn.left -= len(settled)
-        if turn.left == 0:
+        if turn.left == 0 and not turn.failed:
             self.flushes += 1
             self.last_batch_size = turn.size
             self.max_batch_size = max(self.max_batch_size, turn.size)
-            if not turn.failed:
-                watch.written(turn.size, turn.started_s)
+            watch.written(turn.size, turn.started_s)
         for lane, *_ in settled:
             if lane.gathering.has_changes() and not lane.queued:
                 lane.queued = True
@@ -475,7 +479,9 @@ class Journal:
         self._hooks.rolled_back(list(reversed(later.undo)) + list(reversed(batch.undo)))
         for undo in [*reversed(later.records_undo or ()), *reversed(batch.records_undo or ())]:
             undo()
-        self.watch.failed(batch.size, error, started_s, lane.index)
+        self.watch.failed(
+            batch.size, error, started_s, lane.index, self._store.lane_group(lane.index)
+        )
         batch.finish(error)
         later.finish(error)
 

@@ -173,6 +173,11 @@ class Store(abc.ABC):
         """The lane of ``key``'s writes, in ``range(lanes)``."""
         return 0
 
+    def lane_group(self, lane: int) -> object:
+        """What ``lane``'s writes fail with: the lanes of one group (one server)
+        fail and come back together (the store's watch ends an outage by it)."""
+        return None
+
     def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
         """Start the writes of several lanes (``(lane, changes)``, each lane once)
         together: one round trip per server that holds them. Each lane's

@@ -150,6 +150,10 @@ class ClusterFencedWriter:
         if unrouted:
             self._retry(unit, unrouted)
 
+    def primary_of(self, key: str) -> Address | None:
+        """The primary that serves ``key``'s slot on the map now (None: none)."""
+        return self._primary_of(key)
+
     def _primary_of(self, key: str) -> Address | None:
         try:
             node = self.client.get_node_from_key(key)

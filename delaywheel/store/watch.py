@@ -4,11 +4,12 @@ The journal reports every write here (``started``, then ``written`` or
 ``failed``). It is the one place that sees every write of every store, so
 the lines mean the same for Redis, SQLite and memory. An outage runs from
 the first write that fails to the moment every lane that failed has written
-again (``recovered``; a lane is a partition on a Redis keyspace, whose
-partitions may live on several Cluster primaries: one primary's failure is
-one outage, not a lost/back pair each time another primary's write lands):
-a warning when it begins, an info line with its length and what failed
-during it when it ends. In between, under hundreds of writes a second, each failed write is a
+again, or another lane of its group has (``recovered``; a lane is a
+partition on a Redis keyspace, its group the server that holds it: one
+Redis, or a Cluster primary, so that one primary's failure is one outage,
+not a lost/back pair each time another primary's write lands): a warning
+when it begins, an info line with its length and what failed during it
+when it ends. In between, under hundreds of writes a second, each failed write is a
 debug line only (the clients got ``unavailable`` and the reason already).
 A write that succeeds but took ``slow_s`` or more is a warning with its size
 and time: the store is struggling before it fails.
@@ -50,7 +51,7 @@ class StoreWatch:
         self.slow_s = slow_s
         self._clock = clock
         self._lost_since_s: float | None = None
-        self._lost_lanes: set[int] = set()
+        self._lost_lanes: dict[int, object] = {}  # lane -> its group, while lost
         self._failed_writes = 0
         self._failed_changes = 0
         self.failures = 0  # writes that failed, since the start
@@ -80,11 +81,14 @@ class StoreWatch:
                 extra={"changes": size, "duration_s": round(took_s, 3)},
             )
 
-    def recovered(self, lane: int) -> None:
-        """A write of ``lane`` is durable during an outage: it ends once every
-        lane that failed has written again."""
-        self._lost_lanes.discard(lane)
-        if self._lost_since_s is not None and not self._lost_lanes:
+    def recovered(self, lane: int, group: object = None) -> None:
+        """A write of ``lane`` (of ``group``) is durable during an outage: it ends
+        once every lane that failed has written again, or a lane of its group."""
+        lost = self._lost_lanes
+        lost.pop(lane, None)
+        for other in [other for other, of in lost.items() if of == group]:
+            del lost[other]
+        if self._lost_since_s is not None and not lost:
             outage_s = self._clock() - self._lost_since_s
             log.info(
                 "store %s back after %.1f s; %d writes (%d changes) failed meanwhile",
@@ -99,14 +103,16 @@ class StoreWatch:
             self._lost_since_s = None
             self._failed_writes = self._failed_changes = 0
 
-    def failed(self, size: int, error: Exception, started_s: float, lane: int = 0) -> None:
-        """That write of ``size`` changes of ``lane``, started at ``started_s``,
-        failed with ``error`` (whose text names the store's display URL, never
-        its password)."""
+    def failed(
+        self, size: int, error: Exception, started_s: float, lane: int = 0, group: object = None
+    ) -> None:
+        """That write of ``size`` changes of ``lane`` (of ``group``), started at
+        ``started_s``, failed with ``error`` (whose text names the store's
+        display URL, never its password)."""
         self.failures += 1
         self._failed_writes += 1
         self._failed_changes += size
-        self._lost_lanes.add(lane)
+        self._lost_lanes[lane] = group
         if self._lost_since_s is None:
             self._lost_since_s = started_s
             # The error names the store first; the line does already.
