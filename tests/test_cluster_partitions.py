@@ -5,6 +5,7 @@ over nodes."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -112,45 +113,48 @@ def test_each_live_node_owns_p_over_n_rounded_down_or_up(partitions: int) -> Non
     """Plain rendezvous gave two nodes 5 and 11 of 16 (issue 29)."""
     for count in range(1, 9):
         nodes = [f"node-{i}" for i in range(count)]
-        fresh = assignment(nodes, partitions)
-        assert sorted(fresh) == list(range(partitions))
+        owners = assignment(nodes, partitions)
+        assert sorted(owners) == list(range(partitions))
         low = partitions // count
-        assert set(_loads(fresh, nodes)) <= {low, low + (partitions % count > 0)}, count
-        # From any owners at all (another balance, a gone node's), balanced too.
-        skewed = assignment(nodes, partitions, dict.fromkeys(range(partitions), "node-0"))
-        assert set(_loads(skewed, nodes)) <= {low, low + (partitions % count > 0)}, count
+        assert set(_loads(owners, nodes)) <= {low, low + (partitions % count > 0)}, count
 
 
-@pytest.mark.parametrize("partitions", [16, 64])
-def test_a_join_or_a_leave_moves_no_more_than_it_must(partitions: int) -> None:
-    """Growing 1 -> 9 nodes and shrinking back, each step from the owners the
-    last one left: a join moves only what the new node takes, its P // N (the
-    fewest a balanced assignment can), a leave only the leaver's: 27 and 115
-    partitions over the eight joins with P 16 and 64, 32 and 120 over the
-    eight leaves (the oldest node leaving each time, with a larger share).
-    Plain rendezvous moved 26 and 108 joining (less than a share at some
-    joins: it left the nodes unbalanced) and 33 and 123 leaving."""
-    owners: dict[int, str] = {}
+def _moves(assign: Callable[[list[str]], dict[int, str]]) -> tuple[list[int], list[int]]:
+    """Partitions moved at each of eight joins (1 -> 9 nodes), then at each of
+    eight leaves (the oldest node first)."""
     nodes: list[str] = []
-    moved_total = left_total = 0
+    owners: dict[int, str] = {}
+    joins, leaves = [], []
     for count in range(1, 10):
         nodes.append(f"node-{count}")
-        after = assignment(nodes, partitions, owners)
-        moved = {p for p in owners if after[p] != owners[p]}
-        assert all(after[p] == nodes[-1] for p in moved)  # nothing moves between the others
+        after = assign(nodes)
         if owners:
-            assert len(moved) == partitions // count
-        moved_total += len(moved)
+            joins.append(sum(after[p] != owners[p] for p in owners))
         owners = after
     while len(nodes) > 1:
-        gone = nodes.pop(0)
-        left = {p: node for p, node in owners.items() if node != gone}
-        after = assignment(nodes, partitions, left)
-        assert all(after[p] == node for p, node in left.items())  # only the leaver's move
-        left_total += partitions - len(left)
+        nodes.pop(0)
+        after = assign(nodes)
+        leaves.append(sum(after[p] != owners[p] for p in owners))
         owners = after
-    assert moved_total == sum(partitions // count for count in range(2, 10))
-    assert left_total == {16: 32, 64: 120}[partitions]  # each time the leaver's own
+    return joins, leaves
+
+
+@pytest.mark.parametrize(
+    ("partitions", "balanced", "plain"),
+    [(16, (36, 43), (26, 33)), (64, (136, 146), (108, 123))],
+)
+def test_the_balance_costs_a_few_moves_more_than_plain_rendezvous(
+    partitions: int, balanced: tuple[int, int], plain: tuple[int, int]
+) -> None:
+    """What a join or a leave moves, measured: the fewest a balanced assignment
+    can move at a join is the joiner's share (27 and 115 over the eight
+    joins), at a leave the leaver's own; plain rendezvous moved fewer in some
+    steps because it did not balance. Balanced: 1.2 to 1.4 times plain."""
+    joins, leaves = _moves(lambda nodes: assignment(nodes, partitions))
+    assert (sum(joins), sum(leaves)) == balanced
+    rendezvous = _moves(lambda nodes: {p: first_choice(p, nodes) for p in range(partitions)})
+    assert tuple(map(sum, rendezvous)) == plain
+    assert sum(joins) + sum(leaves) <= 1.4 * sum(plain)
 
 
 def test_the_assignment_is_the_same_whatever_the_order() -> None:
@@ -162,28 +166,23 @@ def test_the_assignment_is_the_same_whatever_the_order() -> None:
     assert assignment(NODES, 16) == assignment(list(reversed(NODES)), 16)
 
 
-names = st.lists(st.text("abcdefgh0123456789-", min_size=1, max_size=8), unique=True)
+names = st.lists(st.text("abcdefgh0123456789-", min_size=1, max_size=8), unique=True, max_size=8)
 
 
 @settings(max_examples=100)
 @given(names.filter(lambda n: len(n) >= 1), st.text("xyz", min_size=1, max_size=6))
-def test_a_joining_node_takes_only_its_share(nodes: list[str], new: str) -> None:
-    before = assignment(nodes, 64)
-    after = assignment([*nodes, new], 64, before)
-    for p in range(64):
-        assert after[p] in (before[p], new)  # nothing moves between the old nodes
-    assert list(after.values()).count(new) == 64 // (len(nodes) + 1)
+def test_a_joining_node_takes_its_share(nodes: list[str], new: str) -> None:
+    after = assignment([*nodes, new], 64)
+    share = 64 // (len(nodes) + 1)
+    assert list(after.values()).count(new) in (share, share + 1)
 
 
 @settings(max_examples=100)
 @given(names.filter(lambda n: len(n) >= 2), st.data())
-def test_a_leaving_node_gives_up_only_its_own(nodes: list[str], data: st.DataObject) -> None:
+def test_a_leaving_node_keeps_nothing(nodes: list[str], data: st.DataObject) -> None:
     gone = data.draw(st.sampled_from(nodes))
-    before = assignment(nodes, 64)
-    after = assignment([n for n in nodes if n != gone], 64, before)
-    for p in range(64):
-        if before[p] != gone:
-            assert after[p] == before[p]
+    after = assignment([n for n in nodes if n != gone], 64)
+    assert sorted(after) == list(range(64)) and gone not in after.values()
 
 
 def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
@@ -195,9 +194,7 @@ def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
     assert alone.claim == frozenset(range(32)) and not alone.hand_back
     # Holding everything while b and c register: hand back exactly theirs.
     held_all = plan("a", ["b", "c"], 32, dict.fromkeys(range(32), "a"))
-    kept = assignment(three, 32, dict.fromkeys(range(32), "a"))
-    assert held_all.hand_back == frozenset(p for p in range(32) if kept[p] != "a")
-    assert len(held_all.hand_back) == 32 - 11  # "a" owns the most: a larger share, 11
+    assert held_all.hand_back == frozenset(set(range(32)) - mine)
     assert not held_all.claim
     # A partition held by someone else is neither claimed nor handed back.
     others = plan("a", ["b", "c"], 32, dict.fromkeys(range(32), "b"))
@@ -207,7 +204,7 @@ def test_plan_claims_free_firsts_and_hands_back_to_live_firsts() -> None:
     assert free.claim == frozenset(mine)
     # "a" keeps its share even when its own registration lapsed.
     lapsed = plan("a", ["b"], 32, dict.fromkeys(range(32), "a"))
-    keeps = assignment(["a", "b"], 32, dict.fromkeys(range(32), "a"))
+    keeps = assignment(["a", "b"], 32)
     assert lapsed.hand_back == frozenset(p for p in range(32) if keeps[p] == "b")
     assert len(lapsed.hand_back) == 16
 

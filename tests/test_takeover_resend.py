@@ -141,10 +141,7 @@ def test_a_handoff_does_not_wait_for_an_attempt_it_only_holds(
     name = next(
         f"joining-{n}"
         for n in range(100)
-        if assignment(
-            ["solo", f"joining-{n}"], PARTITIONS, dict.fromkeys(range(PARTITIONS), "solo")
-        )[partition]
-        == f"joining-{n}"
+        if assignment(["solo", f"joining-{n}"], PARTITIONS)[partition] == f"joining-{n}"
     )
     joined_s = time.monotonic()
     other = ServerProcess(
