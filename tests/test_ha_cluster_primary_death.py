@@ -59,7 +59,12 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFarm]:
     from redisfarm import ClusterFarm, running
 
     directory = tmp_path_factory.mktemp("primarydeath")
-    with running(ClusterFarm(directory, node_timeout_ms=NODE_TIMEOUT_MS)) as made:
+    # As docs/ha.md advises: with full coverage required (Redis's default) every
+    # primary answers CLUSTERDOWN from the victim's FAIL to its replica's
+    # promotion, and every partition waits (a lease not renewed for 0.8 L in
+    # that window is lost, live partitions' too).
+    farm = ClusterFarm(directory, node_timeout_ms=NODE_TIMEOUT_MS, full_coverage=False)
+    with running(farm) as made:
         yield made
 
 
@@ -236,13 +241,19 @@ def test_a_dead_primary_stalls_only_its_own_partitions(farm: ClusterFarm) -> Non
     failed = [r for r in probe.log.snapshot() if r.outcome != "ok" and r.sent_s >= fault_s]
     for r in failed[:5]:  # what a failing run shows first
         print(f"  {r.task_id} at {r.sent_s - fault_s:+.2f} s: {r.outcome} {r.detail[:300]}")
+    for task_id in probe_report.duplicates:  # what a failing run shows
+        got = [round(d.at_s - fault_s, 2) for d in received.received() if d.task_id == task_id]
+        print(f"  {task_id} p{partition_of(task_id, PARTITIONS)} delivered at {got} s")
     assert not elsewhere, elsewhere[:5]
     # It sends the next add after each answer: a stalled probe sends few (225
     # in those 15 s before the lanes). The machine's load moves its pace too.
     usual = len(before) / BEFORE_S * AFTER_S
     assert len(after) > 0.75 * usual, (usual, len(after))
     assert acked_after > 0.9 * len(after), (len(after), acked_after)
-    assert p99_after <= 2 * p99_before, (p99_before, p99_after)
+    # Within 2x of before. On the shared 2-core test machine the p99 moves
+    # between 5 and 60 ms with the load of other work alone, so one under 25
+    # ms counts as 25 ms; an add held by the dead primary waits 1 s or more.
+    assert p99_after <= 2 * max(p99_before, 0.025), (p99_before, p99_after)
     assert report.ok, report.summary()
     assert not probe_report.duplicates, probe_report.summary()
     assert not report.unexplained, report.summary()

@@ -103,6 +103,9 @@ class Connection(asyncio.Protocol):
         # not run yet, each registered once.
         self.waiting_on: Wait | None = None
         self.registered: set[Wait] = set()
+        # One lane (memory, SQLite): batches only move forward, so a batch
+        # other than ``waiting_on`` is always a new one: no set to keep.
+        self.lanes = self.journal.lanes > 1
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
         self.stopping = False  # the server is shutting down: read nothing more
@@ -255,7 +258,9 @@ class Connection(asyncio.Protocol):
                 group.waits.append(wait)
         if wait is not None and wait is not self.waiting_on:
             self.waiting_on = wait
-            if wait not in self.registered:
+            if not self.lanes:
+                wait.add_callback(partial(self._write_done, wait))
+            elif wait not in self.registered:
                 self.registered.add(wait)
                 wait.add_callback(partial(self._write_done, wait))
         group.payloads.append(payload)
@@ -266,7 +271,8 @@ class Connection(asyncio.Protocol):
             self._update_reading()
 
     def _write_done(self, wait: Wait, error: StoreError | None) -> None:
-        self.registered.discard(wait)
+        if self.lanes:
+            self.registered.discard(wait)
         if wait is self.waiting_on:
             self.waiting_on = None  # not to keep a finished batch's tasks alive
         if error is not None:  # the rollback may have put back an earlier timer
