@@ -62,7 +62,7 @@ class Replies:
     request order, and each one's msgid and method, which a failed write needs
     to answer it with its error and count it against its method. ``wait`` is
     the store write (a journal ``Batch`` or ``Joint``) they all wait for, while
-    they wait for one (None: none); ``waits`` is each one's, once they differ
+    they wait for one (None: none); ``waits`` is each one's, once they differ on a store of lanes
     (a Redis keyspace's partitions are lanes of their own, and consecutive
     requests mostly touch different ones).
 
@@ -253,9 +253,13 @@ class Connection(asyncio.Protocol):
             waits = group.waits
             if waits is not None:
                 waits.append(wait)
-            elif group.wait is not wait:  # from here on, each reply's own
-                group.waits = [group.wait] * len(group.payloads)
-                group.waits.append(wait)
+            elif group.wait is not wait:
+                if self.lanes:  # from here on, each reply's own
+                    group.waits = [group.wait] * len(group.payloads)
+                    group.waits.append(wait)
+                else:  # one lane: the next batch's replies, a group of their own
+                    group = Replies(wait)
+                    replies.append(group)
         if wait is not None and wait is not self.waiting_on:
             self.waiting_on = wait
             if not self.lanes:
