@@ -107,6 +107,12 @@ class FencedWrite(StoreError):
         }
 
 
+def _one_lane(done: Done, outcomes: LaneOutcomes) -> None:
+    """One lane's outcome (``submit_lanes``') to a ``submit``-style ``done``."""
+    ((_, error),) = outcomes
+    done(error)
+
+
 class SharedKeyspace(Store):
     inline = False
 
@@ -255,12 +261,6 @@ class SharedKeyspace(Store):
             error = error or StoreUnavailable(f"store {self.url}: write failed: not open")
             done([(p, error) for p, _ in writes])
             return
-        if len(writes) == 1:
-            ((p, changes),) = writes
-            if len(changes) == 1:  # one request's change (one call at a time): no grouping
-                ((task_id, record),) = changes.items()
-                self._submit_one(p, task_id, record, done)
-                return
         epochs, keys = self.epochs, self._keys
         parts: list[PartitionWrite] = []
         unowned: set[int] = set()
@@ -284,28 +284,41 @@ class SharedKeyspace(Store):
         else:
             cast(ClusterFencedWriter, writer).submit(parts, partial(self._report, done))
 
-    def _submit_one(self, p: int, task_id: str, record: bytes | None, done: LanesDone) -> None:
-        """``submit_lanes`` of one change: no list of writes, and on a plain
-        Redis or Sentinel no outcome made when it is written (the commonest)."""
+    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
+        if len(changes) != 1:
+            self.submit_lanes([(lane, changes)], partial(_one_lane, done))
+            return
+        error = self._not_open("write")
+        if error is not None or self._writer is None:
+            done(error or StoreUnavailable(f"store {self.url}: write failed: not open"))
+            return
+        ((task_id, record),) = changes.items()
+        self._submit_one(lane, task_id, record, done)
+
+    def _submit_one(self, p: int, task_id: str, record: bytes | None, done: Done) -> None:
+        """``submit_lane`` of one change (one request at a time): no list of
+        writes, and on a plain Redis or Sentinel no outcome made when it is
+        written (the commonest)."""
         epoch = self.epochs.get(p)
         if epoch is None:
-            self._refuse({p}, done)
+            self._refuse({p}, partial(_one_lane, done))
             return
         writer = self._writer
         if type(writer) is not FencedWriter:  # a Cluster's writer
             writes = [PartitionWrite(p, epoch, *self._keys[p], {task_id: record})]
-            cast(ClusterFencedWriter, writer).submit(writes, partial(self._report, done))
+            report = partial(self._report, partial(_one_lane, done))
+            cast(ClusterFencedWriter, writer).submit(writes, report)
             return
         epochs, keys = self.epochs, self._keys[p]
 
         def answered(outcome: FlushOutcome | None) -> None:
             if outcome is not None:  # not written: made only now, for the rare answers
                 writes = [PartitionWrite(p, epoch, *keys, {task_id: record})]
-                self._report(done, writes, outcome)
+                self._report(partial(_one_lane, done), writes, outcome)
             elif epochs.get(p) != epoch:
-                done([(p, self._lost_in_flight())])
+                done(self._lost_in_flight())
             else:
-                done([(p, None)])
+                done(None)
 
         writer.submit_one(p, epoch, keys, task_id, record, answered)
 

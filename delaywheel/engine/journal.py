@@ -209,7 +209,6 @@ class Journal:
         self.flushes = 0
         self.last_batch_size = 0
         self.max_batch_size = 0
-        self._started_s = 0.0
         # Logs outages and slow writes (its slow_s is the server's --slow-flush).
         # An inline store's write is a dict update, done before submit returns:
         # it is not timed (two clock reads per add, on the memory store's path).
@@ -349,17 +348,20 @@ class Journal:
         if not ready:
             return
         self._ready = []
-        if self._lane_of is None:  # one lane: the single-node path
+        if len(ready) == 1:  # one lane ready (one store's, or one request at a time)
             lane = ready[0]
             lane.queued = False
             batch, changes = self._begin(lane)
-            if not self.inline:
-                self._started_s = self.watch.started()
+            started_s = 0.0 if self.inline else self.watch.started()
+            done = partial(self._written, lane, batch, changes, started_s)
             try:
-                self._store.submit(changes, partial(self._written, lane, batch, changes))
+                if self._lane_of is None:
+                    self._store.submit(changes, done)
+                else:
+                    self._store.submit_lane(lane.index, changes, done)
             except Exception as exc:  # a store bug: fail the batch rather than hang its waiters
                 log.exception("store submit raised")
-                self._written(lane, batch, changes, StoreError(f"store write failed: {exc!r}"))
+                done(StoreError(f"store write failed: {exc!r}"))
             return
         writes: list[tuple[int, Mapping[str, bytes | None]]] = []
         started: dict[int, tuple[Batch, dict[str, bytes | None]]] = {}
@@ -397,21 +399,27 @@ class Journal:
         return batch, changes
 
     def _written(
-        self, lane: Lane, batch: Batch, changes: dict[str, bytes | None], error: StoreError | None
+        self,
+        lane: Lane,
+        batch: Batch,
+        changes: dict[str, bytes | None],
+        started_s: float,
+        error: StoreError | None,
     ) -> None:
-        """The single lane's write is done (the path of memory and SQLite)."""
+        """A write of one lane, started alone, is done (memory's and SQLite's
+        every write; a keyspace's one request at a time)."""
         if batch is not lane.writing:  # called twice by a broken store
             log.error("store completed a write twice")
             return
         lane.writing = None
         if error is not None:
-            self._fail(lane, batch, error, self._started_s)
+            self._fail(lane, batch, error, started_s)
         else:
             self.flushes += 1
             self.last_batch_size = batch.size
             self.max_batch_size = max(self.max_batch_size, batch.size)
             if not self.inline:
-                self.watch.written(batch.size, self._started_s)
+                self.watch.written(batch.size, started_s)
                 if self.watch.lost:
                     self.watch.recovered(lane.index, self._store.lane_group(lane.index))
             try:  # _durable, written out: this is each request's path on memory://

@@ -178,6 +178,12 @@ class Store(abc.ABC):
         fail and come back together (the store's watch ends an outage by it)."""
         return None
 
+    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
+        """``submit`` of one lane's changes (the journal's path when one lane is
+        ready: one request at a time). This default, for a store of one lane,
+        is ``submit``."""
+        self.submit(changes, done)
+
     def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
         """Start the writes of several lanes (``(lane, changes)``, each lane once)
         together: one round trip per server that holds them. Each lane's
