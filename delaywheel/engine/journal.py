@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from delaywheel.engine.cold import Written
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
 from delaywheel.store.base import LaneOutcomes, Store, StoreError
@@ -67,11 +68,12 @@ Undo = list[tuple[Task, tuple[Any, ...]]]
 class Hooks:
     """What the journal tells its owner (the task table), as ``ScheduleTable``'s hooks.
 
-    ``durable(tasks, changes, pending)``: a batch is in the store (its tasks by
-    id, the records written, and whether a task has a change still not
-    durable). ``rolled_back(undo)``: put back the tasks of failed batches."""
+    ``durable(written)``: batches are in the store, each as (its tasks by id,
+    the records written, whether a task has a change still not durable); the
+    lanes one store answer settled come in one call. ``rolled_back(undo)``:
+    put back the tasks of failed batches."""
 
-    durable: Callable[[dict[str, Task], Mapping[str, bytes | None], Callable[[Task], bool]], None]
+    durable: Callable[[Written], None]
     rolled_back: Callable[[Undo], None]
 
 
@@ -326,16 +328,16 @@ class Journal:
         return self._lane(task.id).is_pending(task)
 
     def hold(self) -> None:
-        """A connection handles a turn's requests: on an inline store it flushes
+        """A connection handles a turn's requests on an inline store and flushes
         them itself at the end (``release``), so no change schedules a flush."""
         self._held = self.inline
 
     def release(self) -> None:
-        """The end of a connection's turn: on an inline store, flush it now, so
+        """The end of a connection's turn on an inline store: flush it now, so
         that the turn's replies leave in one write."""
-        if self.inline:
-            self._held = False
-            self.flush()
+        self._held = False
+        if self._ready:
+            self._start()
 
     def flush(self) -> None:
         """Start writing what has gathered now in the lanes with no write in flight."""
@@ -422,10 +424,7 @@ class Journal:
                 self.watch.written(batch.size, started_s)
                 if self.watch.lost:
                     self.watch.recovered(lane.index, self._store.lane_group(lane.index))
-            try:  # _durable, written out: this is each request's path on memory://
-                self._hooks.durable(batch.tasks, changes, lane.is_pending)
-            except Exception:  # the write is durable: its replies must still go
-                log.exception("durable hook failed")
+            self._durable([(batch.tasks, changes, lane.is_pending)])
             batch.finish(None)
         if lane.gathering.has_changes() and not lane.queued:
             lane.queued = True
@@ -453,6 +452,7 @@ class Journal:
                 lane.gathering.finished, lane.gathering.error = True, error
             settled.append((lane, batch, changes, error))
         watch = self.watch
+        written: Written = []
         for lane, batch, changes, error in settled:
             lane.writing = None
             if error is not None:
@@ -461,8 +461,12 @@ class Journal:
                 continue
             if watch.lost:
                 watch.recovered(lane.index, self._store.lane_group(lane.index))
-            self._durable(lane, batch, changes)
-            batch.finish(None)
+            written.append((batch.tasks, changes, lane.is_pending))
+        if written:  # once for the lanes of this answer, before any of their replies
+            self._durable(written)
+        for _, batch, _, error in settled:
+            if error is None:
+                batch.finish(None)
         turn.left -= len(settled)
         if turn.left == 0 and not turn.failed:
             self.flushes += 1
@@ -476,9 +480,9 @@ class Journal:
         if self._ready and not self._flush_scheduled:
             self._start()  # together: the lanes this answer freed, and any waiting
 
-    def _durable(self, lane: Lane, batch: Batch, changes: dict[str, bytes | None]) -> None:
+    def _durable(self, written: Written) -> None:
         try:
-            self._hooks.durable(batch.tasks, changes, lane.is_pending)
+            self._hooks.durable(written)
         except Exception:  # the write is durable: its replies must still go
             log.exception("durable hook failed")
 

@@ -172,7 +172,11 @@ class Connection(asyncio.Protocol):
             return
         decoder, journal = self.decoder, self.journal
         handled = 0
-        journal.hold()  # released in the finally below
+        inline = journal.inline
+        if (
+            inline
+        ):  # the journal waits for our flush at the end of the turn: no call_soon per change
+            journal.hold()
         try:
             now_s = time.time()
             for message in decoder:
@@ -189,7 +193,8 @@ class Connection(asyncio.Protocol):
             self.refuse(exc.code, exc.message)
             return
         finally:
-            journal.release()  # on an inline store the turn's replies can leave now, in one write
+            if inline:  # the turn's replies can leave now, in one write
+                journal.release()
         if self.busy:
             asyncio.get_running_loop().call_soon(self._work)
         elif decoder.unpacker is None:  # nothing buffered (buffered_bytes, cheaper)
