@@ -181,7 +181,6 @@ class ColdTasks:
         held_at: list[float] = []
         records: list[bytes | None] = []
         for tasks, changes, pending in written:
-            first = len(held)
             for task_id, task in tasks.items():
                 if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
                     continue
@@ -196,7 +195,7 @@ class ColdTasks:
                     wheel.remove(task)
                 held.append(task_id)
                 held_at.append(at_s)
-            records += [changes[task_id] for task_id in held[first:]]
+                records.append(changes[task_id])
         if held:
             assert None not in records  # a delayed task's change is a put
             table.index.freeze(held, records)  # type: ignore[arg-type]

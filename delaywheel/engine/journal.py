@@ -424,7 +424,10 @@ class Journal:
                 self.watch.written(batch.size, started_s)
                 if self.watch.lost:
                     self.watch.recovered(lane.index, self._store.lane_group(lane.index))
-            self._durable([(batch.tasks, changes, lane.is_pending)])
+            try:  # _durable, written out: this is each request's path on memory://
+                self._hooks.durable([(batch.tasks, changes, lane.is_pending)])
+            except Exception:  # the write is durable: its replies must still go
+                log.exception("durable hook failed")
             batch.finish(None)
         if lane.gathering.has_changes() and not lane.queued:
             lane.queued = True
