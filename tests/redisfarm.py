@@ -173,12 +173,21 @@ class SentinelFarm:
 class ClusterFarm:
     """Three primaries and three replicas as one Redis Cluster."""
 
-    def __init__(self, directory: Path, primaries: int = 3, replicas_each: int = 1) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        primaries: int = 3,
+        replicas_each: int = 1,
+        node_timeout_ms: int = CLUSTER_NODE_TIMEOUT_MS,
+        full_coverage: bool = True,
+    ) -> None:
         self.directory = directory
         args = [
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+            "--cluster-node-timeout", str(node_timeout_ms),
+            # no: a primary keeps serving its slots while another's are uncovered
+            "--cluster-require-full-coverage", "yes" if full_coverage else "no",
             *PRIMARY_ARGS,
         ]  # fmt: skip
         self.replicas_each = replicas_each

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
@@ -29,8 +30,9 @@ from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
 from delaywheel.ha.lease import Leases
-from delaywheel.store.base import Changes
+from delaywheel.store.base import Changes, LaneOutcomes, StoreError
 from delaywheel.store.redis import FencedWrite, RedisStore
+from delaywheel.store.redis.fenced import TooFewReplicas
 from delaywheel.store.redis.fenced_cluster import RETRY_FOR_S, ClusterFencedWriter
 from delaywheel.store.redis.layout import Holder, Layout, partition_of
 from delaywheel.store.redis.spread import SEALED, SPREAD
@@ -159,15 +161,13 @@ def test_a_fenced_write_on_one_primary_is_refused_while_the_others_land(
         async with keyspace(farm.url, "fence") as shared:
             await acquire_all(shared)
             await shared.client.incr(layout.partition(victim).epoch)  # another node took it
+            seen: list[set[int]] = []
+            shared.on_fenced = lambda fenced, _holders: seen.append(fenced)
             error = await write(shared, {group[0]: b"x" for group in ids.values()})
             assert isinstance(error, FencedWrite) and error.reply_code == "moved"
             others = set(range(PARTITIONS)) - {victim}
             assert (error.fenced, error.written) == ({victim}, others)
-            owner = shared.owner
-            assert isinstance(owner, RecordingOwner)
-            assert [(fenced, written) for fenced, written, _ in owner.fenced_calls] == [
-                ({victim}, others)
-            ]
+            assert seen == [{victim}]
             for p, group in ids.items():
                 landed = await shared.client.hexists(layout.partition(p).tasks, group[0])
                 assert landed == (p != victim), p
@@ -178,6 +178,63 @@ def test_a_fenced_write_on_one_primary_is_refused_while_the_others_land(
         owner_port(farm, layout.partition(p).tasks) for p in range(PARTITIONS) if p != victim
     }
     assert victim_port in landed_on and len(landed_on) == 3
+
+
+def test_a_wait_that_fails_on_one_primary_fails_only_its_partitions(
+    cluster6_redis: ClusterFarm,
+) -> None:
+    """Issue 35, item 6: with --replicas 1, one primary's replica frozen past
+    WAIT's 1 s fails that primary's partitions (too few replicas), and only
+    them: the others are written and reported at once, not after it."""
+    farm = cluster6_redis
+    ids = ids_by_partition(1)
+    layout = Layout("wait1", PARTITIONS)
+    victim_port = owner_port(farm, layout.partition(0).tasks)
+    replica = next(node for node in farm.replicas() if _primary_port(node.port) == victim_port)
+    on_victim = {
+        p for p in range(PARTITIONS) if owner_port(farm, layout.partition(p).tasks) == victim_port
+    }
+    outcomes: dict[int, tuple[StoreError | None, float]] = {}
+
+    async def scenario() -> None:
+        shared = RedisStore(
+            farm.url, prefix="wait1", partitions=PARTITIONS, replicas=1, owner=RecordingOwner()
+        )
+        await shared.open()
+        try:
+            await acquire_all(shared)
+            assert await write(shared, {ids[0][0]: b"warm"}) is None  # links up
+            all_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            started_s = time.monotonic()
+
+            def done(reported: LaneOutcomes) -> None:
+                for p, error in reported:
+                    outcomes[p] = (error, time.monotonic() - started_s)
+                if len(outcomes) == PARTITIONS:
+                    all_done.set_result(None)
+
+            assert replica.proc is not None
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                shared.submit_lanes([(p, {group[0]: b"x"}) for p, group in ids.items()], done)
+                await asyncio.wait_for(all_done, 20)
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+        finally:
+            await shared.close()
+
+    run(scenario)
+    failed = {p for p, (error, _) in outcomes.items() if error is not None}
+    assert failed == on_victim
+    assert all(isinstance(outcomes[p][0], TooFewReplicas) for p in on_victim)
+    assert all(outcomes[p][0] is None and outcomes[p][1] < 0.5 for p in set(outcomes) - on_victim)
+    assert all(outcomes[p][1] >= 0.9 for p in on_victim)  # WAIT's second
+
+
+def _primary_port(replica_port: int) -> int:
+    with redis.Redis(port=replica_port, socket_timeout=5) as client:
+        role = client.execute_command("ROLE")
+    return int(role[2])
 
 
 def _node_id(port: int) -> str:

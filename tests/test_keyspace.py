@@ -10,8 +10,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from conftest import RedisServer, db_of
+from delaywheel_client import Client
+from delaywheel_client.errors import Moved, TryAgain
 from helpers import run
 from owners import RecordingOwner
+from serverproc import ServerProcess
+from waiting import wait_until
 
 from delaywheel.store.base import Changes, StoreError, StoreUnavailable
 from delaywheel.store.redis import FencedWrite, Holder, Holders, RedisStore
@@ -31,8 +35,8 @@ def tasks_key(partition: int) -> str:
     return f"{{delaywheel:p{partition:03d}}}:tasks"
 
 
-# on_fenced's calls: (fenced, written, holders)
-Told = list[tuple[set[int], set[int], Holders]]
+# on_fenced's calls: (fenced, holders)
+Told = list[tuple[set[int], Holders]]
 
 
 def scenario_on(redis_url: str, body: Callable[[RedisStore, Told], Awaitable[None]]) -> None:
@@ -94,7 +98,7 @@ def test_one_change_for_a_partition_taken_or_dropped_is_refused_and_writes_nothi
         del shared.epochs[3]  # self-fenced: refused here, without a round trip
         error = await write(shared, {dropped: b"late"})
         assert isinstance(error, FencedWrite) and error.fenced == {3}
-        assert told == [({0}, set(), {}), ({3}, set(), {})]
+        assert told == [({0}, {}), ({3}, {})]
 
     scenario_on(redis_url, body)
     with redis_server.client(db_of(redis_url)) as client:
@@ -137,8 +141,8 @@ def test_a_refused_write_is_answered_moved_to_the_holder_the_store_names(
         assert isinstance(error, FencedWrite)
         assert error.reply_data == {"partition": 2, "owner": "[::1]:7002", "epoch": 7}
         assert told == [
-            ({0}, set(), {0: Holder("node-b", "10.0.0.2:7001", 2, 0)}),
-            ({2}, set(), {2: Holder("node-c", "[::1]:7002", 7, 0)}),
+            ({0}, {0: Holder("node-b", "10.0.0.2:7001", 2, 0)}),
+            ({2}, {2: Holder("node-c", "[::1]:7002", 7, 0)}),
         ]
 
     scenario_on(redis_url, body)
@@ -171,3 +175,45 @@ def test_a_store_opened_alone_writes_every_partition_until_a_node_takes_one(
     with redis_server.client(db_of(redis_url)) as client:
         assert client.hgetall(tasks_key(1)) == {taken.encode(): b"a"}
         assert client.hgetall(tasks_key(2)) == {}
+
+
+@pytest.mark.process
+def test_a_refused_partition_answers_moved_about_itself_and_the_others_their_results(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """Issue 29: every reply is about the request's own partition. A pipeline of
+    adds over every partition, one of which another node took meanwhile: its
+    adds are answered ``moved`` naming it, each other add with its result, in
+    order (before the journal's lanes, the whole flush was refused, every add
+    answered ``moved`` naming the refused partition)."""
+    partitions = 16
+    node = ServerProcess(
+        *("--node", "a", "--partitions", str(partitions), "--lease", "3"), store=redis_url
+    )
+    try:
+        with Client(*node.address) as dw:
+            wait_until(lambda: len(dw.stats()["partitions"]) == partitions, 20, "all served")
+            taken = 5
+            with redis_server.client(db_of(redis_url)) as client:
+                client.incr(f"{{delaywheel:p{taken:03d}}}:epoch")  # another node acquired it
+            ids = [f"lane-{n}" for n in range(200)]
+            pipe = dw.pipeline()
+            for task_id in ids:
+                pipe.add("t", {}, id=task_id, delay=3600)
+            results = pipe.execute(raise_on_error=False)
+        for task_id, result in zip(ids, results, strict=True):
+            p = partition_of(task_id, partitions)
+            if p == taken:
+                assert isinstance(result, Moved | TryAgain), result  # tryagain: dropped by then
+                assert result.data["partition"] == taken, result
+            else:
+                assert isinstance(result, dict) and result["id"] == task_id, (p, result)
+        with redis_server.client(db_of(redis_url)) as client:
+            stored = {
+                task_id
+                for p in range(partitions)
+                for task_id in (f.decode() for f in client.hkeys(tasks_key(p)))
+            }
+        assert stored == {i for i in ids if partition_of(i, partitions) != taken}
+    finally:
+        node.kill()

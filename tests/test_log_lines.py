@@ -172,13 +172,13 @@ def test_an_outage_is_one_line_when_it_begins_and_one_when_it_ends(
     watch = StoreWatch("redis://:***@h:1/0", clock=clock)
     caplog.set_level(logging.DEBUG, logger="delaywheel.store")
     for size in (3, 1, 2, 5):
-        watch.started()
+        started_s = watch.started()
         clock.now_s += 0.01
-        watch.failed(size, RuntimeError("store redis://:***@h:1/0: write failed: gone"))
+        watch.failed(size, RuntimeError("store redis://:***@h:1/0: write failed: gone"), started_s)
         clock.now_s += 1.0
     assert watch.lost
-    watch.started()
-    watch.written(4)
+    watch.written(4, watch.started())
+    watch.recovered(0)
     assert not watch.lost
     infos = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
     assert infos == [
@@ -196,22 +196,46 @@ def test_an_outage_is_one_line_when_it_begins_and_one_when_it_ends(
     fields = vars(caplog.records[-1])
     assert (fields["failed_writes"], fields["failed_changes"], fields["outage_s"]) == (4, 11, 4.04)
     caplog.clear()
-    watch.started()  # a new outage is a new line
-    watch.failed(1, RuntimeError("again"))
+    watch.failed(1, RuntimeError("again"), watch.started())  # a new outage is a new line
     assert caplog.records[0].getMessage().startswith("store redis://:***@h:1/0 lost: again")
+
+
+def test_an_outage_of_some_lanes_ends_when_they_or_their_group_write_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Cluster primary's partitions failing while another primary's writes
+    land is one outage, not a lost/back pair at every write of the other; on
+    one Redis (one group) any write that lands ends it."""
+    clock = Clock()
+    watch = StoreWatch("redis://h:1/0", clock=clock)
+    caplog.set_level(logging.INFO, logger="delaywheel.store")
+    for lane in (3, 5):  # partitions of primary "b"
+        watch.failed(1, RuntimeError("gone"), watch.started(), lane, "b")
+    for _ in range(3):  # primary "a"'s writes land meanwhile
+        clock.now_s += 1.0
+        watch.written(2, watch.started())
+        watch.recovered(0, "a")
+    assert watch.lost
+    watch.recovered(3, "b")  # b is back: its other lanes with it
+    assert not watch.lost
+    watch.failed(1, RuntimeError("gone"), watch.started(), 7)  # one Redis: group None
+    watch.recovered(2)
+    assert not watch.lost
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 4 and "back after 3.0 s" in messages[1], messages
 
 
 def test_a_slow_write_is_a_warning_with_its_size_and_time(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     watch = StoreWatch("memory://", slow_s=0.5, clock=clock)
     caplog.set_level(logging.DEBUG, logger="delaywheel.store")
-    watch.started()
+    started_s = watch.started()
     clock.now_s += 0.49
-    watch.written(10)
+    watch.written(10, started_s)
     assert not caplog.records
-    watch.started()
+    started_s = watch.started()
     clock.now_s += 0.75
-    watch.written(250)
+    watch.written(250, started_s)
     [record] = caplog.records
     assert record.levelname == "WARNING"
     assert record.getMessage() == "slow store write: 250 changes took 0.75 s (threshold 0.5 s)"

@@ -101,7 +101,7 @@ class TableMachine(RuleBasedStateMachine):
             retry=RetryPolicy(base_s=1.0, cap_s=4.0, jitter=lambda: 0.0),
         )
         self.journal = self.engine.journal
-        self.journal.flushed_by_caller = True  # as a connection on an inline store
+        self.journal.hold()  # as a connection on an inline store
         self.queued: list[str] = []  # due targeted tasks, as the dispatcher's lanes hold them
         self.sent: list[Delivery] = []  # attempts begun and durable, to report on
         self.served: list[dict[str, Any]] = []

@@ -32,7 +32,7 @@ from waiting import wait_until
 
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
-from delaywheel.ha.membership import first_choice
+from delaywheel.ha.membership import assignment
 from delaywheel.store.redis.layout import Layout
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
@@ -134,7 +134,7 @@ def test_a_handoff_does_not_wait_for_an_attempt_it_only_holds(
     name = next(
         f"joining-{n}"
         for n in range(100)
-        if first_choice(partition, ["solo", f"joining-{n}"]) == f"joining-{n}"
+        if assignment(["solo", f"joining-{n}"], PARTITIONS)[partition] == f"joining-{n}"
     )
     joined_s = time.monotonic()
     other = ServerProcess(

@@ -94,7 +94,8 @@ def count(
     env = dict(os.environ)
     # 50 times slower, a node would miss its lease renewals and fence itself
     # (an older tree, with no leases, ignores the variable)
-    env.setdefault("DELAYWHEEL_LEASE", str(SLOW_LEASE_S))
+    if store_url.startswith("redis"):  # a memory store refuses the cluster options
+        env.setdefault("DELAYWHEEL_LEASE", str(SLOW_LEASE_S))
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}:{tree / 'client'}"
     command = [

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from delaywheel.engine.record import (
@@ -43,6 +43,10 @@ from delaywheel.engine.record import (
     read_record,
 )
 from delaywheel.engine.task import DELAYED, IN_WHEEL, Task
+
+# Batches written (the journal's ``durable`` hook): each one's tasks by id, the
+# records written, and whether a task has a change still not durable.
+Written = list[tuple[dict[str, Task], Mapping[str, bytes | None], Callable[[Task], bool]]]
 
 if TYPE_CHECKING:
     from delaywheel.engine.table import TaskTable
@@ -154,8 +158,11 @@ class ColdTasks:
     def __init__(self, table: TaskTable) -> None:
         self._table = table
 
-    def pack(self, tasks: dict[str, Task], changes: Mapping[str, bytes | None]) -> None:
-        """A batch is in the store: pack its far delayed tasks.
+    def pack(self, written: Written) -> None:
+        """Batches are in the store: pack their far delayed tasks (the journal's
+        ``durable`` hook: each batch's tasks by id, the records written, and
+        whether a task has a change not yet durable; the batches of several
+        lanes written together come in one call, packed in one go).
 
         Packed, a task is the record just written, which is the task as it is
         now only if nothing has changed it since: it must be the indexed task
@@ -169,25 +176,27 @@ class ColdTasks:
         wheel, packed = table.wheel, table.packed
         now_s = wheel.now_s
         hold_from_s = packed.hold_from(now_s)
-        by_id, pending = table.index.by_id, table.journal.is_pending
+        by_id = table.index.by_id
         held: list[str] = []
         held_at: list[float] = []
-        for task_id, task in tasks.items():
-            if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
-                continue
-            at_s = task.at_s
-            if at_s < hold_from_s:
-                # Left out of the wheel by move(), to be packed: too close now.
-                # (One the wheel fired into its lane is unscheduled too: not that.)
-                if not task.scheduled and task_id not in table.waiting:
-                    wheel.insert(task, at_s)
-                continue
-            if task._home is not None:  # task.scheduled, without a call per task
-                wheel.remove(task)
-            held.append(task_id)
-            held_at.append(at_s)
+        records: list[bytes | None] = []
+        for tasks, changes, pending in written:
+            for task_id, task in tasks.items():
+                if task.state != DELAYED or by_id.get(task_id) is not task or pending(task):
+                    continue
+                at_s = task.at_s
+                if at_s < hold_from_s:
+                    # Left out of the wheel by move(), to be packed: too close now.
+                    # (One the wheel fired into its lane is unscheduled too: not that.)
+                    if not task.scheduled and task_id not in table.waiting:
+                        wheel.insert(task, at_s)
+                    continue
+                if task._home is not None:  # task.scheduled, without a call per task
+                    wheel.remove(task)
+                held.append(task_id)
+                held_at.append(at_s)
+                records.append(changes[task_id])
         if held:
-            records = [changes[task_id] for task_id in held]
             assert None not in records  # a delayed task's change is a put
             table.index.freeze(held, records)  # type: ignore[arg-type]
             packed.hold(held, held_at, now_s)

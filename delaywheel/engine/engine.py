@@ -350,7 +350,12 @@ class Engine:
         """Fire what is due (``delaywheel.engine.firing``) and the schedules due
         (``delaywheel.engine.schedules``); returns how many moved."""
         moved = self.firing.advance(now_s)
-        return moved + self.schedules.advance(now_s)
+        fired = self.schedules.advance(now_s)
+        if fired:
+            # No reply waits for what a schedule's fire step journaled: the
+            # next request's reply must not wait for its partitions too.
+            self.journal.pending()
+        return moved + fired
 
     def next_fire_s(self) -> float | None:
         """When ``advance`` next has work: a task's timer or a schedule's."""

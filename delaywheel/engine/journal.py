@@ -3,46 +3,58 @@
 How it works
 ------------
 The engine applies a change in memory and calls ``record(task)``. The task
-joins the *gathering* batch; the first change of a batch schedules a flush for
-the next loop turn (``call_soon``), so every request decoded in this turn, on
-every connection, lands in the same batch. A store that completes at once
-(``Store.inline``: memory) is flushed by the connection at the end of its
-work instead (``flush()``), so its replies leave in the turn that made them.
-A flush packs each changed task once (the last state wins) and submits the
-batch to the store, which calls back when it is durable: no Task or
-coroutine per flush. While that write is in flight the next batch gathers;
-it is started from the write's callback. Under load one store round trip
-therefore carries everything that arrived during the previous one.
+joins the *gathering* batch of its *lane*; the first change of a batch
+schedules a flush for the next loop turn (``call_soon``), so every request
+decoded in this turn, on every connection, lands in the same write. A store
+that completes at once (``Store.inline``: memory) is flushed by the
+connection at the end of its work instead (``hold()``, ``release()``), so
+its replies leave in the turn that made them. A flush packs each changed
+task once (the last state wins) and submits the batches to the store,
+which calls back when they are durable: no Task or coroutine per flush.
 
-Once a batch is durable, the task table's cold tasks see what it held
-before the replies go out (``ColdTasks.pack``): far-future tasks are packed
-then, from the records just written (``delaywheel.engine.cold``).
+Lanes. The store says how keys map to lanes (``Store.lanes``,
+``Store.lane_of``): one lane for memory and SQLite, one per partition on a
+Redis keyspace, whose partitions may live on different Cluster primaries.
+Each lane has at most one write in flight and gathers its next batch
+meanwhile; that batch starts from the write's callback. The lanes ready in
+one turn go to the store together (``Store.submit_lanes``: still one round
+trip per primary), and the store reports each lane's outcome on its own, so
+a write whose primary does not answer holds up only its own lane's
+requests. One write in flight per lane keeps each partition's writes in
+order. Under load one round trip carries everything that arrived during the
+previous one.
 
-Replies wait on batches: whoever needs "durable" registers a callback on the
-batch it depends on (``pending()``), and the callback runs once the write
-that holds it has returned, or failed.
+Once a batch is durable the ``durable`` hook sees what it held before the
+replies go out (the task table packs its far-future tasks then, from the
+records just written: ``delaywheel.engine.cold``).
+
+Replies wait on batches: whoever needs "durable" asks ``pending()`` for
+what the changes recorded since its last call wait on (the batch of their
+lane, or a ``Joint`` of several lanes' batches: ``add_many`` spans
+partitions; nothing recorded: the newest batch of every lane) and
+registers a callback on it, called once that write has returned, or failed.
 
 A batch keeps, for each task it touched, a snapshot taken at the first touch.
-If a write fails, the task table restores (``rollback``) the snapshots of the
-failed batch and of every batch gathered after it (newest first, since later batches built on it),
-and all of their waiters get the error: nothing unacknowledged stays applied.
+If a write fails, the ``rolled_back`` hook restores the snapshots of the
+failed batch and of the batch gathered after it in the same lane (newest
+first, since the later one built on it), and all of their waiters get the
+error: nothing unacknowledged stays applied. Other lanes are untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from delaywheel.engine.cold import Written
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
-from delaywheel.store.base import Store, StoreError
+from delaywheel.store.base import LaneOutcomes, Store, StoreError
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S, StoreWatch
-
-if TYPE_CHECKING:
-    from delaywheel.engine.table import TaskTable
 
 log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
 
@@ -52,8 +64,30 @@ Callback = Callable[[StoreError | None], None]
 Undo = list[tuple[Task, tuple[Any, ...]]]
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What the journal tells its owner (the task table), as ``ScheduleTable``'s hooks.
+
+    ``durable(written)``: batches are in the store, each as (its tasks by id,
+    the records written, whether a task has a change still not durable); the
+    lanes one store answer settled come in one call. ``rolled_back(undo)``:
+    put back the tasks of failed batches."""
+
+    durable: Callable[[Written], None]
+    rolled_back: Callable[[Undo], None]
+
+
 class Batch:
-    __slots__ = ("callbacks", "records", "records_undo", "size", "tasks", "undo")
+    __slots__ = (
+        "callbacks",
+        "error",
+        "finished",
+        "records",
+        "records_undo",
+        "size",
+        "tasks",
+        "undo",
+    )
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}  # id -> task; the last change of an id wins
@@ -65,6 +99,11 @@ class Batch:
         self.records_undo: list[Callable[[], None]] | None = None
         self.callbacks: list[Callback] = []
         self.size = 0
+        # Set before any callback of the write that settled it runs, so that a
+        # waiter woken by one batch sees every other batch that store answer
+        # settled (a connection then writes their replies at once).
+        self.finished = False
+        self.error: StoreError | None = None
 
     def has_changes(self) -> bool:
         return bool(self.tasks) or self.records is not None
@@ -73,6 +112,7 @@ class Batch:
         self.callbacks.append(callback)
 
     def finish(self, error: StoreError | None) -> None:
+        self.finished, self.error = True, error
         for callback in self.callbacks:
             try:
                 callback(error)
@@ -81,23 +121,95 @@ class Batch:
         self.callbacks.clear()
 
 
+class Joint:
+    """A wait on several lanes' batches (``add_many`` over partitions): finished
+    once all are, with the first error among them."""
+
+    __slots__ = ("callbacks", "error", "finished", "left")
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.callbacks: list[Callback] = []
+        self.error: StoreError | None = None
+        self.finished = False
+        self.left = len(batches)
+        for batch in batches:
+            batch.add_callback(self._one)
+
+    def _one(self, error: StoreError | None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self.left -= 1
+        if self.left == 0:
+            self.finished = True
+            for callback in self.callbacks:
+                try:
+                    callback(self.error)
+                except Exception:
+                    log.exception("batch callback failed")
+            self.callbacks.clear()
+
+    def add_callback(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+
+Wait = Batch | Joint
+
+
+class Lane:
+    """One lane's batches: at most one being written, one gathering."""
+
+    __slots__ = ("gathering", "index", "queued", "touched", "writing")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.gathering = Batch()
+        self.writing: Batch | None = None
+        self.touched: set[int] = set()  # id() of tasks snapshotted in the gathering batch
+        self.queued = False  # in the journal's list of lanes to start
+
+    def newest(self) -> Batch | None:
+        """The batch a wait on this lane's changes so far needs: the newest."""
+        return self.gathering if self.gathering.has_changes() else self.writing
+
+    def is_pending(self, task: Task) -> bool:
+        writing = self.writing
+        return id(task) in self.touched or (
+            writing is not None and writing.tasks.get(task.id) is task
+        )
+
+
+class _Turn:
+    """The writes submitted together (one store round trip per primary), for the
+    figures: counted as one flush once every lane has reported, written."""
+
+    __slots__ = ("failed", "left", "size", "started_s")
+
+    def __init__(self, left: int, size: int, started_s: float) -> None:
+        self.left, self.size, self.started_s = left, size, started_s
+        self.failed = False  # a lane of it failed: its time is not a write's
+
+
 class Journal:
     def __init__(
-        self, store: Store, table: TaskTable, *, slow_flush_s: float = DEFAULT_SLOW_FLUSH_S
+        self, store: Store, hooks: Hooks, *, slow_flush_s: float = DEFAULT_SLOW_FLUSH_S
     ) -> None:
         self._store = store
-        # The table calls record(); the journal calls its rollback(), and its
-        # cold tasks' pack() once a batch is durable.
-        self._table = table
+        self._hooks = hooks
         self.inline = store.inline
-        self._gathering = Batch()
-        self._writing: Batch | None = None
-        self._touched: set[int] = set()  # id() of tasks snapshotted in the gathering batch
+        self.lanes = lanes = store.lanes
+        # None: one lane (memory, SQLite), whose path is the single-node one.
+        self._lane_of: Callable[[str], int] | None = None if lanes == 1 else store.lane_of
+        self._lanes = [Lane(index) for index in range(lanes)]
+        self._one = self._lanes[0]  # the lane of a store of one
+        self._ready: list[Lane] = []  # lanes with changes and no write in flight
         self._flush_scheduled = False
-        # Set by a connection while it handles a turn's requests on an inline
-        # store: it flushes at the end of the turn itself, so a change need
-        # not schedule a flush of its own (a loop callback per request).
-        self.flushed_by_caller = False
+        # Held by a connection while it handles a turn's requests on an inline
+        # store: it flushes at the end of the turn itself (``release``), so a
+        # change need not schedule a flush of its own (a loop callback per request).
+        self._held = False
+        # What the changes recorded since the last ``pending()`` wait on.
+        self._wait: Batch | None = None
+        self._more: list[Batch] | None = None  # more lanes than one (rare)
         self.flushes = 0
         self.last_batch_size = 0
         self.max_batch_size = 0
@@ -106,31 +218,66 @@ class Journal:
         # it is not timed (two clock reads per add, on the memory store's path).
         self.watch = StoreWatch(store.url, slow_s=slow_flush_s, histograms=not store.inline)
 
+    def _lane(self, key: str) -> Lane:
+        lane_of = self._lane_of
+        return self._one if lane_of is None else self._lanes[lane_of(key)]
+
     def record(self, task: Task, before: tuple[Any, ...] | None) -> None:
         """Journal ``task``'s new state. ``before`` is its snapshot before this change
         (None for a task that did not exist)."""
-        batch = self._gathering
+        lane_of = self._lane_of
+        lane = self._one if lane_of is None else self._lanes[lane_of(task.id)]
+        batch = lane.gathering
         key = id(task)
-        if key not in self._touched:
-            self._touched.add(key)
+        if key not in lane.touched:
+            lane.touched.add(key)
             batch.undo.append((task, before if before is not None else _NEW_SNAPSHOT))
         batch.tasks[task.id] = task
-        if not self._flush_scheduled and self._writing is None and not self.flushed_by_caller:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._start)
+        wait = self._wait
+        if wait is not batch:
+            if wait is None:  # a request's first change: the commonest
+                self._wait = batch
+            else:
+                self._waits_on(batch)
+        if not lane.queued and lane.writing is None:
+            self._queue(lane)
 
     def record_other(self, key: str, record: bytes | None, undo: Callable[[], None]) -> None:
         """Journal a record that is not a task's change (a schedule's, or a task's
-        record written again for ``exists``) in the same batch, so it is one
-        store write with the tasks changed beside it; a change of a task in the
-        batch wins over a record of its id. ``undo`` puts the in-memory state
-        back if that write fails."""
-        batch = self._gathering
+        record written again for ``exists``) in the batch of its key's lane, so
+        it is one store write with the tasks changed beside it; a change of a
+        task in the batch wins over a record of its id. ``undo`` puts the
+        in-memory state back if that write fails."""
+        lane = self._lane(key)
+        batch = lane.gathering
         if batch.records is None or batch.records_undo is None:
             batch.records, batch.records_undo = {}, []
         batch.records[key] = record
         batch.records_undo.append(undo)
-        if not self._flush_scheduled and self._writing is None and not self.flushed_by_caller:
+        if self._wait is not batch:
+            self._waits_on(batch)
+        if not lane.queued and lane.writing is None:
+            self._queue(lane)
+
+    def wait_for(self, key: str) -> None:
+        """Make the next ``pending()`` wait for what is not yet durable in
+        ``key``'s lane (an answer that reads a change of it, ``exists``)."""
+        batch = self._lane(key).newest()
+        if batch is not None and self._wait is not batch:
+            self._waits_on(batch)
+
+    def _waits_on(self, batch: Batch) -> None:
+        if self._wait is None or self._wait.finished:
+            self._wait = batch
+        elif self._more is None:
+            self._more = [batch]
+        elif batch not in self._more:
+            self._more.append(batch)
+
+    def _queue(self, lane: Lane) -> None:
+        lane.queued = True
+        self._ready.append(lane)
+        if not self._flush_scheduled and not self._held:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._start)
 
@@ -139,43 +286,111 @@ class Journal:
         partition was dropped). A write of theirs still in flight may fail after
         the partition was taken again and reloaded, with new Task objects: the
         old ones must not be put back then. The store has their truth."""
-        for batch in (self._writing, self._gathering):
-            if batch is None or not batch.undo:
-                continue
-            kept: Undo = []
-            for task, snap in batch.undo:
-                if not leaving(task):
-                    kept.append((task, snap))
-                elif batch is self._gathering:
-                    self._touched.discard(id(task))
-            batch.undo = kept
+        for lane in self._lanes:
+            for batch in (lane.writing, lane.gathering):
+                if batch is None or not batch.undo:
+                    continue
+                kept: Undo = []
+                for task, snap in batch.undo:
+                    if not leaving(task):
+                        kept.append((task, snap))
+                    elif batch is lane.gathering:
+                        lane.touched.discard(id(task))
+                batch.undo = kept
 
-    def pending(self) -> Batch | None:
-        """The batch a reply must wait for: the newest one not yet durable."""
-        if self._gathering.has_changes():
-            return self._gathering
-        return self._writing
+    def pending(self) -> Wait | None:
+        """What a reply must wait for: the batches holding the changes recorded
+        since the last call (their lanes' newest), or, when none was, the newest
+        batch of every lane (an answer that read the state may have read any)."""
+        wait = self._wait
+        if wait is None:
+            return self.newest()
+        self._wait = None
+        if self._more is not None:
+            more, self._more = self._more, None
+            found = [batch for batch in (wait, *more) if not batch.finished]
+            if len(found) > 1:
+                return Joint(found)
+            return found[0] if found else None
+        if wait.finished:  # recorded outside a request, durable since
+            return self.newest()
+        return wait
+
+    def newest(self) -> Wait | None:
+        """The newest batch of every lane not yet durable (None: all are)."""
+        if self._lane_of is None:
+            return self._one.newest()
+        found = [batch for lane in self._lanes if (batch := lane.newest()) is not None]
+        if len(found) > 1:
+            return Joint(found)
+        return found[0] if found else None
 
     def is_pending(self, task: Task) -> bool:
         """Whether a batch not yet durable holds a change of ``task``."""
-        writing = self._writing
-        return id(task) in self._touched or (
-            writing is not None and writing.tasks.get(task.id) is task
-        )
+        return self._lane(task.id).is_pending(task)
+
+    def hold(self) -> None:
+        """A connection handles a turn's requests on an inline store and flushes
+        them itself at the end (``release``), so no change schedules a flush."""
+        self._held = self.inline
+
+    def release(self) -> None:
+        """The end of a connection's turn on an inline store: flush it now, so
+        that the turn's replies leave in one write."""
+        self._held = False
+        if self._ready:
+            self._start()
 
     def flush(self) -> None:
-        """Start writing what has gathered now, if no write is in flight."""
-        if self._writing is None and self._gathering.has_changes():
+        """Start writing what has gathered now in the lanes with no write in flight."""
+        if self._ready:
             self._start()
 
     def _start(self) -> None:
         self._flush_scheduled = False
-        batch = self._gathering
-        if self._writing is not None or not batch.has_changes():
+        ready = self._ready
+        if not ready:
             return
-        self._gathering = Batch()
-        self._touched = set()
-        self._writing = batch
+        self._ready = []
+        if len(ready) == 1:  # one lane ready (one store's, or one request at a time)
+            lane = ready[0]
+            lane.queued = False
+            batch, changes = self._begin(lane)
+            started_s = 0.0 if self.inline else self.watch.started()
+            done = partial(self._written, lane, batch, changes, started_s)
+            try:
+                if self._lane_of is None:
+                    self._store.submit(changes, done)
+                else:
+                    self._store.submit_lane(lane.index, changes, done)
+            except Exception as exc:  # a store bug: fail the batch rather than hang its waiters
+                log.exception("store submit raised")
+                done(StoreError(f"store write failed: {exc!r}"))
+            return
+        writes: list[tuple[int, Mapping[str, bytes | None]]] = []
+        started: dict[int, tuple[Batch, dict[str, bytes | None]]] = {}
+        size = 0
+        for lane in ready:
+            lane.queued = False
+            batch, changes = self._begin(lane)
+            writes.append((lane.index, changes))
+            started[lane.index] = (batch, changes)
+            size += batch.size
+        turn = _Turn(len(writes), size, self.watch.started())
+        done = partial(self._lanes_written, turn, started)
+        try:
+            self._store.submit_lanes(writes, done)
+        except Exception as exc:  # a store bug: fail the batches rather than hang their waiters
+            log.exception("store submit raised")
+            error = StoreError(f"store write failed: {exc!r}")
+            done([(index, error) for index in list(started)])
+
+    def _begin(self, lane: Lane) -> tuple[Batch, dict[str, bytes | None]]:
+        """The lane's gathering batch becomes its write; its changes, packed."""
+        batch = lane.gathering
+        lane.gathering = Batch()
+        lane.touched = set()
+        lane.writing = batch
         changes = {
             task_id: (None if task.state in (GONE, NEW) else to_record(task))
             for task_id, task in batch.tasks.items()
@@ -185,53 +400,114 @@ class Journal:
             # recorded after it in this batch must win over
             changes = {**batch.records, **changes}
         batch.size = len(changes)
-        if not self.inline:
-            self.watch.started()
-        try:
-            self._store.submit(changes, partial(self._written, batch, changes))
-        except Exception as exc:  # a store bug: fail the batch rather than hang its waiters
-            log.exception("store submit raised")
-            self._written(batch, changes, StoreError(f"store write failed: {exc!r}"))
+        return batch, changes
 
     def _written(
-        self, batch: Batch, changes: dict[str, bytes | None], error: StoreError | None
+        self,
+        lane: Lane,
+        batch: Batch,
+        changes: dict[str, bytes | None],
+        started_s: float,
+        error: StoreError | None,
     ) -> None:
-        if batch is not self._writing:  # called twice by a broken store
+        """A write of one lane, started alone, is done (memory's and SQLite's
+        every write; a keyspace's one request at a time)."""
+        if batch is not lane.writing:  # called twice by a broken store
             log.error("store completed a write twice")
             return
+        lane.writing = None
         if error is not None:
-            self._fail(batch, error)
+            self._fail(lane, batch, error, started_s)
         else:
             self.flushes += 1
             self.last_batch_size = batch.size
             self.max_batch_size = max(self.max_batch_size, batch.size)
-            self._writing = None
             if not self.inline:
-                self.watch.written(batch.size)
-            try:
-                self._table.cold.pack(batch.tasks, changes)
+                self.watch.written(batch.size, started_s)
+                if self.watch.lost:
+                    self.watch.recovered(lane.index, self._store.lane_group(lane.index))
+            try:  # _durable, written out: this is each request's path on memory://
+                self._hooks.durable([(batch.tasks, changes, lane.is_pending)])
             except Exception:  # the write is durable: its replies must still go
                 log.exception("durable hook failed")
             batch.finish(None)
-        if self._gathering.has_changes() and not self._flush_scheduled:
-            self._start()
+        if lane.gathering.has_changes() and not lane.queued:
+            lane.queued = True
+            self._ready.append(lane)
+            if not self._flush_scheduled:
+                self._start()
 
-    def _fail(self, batch: Batch, error: StoreError) -> None:
-        later = self._gathering
-        self._gathering = Batch()
-        self._touched = set()
-        self._writing = None
+    def _lanes_written(
+        self,
+        turn: _Turn,
+        started: dict[int, tuple[Batch, dict[str, bytes | None]]],
+        outcomes: LaneOutcomes,
+    ) -> None:
+        """Some lanes of a turn are done (a store answer: a primary's, say)."""
+        settled: list[tuple[Lane, Batch, dict[str, bytes | None], StoreError | None]] = []
+        for index, error in outcomes:
+            got = started.pop(index, None)
+            lane = self._lanes[index]
+            if got is None or got[0] is not lane.writing:  # a broken store
+                log.error("store completed a write of lane %d twice", index)
+                continue
+            batch, changes = got
+            batch.finished, batch.error = True, error  # before any waiter runs
+            if error is not None:
+                lane.gathering.finished, lane.gathering.error = True, error
+            settled.append((lane, batch, changes, error))
+        watch = self.watch
+        written: Written = []
+        for lane, batch, changes, error in settled:
+            lane.writing = None
+            if error is not None:
+                turn.failed = True
+                self._fail(lane, batch, error, turn.started_s)
+                continue
+            if watch.lost:
+                watch.recovered(lane.index, self._store.lane_group(lane.index))
+            written.append((batch.tasks, changes, lane.is_pending))
+        if written:  # once for the lanes of this answer, before any of their replies
+            self._durable(written)
+        for _, batch, _, error in settled:
+            if error is None:
+                batch.finish(None)
+        turn.left -= len(settled)
+        if turn.left == 0 and not turn.failed:
+            self.flushes += 1
+            self.last_batch_size = turn.size
+            self.max_batch_size = max(self.max_batch_size, turn.size)
+            watch.written(turn.size, turn.started_s)
+        for lane, *_ in settled:
+            if lane.gathering.has_changes() and not lane.queued:
+                lane.queued = True
+                self._ready.append(lane)
+        if self._ready and not self._flush_scheduled:
+            self._start()  # together: the lanes this answer freed, and any waiting
+
+    def _durable(self, written: Written) -> None:
+        try:
+            self._hooks.durable(written)
+        except Exception:  # the write is durable: its replies must still go
+            log.exception("durable hook failed")
+
+    def _fail(self, lane: Lane, batch: Batch, error: StoreError, started_s: float) -> None:
+        later = lane.gathering
+        lane.gathering = Batch()
+        lane.touched = set()
         # Newest first: the gathering batch built on the failed one.
-        self._table.rollback(list(reversed(later.undo)) + list(reversed(batch.undo)))
+        self._hooks.rolled_back(list(reversed(later.undo)) + list(reversed(batch.undo)))
         for undo in [*reversed(later.records_undo or ()), *reversed(batch.records_undo or ())]:
             undo()
-        self.watch.failed(batch.size, error)
+        self.watch.failed(
+            batch.size, error, started_s, lane.index, self._store.lane_group(lane.index)
+        )
         batch.finish(error)
         later.finish(error)
 
     async def drain(self) -> None:
         """Wait until everything recorded so far is durable (or has failed)."""
-        while (batch := self.pending()) is not None:
+        while (batch := self.newest()) is not None:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
             def wake(_error: StoreError | None, done: asyncio.Future[None] = done) -> None:

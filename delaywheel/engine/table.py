@@ -39,7 +39,7 @@ from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
-from delaywheel.engine.journal import Journal, Undo
+from delaywheel.engine.journal import Hooks, Journal, Undo
 from delaywheel.engine.queues import Queues
 from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
 from delaywheel.engine.task import (
@@ -95,7 +95,11 @@ class TaskTable:
         # For metrics, read only when scraped (delaywheel.tallies): events
         # counted where each is handled.
         self.events = EventCounts()
-        self.journal = Journal(store, self, slow_flush_s=slow_flush_s)
+        self.journal = Journal(
+            store,
+            Hooks(durable=self.cold.pack, rolled_back=self.rollback),
+            slow_flush_s=slow_flush_s,
+        )
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
         # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
@@ -160,12 +164,14 @@ class TaskTable:
         confirmed by ``--replicas``, a client's resend across a Sentinel
         failover) answered ``exists`` for a task the demotion then dropped. A
         task with a change not yet durable needs no rewrite: that change's
-        batch is the pending one."""
+        batch is the pending one: the reply waits for it (``wait_for``)."""
         found = self.index.by_id.get(task_id)
         if isinstance(found, bytes):  # packed: its record as written
             self.journal.record_other(task_id, found, _nothing)
         elif found is not None and not self.journal.is_pending(found):
             self.journal.record_other(task_id, to_record(found), _nothing)
+        else:
+            self.journal.wait_for(task_id)
         return RequestError("exists", f"a task with id {task_id!r} already exists")
 
     def create(self, new: NewTask, now_s: float) -> Task:

@@ -6,13 +6,12 @@ released partition is taken over in well under a second) the coordinator:
 1. registers this node (ha/membership.py; the expiry from Redis TIME),
 2. reads the live members and every partition's lease (the owner map that
    ``cluster`` answers and ``moved`` names),
-3. claims the free partitions it ranks first by rendezvous hashing among
-   the live nodes (not one it still holds: a lease key deleted under it is
-   dropped by the keeper first, then claimed anew), and those whose lease
+3. claims the free partitions assigned to it (balanced rendezvous over the
+   live nodes, cluster/membership.py; not one it still holds: a lease key
+   deleted under it is dropped by the keeper first, then claimed anew), and those whose lease
    names this node but another epoch (this node's previous process, killed:
    its name is its own), and
-4. hands back a partition whose first-ranked node is another live,
-   registered node.
+4. hands back a partition assigned to another live, registered node.
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
@@ -371,11 +370,12 @@ class Coordinator:
         self.counts.lost += 1
         self._forget(partition)
 
-    def _fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None:
-        """The keyspace's: a flush was refused for ``fenced``, whose new holders
+    def _fenced(self, fenced: set[int], holders: Holders) -> None:
+        """The keyspace's: a write was refused for ``fenced``, whose new holders
         the store named (``holders``: the next requests are answered ``moved``
         to them, not ``tryagain`` until the next round). Called before the
-        journal rolls the batch back, so the drops wait a loop turn."""
+        journal rolls those partitions' lanes back, so the drops wait a loop
+        turn."""
         self.counts.fenced_flushes += 1
         for partition in fenced:
             log.warning(
@@ -389,12 +389,8 @@ class Coordinator:
             holder = holders.get(partition)
             if holder is not None:
                 self.sharing.owners[partition] = Owner(holder.node, holder.address, holder.epoch)
-        loop = asyncio.get_running_loop()
         if fenced:
-            loop.call_soon(partial(self.engine.drop_partitions, set(fenced)))
-        for partition in written - fenced:
-            # Written in the store, rolled back in memory: load it again.
-            loop.call_soon(self._reload, partition)
+            asyncio.get_running_loop().call_soon(partial(self.engine.drop_partitions, set(fenced)))
 
     def _primary_changed(self, host: str, port: int) -> None:
         """The store's: Sentinel names a new primary. Its epochs are read in a task
@@ -445,26 +441,6 @@ class Coordinator:
         dropping, self._dropping = self._dropping, set()
         self.engine.drop_partitions(dropping)
 
-    def _reload(self, partition: int) -> None:
-        if partition not in self.sharing.serving or partition in self._busy:
-            return
-        epoch = self.sharing.unserve(partition)
-        self.engine.drop_partitions({partition})
-
-        async def reload() -> None:
-            self._busy.add(partition)
-            try:
-                await self.engine.load_partition(self.keyspace.load_partition(partition))
-                if epoch is not None and self.keyspace.epochs.get(partition) == epoch:
-                    self.sharing.serve(partition, epoch)
-                    self.rearm()
-                else:
-                    self.engine.drop_partitions({partition})
-            finally:
-                self._busy.discard(partition)
-
-        asyncio.get_running_loop().create_task(reload())
-
     def stats(self) -> dict[str, Any]:
         return {"node": self.sharing.node, "partitions": self.sharing.stats()}
 
@@ -481,9 +457,9 @@ class NodeRights:
         self.epochs: dict[int, int] = {}
         self.coordinator: Coordinator | None = None
 
-    def fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None:
+    def fenced(self, fenced: set[int], holders: Holders) -> None:
         if self.coordinator is not None:
-            self.coordinator._fenced(fenced, written, holders)
+            self.coordinator._fenced(fenced, holders)
 
     def primary_changed(self, host: str, port: int) -> None:
         if self.coordinator is not None:

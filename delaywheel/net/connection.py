@@ -42,7 +42,7 @@ from delaywheel_client.protocol import Decoder, ProtocolError, Request
 
 from delaywheel import checks
 from delaywheel.engine import validate
-from delaywheel.engine.journal import Batch
+from delaywheel.engine.journal import Wait
 from delaywheel.engine.queues import Waiter
 from delaywheel.errors import RequestError
 from delaywheel.store.base import StoreError, reply_for
@@ -89,20 +89,26 @@ MAX_RESERVE_TOPICS = 1_000
 
 
 class Replies:
-    """Replies next to each other in the connection's line that wait for the same
-    store write, ``batch`` (None: none, or it is durable): their payloads in
+    """Replies next to each other in the connection's line: their payloads in
     request order, and each one's msgid and method, which a failed write needs
-    to answer it with its error and count it against its method.
+    to answer it with its error and count it against its method. ``wait`` is
+    the store write (a journal ``Batch`` or ``Joint``) they all wait for, while
+    they wait for one (None: none); ``waits`` is each one's, once they differ on a store of lanes
+    (a Redis keyspace's partitions are lanes of their own, and consecutive
+    requests mostly touch different ones).
 
     A group rather than an object per reply: a pipeline's replies mostly wait
-    for one batch, so the batch's callback marks one group instead of walking
-    every reply in the line, and the line is emptied a group at a time
-    (docs/performance.md, "Measurements behind the code")."""
+    for one batch, so the line is emptied a group at a time, and only its
+    head is looked at when a write is done (docs/performance.md,
+    "Measurements behind the code"). A group whose replies wait for different
+    writes leaves the line a prefix at a time: a reply goes once its own write
+    and every one before it are done, whatever the later ones wait for."""
 
-    __slots__ = ("batch", "msgids", "payloads", "routes", "size")
+    __slots__ = ("msgids", "payloads", "routes", "size", "wait", "waits")
 
-    def __init__(self, batch: Batch | None) -> None:
-        self.batch = batch
+    def __init__(self, wait: Wait | None) -> None:
+        self.wait = wait
+        self.waits: list[Wait | None] | None = None
         self.size = 0  # bytes of its payloads
         self.payloads: list[bytes] = []
         self.msgids: list[int] = []
@@ -132,10 +138,14 @@ class Connection(asyncio.Protocol):
         # those in the line (``line_bytes``, see MAX_LINE_BYTES).
         self.turn_bytes = 0
         self.line_bytes = 0
-        # The newest batch we have a callback on: the journal's pending batch only
-        # moves forward (a batch replaced never comes back), so one is enough to
-        # register each batch once.
-        self.waiting_on: Batch | None = None
+        # The last write we registered a callback on (most replies wait on the one
+        # before theirs: no set to look in), and every one whose callback has
+        # not run yet, each registered once.
+        self.waiting_on: Wait | None = None
+        self.registered: set[Wait] = set()
+        # One lane (memory, SQLite): batches only move forward, so a batch
+        # other than ``waiting_on`` is always a new one: no set to keep.
+        self.lanes = self.journal.lanes > 1
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
         self.stopping = False  # the server is shutting down: read nothing more
@@ -245,7 +255,11 @@ class Connection(asyncio.Protocol):
         self.turn_bytes = 0
         decoder, journal = self.decoder, self.journal
         handled = 0
-        journal.flushed_by_caller = journal.inline  # flushed in the finally below
+        inline = journal.inline
+        if (
+            inline
+        ):  # the journal waits for our flush at the end of the turn: no call_soon per change
+            journal.hold()
         try:
             now_s = time.time()
             for message in decoder:
@@ -262,9 +276,8 @@ class Connection(asyncio.Protocol):
             self.refuse(exc.code, exc.message)
             return
         finally:
-            if journal.inline:  # the turn's replies can leave now, in one write
-                journal.flushed_by_caller = False
-                journal.flush()
+            if inline:  # the turn's replies can leave now, in one write
+                journal.release()
         if self.busy:
             asyncio.get_running_loop().call_soon(self._work)
         elif decoder.unpacker is None:  # nothing buffered (buffered_bytes, cheaper)
@@ -315,23 +328,35 @@ class Connection(asyncio.Protocol):
             msgid, "internal", f"internal error in {method}: {exc!r}"
         )
 
-    def _queue(self, msgid: int, payload: bytes, batch: Batch | None, route: Method) -> None:
+    def _queue(self, msgid: int, payload: bytes, wait: Wait | None, route: Method) -> None:
         replies = self.replies
         size = len(payload)
         self.turn_bytes += size
         if not replies:
-            if batch is None:  # nothing to wait for, nothing ahead of it
+            if wait is None:  # nothing to wait for, nothing ahead of it
                 self.ready.append(payload)
                 return
-            group = None
+            group = Replies(wait)
+            replies.append(group)
         else:
             group = replies[-1]
-        if group is None or group.batch is not batch:
-            group = Replies(batch)
-            replies.append(group)
-            if batch is not None and batch is not self.waiting_on:
-                self.waiting_on = batch
-                batch.add_callback(partial(self._batch_done, batch))
+            waits = group.waits
+            if waits is not None:
+                waits.append(wait)
+            elif group.wait is not wait:
+                if self.lanes:  # from here on, each reply's own
+                    group.waits = [group.wait] * len(group.payloads)
+                    group.waits.append(wait)
+                else:  # one lane: the next batch's replies, a group of their own
+                    group = Replies(wait)
+                    replies.append(group)
+        if wait is not None and wait is not self.waiting_on:
+            self.waiting_on = wait
+            if not self.lanes:
+                wait.add_callback(partial(self._write_done, wait))
+            elif wait not in self.registered:
+                self.registered.add(wait)
+                wait.add_callback(partial(self._write_done, wait))
         group.payloads.append(payload)
         group.msgids.append(msgid)
         group.routes.append(route)
@@ -341,30 +366,55 @@ class Connection(asyncio.Protocol):
         if self.queued > MAX_QUEUED_REPLIES:
             self._update_reading()
 
-    def _batch_done(self, batch: Batch, error: StoreError | None) -> None:
-        if batch is self.waiting_on:
+    def _write_done(self, wait: Wait, error: StoreError | None) -> None:
+        if self.lanes:
+            self.registered.discard(wait)
+        if wait is self.waiting_on:
             self.waiting_on = None  # not to keep a finished batch's tasks alive
         if error is not None:  # the rollback may have put back an earlier timer
             self.server.rearm()
-        for group in self.replies:
-            if group.batch is batch:
-                group.batch = None
-                if error is not None:
-                    code, data = reply_for(error)
-                    message, encode = str(error), self.encoder.error_response
-                    group.payloads = [encode(msgid, code, message, data) for msgid in group.msgids]
-                    for route in group.routes:
-                        route.failed(code)
         self._flush()
 
     def _flush(self) -> None:
         """Write the ready replies and those at the head of the line no longer waiting."""
         replies, ready = self.replies, self.ready
-        while replies and replies[0].batch is None:
-            group = replies.popleft()
-            ready += group.payloads
-            self.queued -= len(group.payloads)
-            self.line_bytes -= group.size
+        while replies:
+            group = replies[0]
+            waits = group.waits
+            if waits is None:
+                wait = group.wait
+                if wait is not None:
+                    if not wait.finished:
+                        break
+                    if wait.error is not None:
+                        self._failed(group, 0, len(group.payloads), wait.error)
+                replies.popleft()
+                ready += group.payloads
+                self.queued -= len(group.payloads)
+                self.line_bytes -= group.size
+                continue
+            done = 0
+            for wait in waits:
+                if wait is not None:
+                    if not wait.finished:
+                        break
+                    if wait.error is not None:
+                        self._failed(group, done, done + 1, wait.error)
+                done += 1
+            if done == len(waits):
+                replies.popleft()
+                ready += group.payloads
+                self.queued -= done
+                self.line_bytes -= group.size
+                continue
+            left = group.payloads[:done]
+            ready += left
+            self.queued -= done
+            size = sum(map(len, left))
+            group.size -= size
+            self.line_bytes -= size
+            del group.payloads[:done], group.msgids[:done], group.routes[:done], waits[:done]
+            break
         if ready and self.transport is not None:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
             ready.clear()
@@ -385,6 +435,18 @@ class Connection(asyncio.Protocol):
         if not self.busy:
             self.busy = True
             asyncio.get_running_loop().call_soon(self._work)
+
+    def _failed(self, group: Replies, first: int, end: int, error: StoreError) -> None:
+        """The replies ``first:end`` of ``group`` get the error of their write."""
+        code, data = reply_for(error)
+        message, encode = str(error), self.encoder.error_response
+        for i in range(first, end):
+            payload = encode(group.msgids[i], code, message, data)
+            grown = len(payload) - len(group.payloads[i])  # the line's bytes stay exact
+            group.payloads[i] = payload
+            group.size += grown
+            self.line_bytes += grown
+            group.routes[i].failed(code)
 
     def _update_reading(self) -> None:
         if self.transport is None:

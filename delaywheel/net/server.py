@@ -106,7 +106,7 @@ class Server:
 
     async def _drained(self, until_s: float | None) -> bool:
         """Wait for the journal to drain, until ``until_s`` when given."""
-        if until_s is None or self.engine.journal.pending() is None:
+        if until_s is None or self.engine.journal.newest() is None:
             await self.engine.journal.drain()
             return True
         # drain() waits on the batches' futures, not on Redis: cancelled at once.

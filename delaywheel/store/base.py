@@ -35,7 +35,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -45,6 +46,12 @@ Changes = Mapping[str, bytes | None]
 
 Done = Callable[["StoreError | None"], None]
 """A write's completion: called once, with None when durable or with the error."""
+
+LaneOutcomes = list[tuple[int, "StoreError | None"]]
+"""Lanes whose writes are done, each with None (durable) or its error."""
+
+LanesDone = Callable[[LaneOutcomes], None]
+"""``submit_lanes``' completion: called one or more times, naming each lane once."""
 
 DEFAULT_BATCH_SIZE = 10_000
 
@@ -90,6 +97,12 @@ class Store(abc.ABC):
     inline: ClassVar[bool] = False
     """Whether ``submit()`` always completes before it returns (memory://): the
     journal then flushes at the end of each connection's work, not a turn later."""
+
+    lanes: int = 1
+    """How many lanes the store's writes fall in (``lane_of``): writes of
+    different lanes succeed or fail on their own (a Redis keyspace's
+    partitions, which may live on different Cluster primaries). One lane:
+    every write stands or falls whole, and ``submit_lanes`` is not used."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -156,6 +169,31 @@ class Store(abc.ABC):
         - The caller must not change ``changes`` until ``done`` has run.
         """
 
+    def lane_of(self, key: str) -> int:
+        """The lane of ``key``'s writes, in ``range(lanes)``."""
+        return 0
+
+    def lane_group(self, lane: int) -> object:
+        """What ``lane``'s writes fail with: the lanes of one group (one server)
+        fail and come back together (the store's watch ends an outage by it)."""
+        return None
+
+    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
+        """``submit`` of one lane's changes (the journal's path when one lane is
+        ready: one request at a time). This default, for a store of one lane,
+        is ``submit``."""
+        self.submit(changes, done)
+
+    def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
+        """Start the writes of several lanes (``(lane, changes)``, each lane once)
+        together: one round trip per server that holds them. Each lane's
+        changes are all or nothing, as ``submit``'s; different lanes' outcomes
+        are independent, and ``done`` may report them as they come, in several
+        calls, each lane exactly once. The caller keeps at most one write of a
+        lane in flight. This default, for a store of one lane, is ``submit``."""
+        for lane, changes in writes:
+            self.submit(changes, partial(_lane_done, done, lane))
+
     async def write(self, changes: Changes) -> None:
         """``submit(changes)`` awaited: returns once durable, raises its error.
 
@@ -199,6 +237,10 @@ class Store(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
+
+
+def _lane_done(done: LanesDone, lane: int, error: StoreError | None) -> None:
+    done([(lane, error)])
 
 
 _PASSWORD_PARAM = re.compile(r"((?:^|&)[^=&]*password=)[^&]*", re.IGNORECASE)

@@ -3,9 +3,13 @@
 The journal reports every write here (``started``, then ``written`` or
 ``failed``). It is the one place that sees every write of every store, so
 the lines mean the same for Redis, SQLite and memory. An outage runs from
-the first write that fails to the next one that succeeds: a warning when it
-begins, an info line with its length and what failed during it when it
-ends. In between, under hundreds of writes a second, each failed write is a
+the first write that fails to the moment every lane that failed has written
+again, or another lane of its group has (``recovered``; a lane is a
+partition on a Redis keyspace, its group the server that holds it: one
+Redis, or a Cluster primary, so that one primary's failure is one outage,
+not a lost/back pair each time another primary's write lands): a warning
+when it begins, an info line with its length and what failed during it
+when it ends. In between, under hundreds of writes a second, each failed write is a
 debug line only (the clients got ``unavailable`` and the reason already).
 A write that succeeds but took ``slow_s`` or more is a warning with its size
 and time: the store is struggling before it fails.
@@ -46,8 +50,8 @@ class StoreWatch:
         self.url = url  # the display URL: no password
         self.slow_s = slow_s
         self._clock = clock
-        self._started_s = 0.0
         self._lost_since_s: float | None = None
+        self._lost_lanes: dict[int, object] = {}  # lane -> its group, while lost
         self._failed_writes = 0
         self._failed_changes = 0
         self.failures = 0  # writes that failed, since the start
@@ -59,14 +63,14 @@ class StoreWatch:
     def lost(self) -> bool:
         return self._lost_since_s is not None
 
-    def started(self) -> None:
-        """A write is submitted (there is at most one in flight)."""
-        self._started_s = self._clock()
+    def started(self) -> float:
+        """A write is submitted: when (for ``written`` and ``failed``)."""
+        return self._clock()
 
-    def written(self, size: int) -> None:
-        """That write of ``size`` changes is durable."""
+    def written(self, size: int, started_s: float) -> None:
+        """That write of ``size`` changes, started at ``started_s``, is durable."""
         now_s = self._clock()
-        took_s = now_s - self._started_s
+        took_s = now_s - started_s
         if self.histograms:
             self.durations.observe(took_s)
             self.sizes.observe(size)
@@ -76,8 +80,16 @@ class StoreWatch:
                 *(size, took_s, self.slow_s),
                 extra={"changes": size, "duration_s": round(took_s, 3)},
             )
-        if self._lost_since_s is not None:
-            outage_s = now_s - self._lost_since_s
+
+    def recovered(self, lane: int, group: object = None) -> None:
+        """A write of ``lane`` (of ``group``) is durable during an outage: it ends
+        once every lane that failed has written again, or a lane of its group."""
+        lost = self._lost_lanes
+        lost.pop(lane, None)
+        for other in [other for other, of in lost.items() if of == group]:
+            del lost[other]
+        if self._lost_since_s is not None and not lost:
+            outage_s = self._clock() - self._lost_since_s
             log.info(
                 "store %s back after %.1f s; %d writes (%d changes) failed meanwhile",
                 *(self.url, outage_s, self._failed_writes, self._failed_changes),
@@ -91,14 +103,18 @@ class StoreWatch:
             self._lost_since_s = None
             self._failed_writes = self._failed_changes = 0
 
-    def failed(self, size: int, error: Exception) -> None:
-        """That write of ``size`` changes failed with ``error`` (whose text names
-        the store's display URL, never its password)."""
+    def failed(
+        self, size: int, error: Exception, started_s: float, lane: int = 0, group: object = None
+    ) -> None:
+        """That write of ``size`` changes of ``lane`` (of ``group``), started at
+        ``started_s``, failed with ``error`` (whose text names the store's
+        display URL, never its password)."""
         self.failures += 1
         self._failed_writes += 1
         self._failed_changes += size
+        self._lost_lanes[lane] = group
         if self._lost_since_s is None:
-            self._lost_since_s = self._started_s
+            self._lost_since_s = started_s
             # The error names the store first; the line does already.
             detail = str(error).removeprefix(f"store {self.url}: ")
             log.warning(

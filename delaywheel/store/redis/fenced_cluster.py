@@ -1,4 +1,4 @@
-"""Fenced flushes on a Redis Cluster: one writer per primary, the primaries in parallel.
+"""Fenced flushes on a Redis Cluster: one writer per primary, the primaries independent.
 
 How it works. Each partition's keys share a hash tag of their own
 (layout.py), so the partitions' slots spread over the primaries.
@@ -6,9 +6,17 @@ How it works. Each partition's keys share a hash tag of their own
 partition's slot (redis-py's slot map) and hands each group to that
 primary's ``FencedWriter`` (fenced.py): one pipeline per primary, its
 epoch-checked EVALSHAs then, with ``replicas``, WAIT on the same connection.
-The groups go out together, so a flush still costs one round trip, and
-``done`` is called once, when every primary has answered, with their
-outcomes merged: nothing is reported durable before all of it is.
+The groups go out together, so a flush still costs one round trip per
+primary, and each primary's writes are reported (``done(writes, outcome)``)
+as soon as that primary has answered: a primary that does not answer, or
+whose WAIT fails, holds up or fails only its own partitions.
+
+Order. A partition has at most one write in this writer at a time: a write
+submitted while an earlier one of its partition is still out (retried,
+say) waits behind it, and goes when that one is reported (the journal
+never does this: it keeps one write per partition in flight itself; a
+caller of ``Store.submit`` may). So a write sent again is never overtaken
+by a newer write of its partition, and nothing else waits for it.
 
 Redirects and failovers. A script answered MOVED, ASK, TRYAGAIN or
 CLUSTERDOWN ran nothing; a group whose connection failed (its primary
@@ -17,15 +25,13 @@ MOVED to the node it names, ASK to the node it names behind ``ASKING``, the
 rest after the slot map is read again (a replica promoted in the meantime).
 Sending again is safe: a script is absolute puts and deletes checked by the
 epoch, so running it twice changes nothing, and one whose partition has a
-new owner by then is refused ``FENCED`` like any other. Flushes go one at a
-time (the journal has only one in flight: engine/journal.py), so a write
-sent again is never overtaken by a newer write of its partition. The retries
-back off from ``RETRY_FIRST_S``, doubling up to ``RETRY_MAX_S``, for at
-most ``RETRY_FOR_S``. A write whose partition this node dropped meanwhile
-(``held`` says no: self-fenced at 0.8 L) is not sent again but reported
-fenced. What is still unwritten after ``RETRY_FOR_S`` fails the whole flush
-with ``StoreUnavailable`` (outcome unknown: its requests are answered
-``unavailable`` and clients retry with the same id).
+new owner by then is refused ``FENCED`` like any other. The retries back off
+from ``RETRY_FIRST_S``, doubling up to ``RETRY_MAX_S``, for at most
+``RETRY_FOR_S`` from the first send. A write whose partition this node
+dropped meanwhile (``held`` says no: self-fenced at 0.8 L) is not sent
+again but reported fenced. What is still unwritten after ``RETRY_FOR_S`` is
+reported failed with ``StoreUnavailable`` (outcome unknown: its requests are
+answered ``unavailable`` and clients retry with the same id).
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ from delaywheel.store.redis.fenced import (
     Fenced,
     FencedWriter,
     FlushOutcome,
-    OnOutcome,
     PartitionWrite,
 )
 from delaywheel.store.redis.link import JournalLink
@@ -70,20 +75,20 @@ Held = Callable[[int, int], bool]
 Target = tuple[Address, bool] | None
 
 
-class _Flush:
-    """One submitted flush while its writes are out (see the module docstring)."""
+# A part of a submitted flush is done: those writes, and their outcome.
+OnPart = Callable[[Sequence[PartitionWrite], FlushOutcome], None]
 
-    __slots__ = ("deadline_s", "done", "last", "outcome", "pending", "retry", "round", "writes")
 
-    def __init__(self, writes: Sequence[PartitionWrite], done: OnOutcome) -> None:
-        self.writes = writes
+class _Retry:
+    """Writes of one submit that go again together, and their bounds."""
+
+    __slots__ = ("deadline_s", "done", "last", "round")
+
+    def __init__(self, done: OnPart, deadline_s: float, round_: int = 0, last: str = "") -> None:
         self.done = done
-        self.outcome = FlushOutcome()
-        self.deadline_s = time.monotonic() + RETRY_FOR_S
-        self.round = 0
-        self.pending = 0  # groups of this round not answered yet
-        self.retry: list[tuple[PartitionWrite, Target]] = []
-        self.last = ""  # the last reason a write had to be sent again
+        self.deadline_s = deadline_s
+        self.round = round_
+        self.last = last  # the last reason a write had to be sent again
 
 
 class ClusterFencedWriter:
@@ -103,8 +108,8 @@ class ClusterFencedWriter:
         self.replicas = replicas
         self.wait_timeout_ms = wait_timeout_ms
         self._writers: dict[Address, FencedWriter] = {}
-        self._queue: deque[_Flush] = deque()
-        self._current: _Flush | None = None
+        # Partitions with a write out -> the writes of theirs waiting behind it.
+        self._out: dict[int, deque[tuple[PartitionWrite, _Retry]]] = {}
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()  # resends waiting
         self._closing: set[asyncio.Task[None]] = set()  # writers of former primaries
@@ -115,47 +120,48 @@ class ClusterFencedWriter:
         """The primaries that have a writer now."""
         return set(self._writers)
 
-    def submit(self, writes: Sequence[PartitionWrite], done: OnOutcome) -> None:
+    def submit(self, writes: Sequence[PartitionWrite], done: OnPart) -> None:
+        """Send ``writes``; ``done(part, outcome)`` as each part is settled, every
+        write in exactly one part."""
         if self._closed:
-            done(FlushOutcome(error=StoreUnavailable("fenced writes: closed")))
+            done(writes, FlushOutcome(error=StoreUnavailable("fenced writes: closed")))
             return
         if not writes:
-            done(FlushOutcome(replicas=None))
             return
-        self._queue.append(_Flush(writes, done))
-        if self._current is None:
-            self._next()
+        unit = _Retry(done, time.monotonic() + RETRY_FOR_S)
+        out = self._out
+        now: list[tuple[PartitionWrite, Target]] = []
+        for write in writes:
+            behind = out.get(write.partition)
+            if behind is None:
+                out[write.partition] = deque()
+                now.append((write, None))
+            else:  # an earlier write of its partition is out: after it
+                behind.append((write, unit))
+        if now:
+            self._send(unit, now)
 
-    def _next(self) -> None:
-        if self._closed:
-            self._current = None
-            self._fail_queued()
-        elif self._queue:
-            self._current = flush = self._queue.popleft()
-            self._send(flush, [(write, None) for write in flush.writes])
-        else:
-            self._current = None
-
-    def _send(self, flush: _Flush, writes: list[tuple[PartitionWrite, Target]]) -> None:
-        flush.round += 1
+    def _send(self, unit: _Retry, writes: list[tuple[PartitionWrite, Target]]) -> None:
+        unit.round += 1
         groups: dict[tuple[Address, bool], list[PartitionWrite]] = {}
+        unrouted: list[tuple[PartitionWrite, Target]] = []
         for write, target in writes:
             if target is None:
                 node = self._primary_of(write.tasks_key)
                 if node is None:
-                    flush.retry.append((write, None))
-                    flush.last = f"no node serves the slot of {write.tasks_key}"
+                    unrouted.append((write, None))
+                    unit.last = f"no node serves the slot of {write.tasks_key}"
                     continue
                 target = (node, False)
             groups.setdefault(target, []).append(write)
-        flush.pending = len(groups)
-        if not groups:
-            self._round_done(flush)
-            return
         for (address, asking), group in groups.items():
-            self._writer(address).submit(
-                group, partial(self._answered, flush, group), asking=asking
-            )
+            self._writer(address).submit(group, partial(self._answered, unit, group), asking=asking)
+        if unrouted:
+            self._retry(unit, unrouted)
+
+    def primary_of(self, key: str) -> Address | None:
+        """The primary that serves ``key``'s slot on the map now (None: none)."""
+        return self._primary_of(key)
 
     def _primary_of(self, key: str) -> Address | None:
         try:
@@ -175,84 +181,79 @@ class ClusterFencedWriter:
             )
         return writer
 
-    def _answered(self, flush: _Flush, group: list[PartitionWrite], outcome: FlushOutcome) -> None:
-        merged = flush.outcome
-        merged.written += outcome.written
-        merged.fenced.update(outcome.fenced)
-        if outcome.replicas is not None:
-            merged.replicas = (
-                outcome.replicas
-                if merged.replicas is None
-                else min(merged.replicas, outcome.replicas)
-            )
+    def _answered(self, unit: _Retry, group: list[PartitionWrite], outcome: FlushOutcome) -> None:
+        """One primary's answer: what it settled is reported now, the rest retried."""
         if not outcome.reached:  # the link failed: any of it may or may not have run
             assert outcome.error is not None
-            flush.retry += [(write, None) for write in group]
-            flush.last = str(outcome.error)
-        elif outcome.error is not None and merged.error is None:
-            merged.error = outcome.error  # too few replicas, or a refusal: final
-        by_partition = {write.partition: write for write in group}
-        for partition, reply in outcome.redirected.items():
-            flush.retry.append((by_partition[partition], _target(reply)))
-            flush.last = reply
-        flush.pending -= 1
-        if flush.pending == 0:
-            self._round_done(flush)
-
-    def _round_done(self, flush: _Flush) -> None:
-        if not flush.retry:
-            self._finish(flush)
+            unit.last = str(outcome.error)
+            self._retry(unit, [(write, None) for write in group])
             return
-        retry, flush.retry = flush.retry, []
+        retry: list[tuple[PartitionWrite, Target]] = []
+        if outcome.redirected:
+            by_partition = {write.partition: write for write in group}
+            for partition, reply in outcome.redirected.items():
+                retry.append((by_partition[partition], _target(reply)))
+                unit.last = reply
+            group = [write for write in group if write.partition not in outcome.redirected]
+            outcome.redirected = {}
+        if group:  # written, fenced, or failed for good (too few replicas, a refusal)
+            self._settle(unit, group, outcome)
+        if retry:
+            self._retry(unit, retry)
+
+    def _retry(self, unit: _Retry, retry: list[tuple[PartitionWrite, Target]]) -> None:
         held = self.held
         if held is not None:  # a partition dropped meanwhile (self-fenced) is not sent again
-            for write, _ in retry:
-                if not held(write.partition, write.epoch):
-                    flush.outcome.fenced[write.partition] = Fenced(
+            dropped = [write for write, _ in retry if not held(write.partition, write.epoch)]
+            if dropped:
+                fenced = {
+                    write.partition: Fenced(
                         f"partition {write.partition}: dropped by this node while its write"
                         f" at epoch {write.epoch} waited to be sent again"
                     )
-            retry = [(w, t) for w, t in retry if w.partition not in flush.outcome.fenced]
-            if not retry:
-                self._finish(flush)
-                return
+                    for write in dropped
+                }
+                self._settle(unit, dropped, FlushOutcome(fenced=fenced))
+                retry = [(w, t) for w, t in retry if w.partition not in fenced]
+                if not retry:
+                    return
         self.retried += len(retry)
-        if self._closed or time.monotonic() >= flush.deadline_s:
+        if self._closed or time.monotonic() >= unit.deadline_s:
             partitions = sorted(write.partition for write, _ in retry)
-            flush.outcome.error = flush.outcome.error or StoreUnavailable(
-                f"fenced write of partition(s) {partitions} not done after {flush.round}"
-                f" attempt(s) in {RETRY_FOR_S:g} s: {flush.last}"
+            error = StoreUnavailable(
+                f"fenced write of partition(s) {partitions} not done after {unit.round}"
+                f" attempt(s) in {RETRY_FOR_S:g} s: {unit.last}"
             )
-            self._finish(flush)
+            self._settle(unit, [write for write, _ in retry], FlushOutcome(error=error))
             return
-        if flush.round == 1:
+        if unit.round == 1:
             log.info(
                 "fenced write of %d partition(s) sent again (%s)",
                 len(retry),
-                flush.last,
+                unit.last,
                 extra={"partitions": sorted(write.partition for write, _ in retry)},
             )
         # A MOVED or ASK names the node: at once. Otherwise wait a little, then
         # read the map again (a promotion takes a cluster-node-timeout or more).
-        at_once = flush.round <= 2 and all(target is not None for _, target in retry)
-        delay_s = 0.0 if at_once else min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (flush.round - 1))
-        task = asyncio.get_running_loop().create_task(self._resend(flush, retry, delay_s))
+        at_once = unit.round <= 2 and all(target is not None for _, target in retry)
+        delay_s = 0.0 if at_once else min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (unit.round - 1))
+        again = _Retry(unit.done, unit.deadline_s, unit.round, unit.last)
+        task = asyncio.get_running_loop().create_task(self._resend(again, retry, delay_s))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _resend(
-        self, flush: _Flush, retry: list[tuple[PartitionWrite, Target]], delay_s: float
+        self, unit: _Retry, retry: list[tuple[PartitionWrite, Target]], delay_s: float
     ) -> None:
         try:
             if delay_s:
                 await asyncio.sleep(delay_s)
             await self._refresh()
         except asyncio.CancelledError:
-            flush.retry = retry
-            flush.deadline_s = 0.0  # closing: fail what is left
-            self._round_done(flush)
+            unit.deadline_s = 0.0  # closing: fail what is left
+            self._retry(unit, retry)
             raise
-        self._send(flush, retry)
+        self._send(unit, retry)
 
     async def _refresh(self) -> None:
         """Read the slot map again; drop the writers of nodes no longer primaries."""
@@ -268,16 +269,32 @@ class ClusterFencedWriter:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    def _finish(self, flush: _Flush) -> None:
+    def _settle(self, unit: _Retry, writes: list[PartitionWrite], outcome: FlushOutcome) -> None:
+        """Report ``writes``, and send the writes of their partitions waiting behind."""
         try:
-            flush.done(flush.outcome)
+            unit.done(writes, outcome)
         finally:
-            self._next()
+            for write in writes:
+                self._next_of(write.partition)
+
+    def _next_of(self, partition: int) -> None:
+        behind = self._out.get(partition)
+        if behind is None:
+            return
+        if not behind:
+            del self._out[partition]
+            return
+        write, unit = behind.popleft()
+        if self._closed:
+            closed = StoreUnavailable("fenced writes: closed")
+            self._settle(unit, [write], FlushOutcome(error=closed))
+        else:
+            self._send(unit, [(write, None)])
 
     async def drain(self) -> None:
         """Wait until every flush submitted so far has its outcome (each within
         ``RETRY_FOR_S`` of its start); polled: it is for close, not per flush."""
-        while self._current is not None or self._queue:
+        while self._out or self._tasks:  # a partition in _out has a write out
             await asyncio.sleep(DRAIN_POLL_S)
 
     async def close(self) -> None:
@@ -293,16 +310,8 @@ class ClusterFencedWriter:
         for writer in writers:
             with contextlib.suppress(Exception):
                 await writer.close()
-        if self._current is None:
-            self._fail_queued()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
-
-    def _fail_queued(self) -> None:
-        while self._queue:
-            self._queue.popleft().done(
-                FlushOutcome(error=StoreUnavailable("fenced writes: closed"))
-            )
 
 
 def _target(reply: str) -> Target:

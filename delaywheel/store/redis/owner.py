@@ -10,10 +10,10 @@ do:
   reads this very dict at every write (a partition not in it is refused
   without a round trip); the owner adds a partition when it acquires it and
   removes it when it loses or hands it back.
-- ``fenced(fenced, written, holders)``: a write was refused for ``fenced``
-  (their epoch moved on: another node owns them, named in ``holders`` when
-  the refusing script read a lease), while the partitions in ``written``
-  were written by the same flush. Called before the batch is answered.
+- ``fenced(fenced, holders)``: a write was refused for ``fenced`` (their
+  epoch moved on: another node owns them, named in ``holders`` when the
+  refusing script read a lease). Called before their lanes are answered;
+  the flush's other partitions are written and answered on their own.
 - ``primary_changed(host, port)``: the topology follows a new primary
   (Sentinel's failover): the epochs held may have been lost with the last
   writes of the old one.
@@ -41,7 +41,7 @@ class Owner(Protocol):
     @property
     def epochs(self) -> dict[int, int]: ...
 
-    def fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None: ...
+    def fenced(self, fenced: set[int], holders: Holders) -> None: ...
 
     def primary_changed(self, host: str, port: int) -> None: ...
 
@@ -56,7 +56,7 @@ class SoleOwner:
     def epochs(self) -> dict[int, int]:
         return self._epochs
 
-    def fenced(self, fenced: set[int], written: set[int], holders: Holders) -> None:
+    def fenced(self, fenced: set[int], holders: Holders) -> None:
         """Nothing to drop: the write fails ``FencedWrite``, naming the partitions."""
 
     def primary_changed(self, host: str, port: int) -> None:

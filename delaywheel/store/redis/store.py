@@ -16,18 +16,25 @@ Sentinel or a Redis Cluster alike: the differences are its topology's
   in ``epochs`` is refused here, without a round trip, as the script would
   refuse it.
 
-A write refused for a partition fails with ``FencedWrite``, which names the
-fenced partitions and the ones written all the same (the flush's other
-scripts ran): the journal rolls the batch back and answers ``moved``, and
-``on_fenced`` (the owner's ``fenced``) tells the coordinator, which drops the fenced partitions and
-reloads the written ones (its memory was rolled back over a durable write).
-A batch holding a change of a partition not in ``epochs`` is refused whole,
-before anything is written (see ``submit``).
+Each partition is a lane of the journal's (``lanes``, ``lane_of``,
+``submit_lanes``; engine/journal.py): the journal keeps at most one write
+of a partition in flight, and this store reports each partition's outcome
+on its own. A write refused for a partition fails that partition's lane
+with ``FencedWrite``, naming the partition and the holder the refusal read:
+the journal rolls that lane back and its requests are answered ``moved``
+about their own partition, while the flush's other partitions are written
+and answered as usual; ``on_fenced`` tells the coordinator, which drops the
+fenced partitions. A partition not in ``epochs`` is refused the same way,
+without a round trip. ``submit`` (the ``Store`` contract, for tools and
+tests) is ``submit_lanes`` of a batch's partitions, answered once all are
+done, ``FencedWrite`` naming every partition fenced and every one written.
 
 On a Redis Cluster each partition's keys are in a slot of their own, so the
 partitions spread over the primaries, and the writer keeps one link per
 primary (fenced_cluster.py): a flush sends each primary one pipeline of
-its partitions' scripts, all at once, and is done when all have answered.
+its partitions' scripts, all at once, and each primary's partitions are
+reported as that primary answers: a primary that does not answer, or whose
+WAIT fails, holds up or fails only its own partitions.
 
 At ``open``: P is recorded in the meta key at first use, and a keyspace made
 with another P is refused naming both values; so is the layout (``spread``).
@@ -41,13 +48,16 @@ bounded time: see the package's docstring (__init__.py).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any, cast
 
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
     Done,
+    LaneOutcomes,
+    LanesDone,
     Store,
     StoreConfigError,
     StoreError,
@@ -79,19 +89,21 @@ DEFAULT_TIMEOUT_S = 5.0
 
 # How long a flush's WAIT waits for --replicas N confirmations before the
 # change is answered unavailable. Replicas on a LAN confirm in milliseconds;
-# a second rides out a busy replica or a short stall. The journal sends one
-# flush at a time, so while replicas are missing every change waits this long.
+# a second rides out a busy replica or a short stall. The journal keeps one
+# write of a partition in flight, so while a primary's replicas are missing
+# every change of its partitions waits this long.
 REPLICAS_WAIT_S = 1.0
 
-# (fenced partitions, partitions written in the same flush, the holders the
-# refusals named, by partition)
-OnFenced = Callable[[set[int], set[int], Holders], None]
+# (fenced partitions, the holders the refusals named, by partition)
+OnFenced = Callable[[set[int], Holders], None]
 
 
 class FencedWrite(StoreError):
-    """A flush refused for some partitions: their owner moved on. Its requests
+    """A write refused for some partitions: their owner moved on. Its requests
     are answered ``moved`` (``reply_code``), with the first fenced partition
-    and, when the refusal named it, that partition's new owner and epoch."""
+    and, when the refusal named it, that partition's new owner and epoch. A
+    lane's (one partition's) names its own partition; ``submit``'s, for a
+    batch over several, names the first and lists the ``written`` ones."""
 
     reply_code = "moved"
 
@@ -101,13 +113,20 @@ class FencedWrite(StoreError):
         super().__init__(message)
         self.fenced = fenced
         self.written = written
+        self.holders = holders or {}
         first = min(fenced)
-        holder = (holders or {}).get(first)
+        holder = self.holders.get(first)
         self.reply_data: dict[str, Any] = {
             "partition": first,
             "owner": None if holder is None else holder.address,
             "epoch": None if holder is None else holder.epoch,
         }
+
+
+def _one_lane(done: Done, outcomes: LaneOutcomes) -> None:
+    """One lane's outcome (``submit_lanes``') to a ``submit``-style ``done``."""
+    ((_, error),) = outcomes
+    done(error)
 
 
 def topology_for(url: str, **options: Any) -> Topology:
@@ -142,6 +161,10 @@ class RedisStore(Store):
             raise StoreConfigError(f"store URL {self.url!r}: {exc}") from None
         self.prefix = prefix
         self.partitions = partitions
+        self.lanes = partitions  # a lane per partition: each fenced, and on a Cluster placed, alone
+        # The partition rule itself, not a method calling it: the journal asks
+        # once per change, and a partial saves a Python call each time.
+        self.lane_of = partial(partition_of, partitions=partitions)  # type: ignore[method-assign]
         self.replicas = replicas
         self._sole = owner is None
         self.owner: Owner = SoleOwner() if owner is None else owner
@@ -227,22 +250,23 @@ class RedisStore(Store):
         topology = self.topology
         return scan_hash(topology.client, key, batch_size, url=self.url, secrets=topology.secrets)
 
-    def submit(self, changes: Changes, done: Done) -> None:
-        error = self._not_open("write")
+    def lane_group(self, lane: int) -> object:
+        """On a Cluster, the primary that serves the partition's slot now; else
+        the one Redis (None)."""
         writer = self._writer
-        if error is not None or writer is None:
-            done(error or StoreUnavailable(f"store {self.url}: write failed: not open"))
-            return
+        if type(writer) is FencedWriter or writer is None:
+            return None
+        return cast(ClusterFencedWriter, writer).primary_of(self._keys[lane][1])
+
+    def submit(self, changes: Changes, done: Done) -> None:
+        """The batch's partitions written as ``submit_lanes`` writes them,
+        answered once all are: None, the first error, or ``FencedWrite`` naming
+        every partition refused and every one written."""
         if not changes:
-            done(None)
+            error = self._not_open("write")
+            done(error)
             return
-        partitions, epochs, keys = self.partitions, self.epochs, self._keys
-        if len(changes) == 1:  # one request's change (one call at a time): no grouping
-            ((task_id, record),) = changes.items()
-            self._submit_one(task_id, record, done)
-            return
-        writes: list[PartitionWrite] = []
-        unowned: set[int] = set()
+        partitions = self.partitions
         by_partition: dict[int, dict[str, bytes | None]] = {}
         for task_id, record in changes.items():
             p = partition_of(task_id, partitions)
@@ -250,42 +274,92 @@ class RedisStore(Store):
             if part is None:
                 part = by_partition[p] = {}
             part[task_id] = record
-        for p, part in by_partition.items():
-            if p in epochs:
-                writes.append(PartitionWrite(p, epochs[p], *keys[p], part))
-            else:
-                unowned.add(p)
-        if unowned:
-            # Changes of partitions this node dropped (self-fenced, lost) while
-            # they gathered: nothing of the batch is written. Had the owned
-            # partitions' share been written, the rolled-back batch would make
-            # the coordinator reload them, and an attempt journaled as
-            # delivering there would wait out its deadline (the HTTP timeout)
-            # before it is sent; rolled back unwritten, it fires at the next
-            # tick. Their requests are answered moved and retried.
-            self._refuse(unowned, set(), done)
-            return
-        writer.submit(writes, self._finisher(writes, done))
+        results: dict[int, StoreError | None] = {}
 
-    def _submit_one(self, task_id: str, record: bytes | None, done: Done) -> None:
-        """``submit`` of one change: no grouping, no list of writes, and on a plain
-        Redis or Sentinel no outcome made when it is written (the commonest)."""
-        p = partition_of(task_id, self.partitions)
+        def lanes_done(outcomes: LaneOutcomes) -> None:
+            results.update(outcomes)
+            if len(results) == len(by_partition):
+                done(self._merged(results))
+
+        self.submit_lanes(list(by_partition.items()), lanes_done)
+
+    def _merged(self, results: dict[int, StoreError | None]) -> StoreError | None:
+        errors = [error for error in results.values() if error is not None]
+        fenced = [error for error in errors if isinstance(error, FencedWrite)]
+        if not fenced:
+            return errors[0] if errors else None
+        refused = {p for error in fenced for p in error.fenced}
+        holders = {p: h for error in fenced for p, h in error.holders.items()}
+        written = {p for p, error in results.items() if error is None}
+        return FencedWrite(
+            f"store {self.url}: partition(s) {sorted(refused)} are no longer this node's:"
+            " the write was refused there",
+            refused,
+            written,
+            holders,
+        )
+
+    def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
+        error = self._not_open("write")
+        writer = self._writer
+        if error is not None or writer is None:
+            error = error or StoreUnavailable(f"store {self.url}: write failed: not open")
+            done([(p, error) for p, _ in writes])
+            return
+        epochs, keys = self.epochs, self._keys
+        parts: list[PartitionWrite] = []
+        unowned: set[int] = set()
+        for p, changes in writes:
+            epoch = epochs.get(p)
+            if epoch is None:
+                # Dropped (self-fenced, lost) while its changes gathered: refused
+                # here, as its script would refuse it; its requests are answered
+                # moved and retried.
+                unowned.add(p)
+            elif changes:
+                parts.append(PartitionWrite(p, epoch, *keys[p], changes))
+            else:
+                done([(p, None)])
+        if unowned:
+            self._refuse(unowned, done)
+        if not parts:
+            return
+        if type(writer) is FencedWriter:
+            writer.submit(parts, partial(self._report, done, parts))
+        else:
+            cast(ClusterFencedWriter, writer).submit(parts, partial(self._report, done))
+
+    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
+        if len(changes) != 1:
+            self.submit_lanes([(lane, changes)], partial(_one_lane, done))
+            return
+        error = self._not_open("write")
+        if error is not None or self._writer is None:
+            done(error or StoreUnavailable(f"store {self.url}: write failed: not open"))
+            return
+        ((task_id, record),) = changes.items()
+        self._submit_one(lane, task_id, record, done)
+
+    def _submit_one(self, p: int, task_id: str, record: bytes | None, done: Done) -> None:
+        """``submit_lane`` of one change (one request at a time): no list of
+        writes, and on a plain Redis or Sentinel no outcome made when it is
+        written (the commonest)."""
         epoch = self.epochs.get(p)
         if epoch is None:
-            self._refuse({p}, set(), done)
+            self._refuse({p}, partial(_one_lane, done))
             return
         writer = self._writer
         if type(writer) is not FencedWriter:  # a Cluster's writer
             writes = [PartitionWrite(p, epoch, *self._keys[p], {task_id: record})]
-            cast(ClusterFencedWriter, writer).submit(writes, self._finisher(writes, done))
+            report = partial(self._report, partial(_one_lane, done))
+            cast(ClusterFencedWriter, writer).submit(writes, report)
             return
         epochs, keys = self.epochs, self._keys[p]
 
         def answered(outcome: FlushOutcome | None) -> None:
             if outcome is not None:  # not written: made only now, for the rare answers
                 writes = [PartitionWrite(p, epoch, *keys, {task_id: record})]
-                self._finisher(writes, done)(outcome)
+                self._report(partial(_one_lane, done), writes, outcome)
             elif epochs.get(p) != epoch:
                 done(self._lost_in_flight())
             else:
@@ -302,71 +376,79 @@ class RedisStore(Store):
             " its write was in flight: outcome unknown"
         )
 
-    def _finisher(self, writes: list[PartitionWrite], done: Done) -> Callable[[FlushOutcome], None]:
-        """The callback of ``writes``' fenced flush: its outcome to ``done``."""
+    def _report(
+        self, done: LanesDone, writes: Sequence[PartitionWrite], outcome: FlushOutcome
+    ) -> None:
+        """``writes``' outcome (a flush's, or on a Cluster one primary's part of
+        it) to ``done``, partition by partition."""
         epochs = self.epochs
-
-        def finished(outcome: FlushOutcome) -> None:
-            if outcome.error is not None:
-                # Named as RedisStore names it: the watch's outage line reads the same.
-                kind = (
-                    type(outcome.error)
-                    if isinstance(outcome.error, StoreUnavailable)
-                    else StoreUnavailable
-                )
-                done(kind(f"store {self.url}: write failed: {outcome.error}"))
-                return
-            if not outcome.fenced:  # the commonest: all written
-                if any(epochs.get(w.partition) != w.epoch for w in writes):
-                    done(self._lost_in_flight())
-                    return
-                done(None)
-                return
+        if outcome.error is None and not outcome.fenced:  # the commonest: all written
+            lost = self._lost_in_flight
+            done(
+                [
+                    (w.partition, None if epochs.get(w.partition) == w.epoch else lost())
+                    for w in writes
+                ]
+            )
+            return
+        error: StoreError | None = None
+        if outcome.error is not None:
+            # Named as RedisStore names it: the watch's outage line reads the same.
+            kind = (
+                type(outcome.error)
+                if isinstance(outcome.error, StoreUnavailable)
+                else StoreUnavailable
+            )
+            error = kind(f"store {self.url}: write failed: {outcome.error}")
+        results: LaneOutcomes = []
+        fenced: set[int] = set()
+        holders: Holders = {}
+        for w in writes:
+            p = w.partition
+            refused = outcome.fenced.get(p)
+            if refused is not None:
+                fenced.add(p)
+                if refused.lease is not None:  # its time left unknown, as a round's
+                    holders[p] = parse_holder(refused.lease, 0)
+            elif error is not None:
+                results.append((p, error))
+            elif epochs.get(p) != w.epoch:
+                results.append((p, self._lost_in_flight()))
+            else:
+                results.append((p, None))
+        if fenced:
             # A partition dropped while its write was out, and acquired again
             # since (a new epoch), is not the coordinator's to drop now.
-            epoch_of = {write.partition: write.epoch for write in writes}
-            fenced = set(outcome.fenced)
-            holders = {
-                p: parse_holder(refused.lease, 0)  # its time left unknown, as a round's
-                for p, refused in outcome.fenced.items()
-                if refused.lease is not None
-            }
-            self._refuse(
-                fenced,
-                set(outcome.written),
-                done,
-                tell={p for p in fenced if self.epochs.get(p, epoch_of[p]) == epoch_of[p]},
-                holders=holders,
-            )
-
-        return finished
+            epoch_of = {w.partition: w.epoch for w in writes}
+            tell = {p for p in fenced if epochs.get(p, epoch_of[p]) == epoch_of[p]}
+            results += self._refusals(fenced, holders, tell)
+        done(results)
 
     def _holds(self, partition: int, epoch: int) -> bool:
         return self.epochs.get(partition) == epoch
 
-    def _refuse(
-        self,
-        fenced: set[int],
-        written: set[int],
-        done: Done,
-        *,
-        tell: set[int] | None = None,
-        holders: Holders | None = None,
-    ) -> None:
-        """Fail a batch ``FencedWrite``; ``tell`` the coordinator of these (all by
-        default), with the ``holders`` the store named."""
-        holders = holders or {}
+    def _refuse(self, fenced: set[int], done: LanesDone) -> None:
+        """Fail the lanes of ``fenced``, partitions this node no longer writes."""
+        done(self._refusals(fenced, {}, fenced))
+
+    def _refusals(self, fenced: set[int], holders: Holders, tell: set[int]) -> LaneOutcomes:
+        """Each of ``fenced`` with its ``FencedWrite``; ``tell`` the coordinator
+        of these, with the ``holders`` the store named."""
         if self.on_fenced is not None:
-            self.on_fenced(fenced if tell is None else tell, written, holders)
-        done(
-            FencedWrite(
-                f"store {self.url}: partition(s) {sorted(fenced)} are no longer"
-                " this node's: the write was refused there",
-                fenced,
-                written,
-                holders,
+            self.on_fenced(tell, holders)
+        return [
+            (
+                p,
+                FencedWrite(
+                    f"store {self.url}: partition {p} is no longer this node's:"
+                    " the write was refused there",
+                    {p},
+                    set(),
+                    holders,
+                ),
             )
-        )
+            for p in sorted(fenced)
+        ]
 
     async def close(self) -> None:
         if self._state == "closed":
