@@ -31,8 +31,10 @@ PING = enc.request(1, "ping", [])
 
 
 def pool_of(decoder: Decoder) -> Any:
-    """The idle unpackers of the decoder's pool (each pooled with its skipper)."""
-    return [unpacker for _skipper, unpacker in decoder._pool]
+    """The idle unpackers of the decoder's pool: fast ones, and the safe way's (each
+    pooled with its skipper)."""
+    pool = decoder._pool
+    return [*pool.fast, *(unpacker for _skipper, unpacker in pool.safe)]
 
 
 def decode(decoder: Decoder, data: bytes) -> list[Message]:
@@ -143,7 +145,7 @@ def test_the_pool_keeps_at_most_a_few_idle_unpackers() -> None:
     for decoder in decoders:
         decoder.feed(PING[3:])
         assert list(decoder) == [Request(1, "ping", [])]
-    assert len(pool_of(decoders[0])) == MAX_IDLE_UNPACKERS
+    assert len(decoders[0]._pool.safe) == MAX_IDLE_UNPACKERS
 
 
 def test_limits_are_not_shared_between_decoders_of_other_limits() -> None:
@@ -240,3 +242,39 @@ def test_decoders_in_threads_share_the_pool() -> None:
         thread.join()
     assert errors == []
     assert len(protocol._pools) <= protocol.MAX_POOLS
+
+
+def test_a_chunk_that_ends_mid_message_frees_the_fast_unpacker() -> None:
+    # Nested headers that claim the fast way's most entries, never finished: what the
+    # fast unpacker preallocated for them goes with it; the safe way keeps the bytes.
+    decoder = Decoder()
+    decoder.feed(PING + b"\xdc\x00\x40" * 500)  # array16 headers of 64 entries
+    assert list(decoder) == [Request(1, "ping", [])]
+    fast = [unpacker for unpacker in decoder._pool.fast]
+    assert decoder.unpacker is not None and decoder.unpacker not in fast
+    assert decoder._skipper is not None  # the safe way's pair
+    assert decoder.buffered_bytes == 1500
+
+
+def test_a_container_beyond_the_fast_way_decodes_the_safe_way() -> None:
+    decoder = Decoder()
+    params = [list(range(protocol.FAST_CONTAINER_LEN + 1)), {str(i): i for i in range(100)}]
+    stream = PING + enc.request(2, "m", params) + enc.request(3, "get", ["a"])
+    assert decode(decoder, stream) == [
+        Request(1, "ping", []),
+        Request(2, "m", params),
+        Request(3, "get", ["a"]),
+    ]
+    assert decoder.unpacker is None
+    # and back on the fast way for the next chunk
+    decoder.feed(PING)
+    assert decoder._skipper is None
+    assert list(decoder) == [Request(1, "ping", [])]
+
+
+def test_bytes_fed_before_the_fast_chunk_was_read_keep_their_order() -> None:
+    decoder = Decoder()
+    decoder.feed(enc.response(1, "a") + enc.response(2, "b")[:5])
+    decoder.feed(enc.response(2, "b")[5:] + enc.response(3, "c"))
+    assert list(decoder) == [Response(1, None, "a"), Response(2, None, "b"), Response(3, None, "c")]
+    assert decoder.unpacker is None

@@ -5,7 +5,7 @@ the load, instruction counts do not (repeatable to about 0.1 %), so this is
 how two versions of the hot path are compared.
 
 ``python -m bench.tools.callgrind [--tree DIR ...] [--store redis|memory] [--calls N]
-[--warmup N] [LOAD] [-- SERVE OPTIONS]``
+[--warmup N] [--keep DIR] [LOAD] [-- SERVE OPTIONS]``
 starts a private redis-server (AOF everysec, as the bench's) and
 ``delaywheel serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH``
 set to each ``--tree`` (a source tree of another commit, e.g. made by
@@ -14,7 +14,8 @@ set to each ``--tree`` (a source tree of another commit, e.g. made by
 this checkout (``bench._loads``: ``add``, ``ping``, ``get``, ...; ``journal``
 is the journal section's pipelines, 8,000 adds a call, for which ``--warmup 3
 --calls 5`` is enough), zeroes the counters (``callgrind_control -z``), makes
-``--calls`` more, dumps, and prints the server's instructions per call
+``--calls`` more, dumps (into ``DIR/0``, ``DIR/1``... by tree with ``--keep``, for
+``callgrind_annotate``), and prints the server's instructions per call
 (every thread: the main loop and any helper). The server runs about 50
 times slower under callgrind; start-up takes a minute or so.
 
@@ -71,12 +72,17 @@ def _instructions(directory: Path) -> int:
     return total
 
 
-def _dump(pid: int, out: Path) -> int:
-    """Dump the counters, read their total and remove the files (for the next dump)."""
+def _dump(pid: int, out: Path, keep: Path | None = None) -> int:
+    """Dump the counters, read their total and move the files away (for the next
+    dump): into ``keep``, for ``callgrind_annotate``, or nowhere."""
     subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
     total = _instructions(out)
     for dump in out.glob("callgrind.out.*"):
-        dump.unlink()
+        if keep is None:
+            dump.unlink()
+        else:
+            keep.mkdir(parents=True, exist_ok=True)
+            dump.rename(keep / dump.name)
     return total
 
 
@@ -87,6 +93,7 @@ def count(
     calls: int,
     args: list[str],
     warmup: int = WARMUP_CALLS,
+    keep: Path | None = None,
 ) -> tuple[float, float]:
     """The server's instructions per call of ``load``, and the same less what it
     does idle in as long (see the module docstring)."""
@@ -129,7 +136,7 @@ def count(
             for _ in range(calls):
                 step()
             took_s = time.monotonic() - started_s
-            total = _dump(proc.pid, out)
+            total = _dump(proc.pid, out, keep)
             subprocess.run(
                 ["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True
             )
@@ -156,19 +163,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", choices=("redis", "memory"), default="redis")
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)
     parser.add_argument("--warmup", type=int, default=WARMUP_CALLS)
+    # the calls' dumps kept there (one directory per tree), for callgrind_annotate
+    parser.add_argument("--keep", type=Path, default=None)
     # anything else (after --) goes to serve, e.g. -- --replicas 1
     args, serve_args = parser.parse_known_args(argv)
     serve_args = [arg for arg in serve_args if arg != "--"]
     trees: list[Path | None] = list(args.tree) or [None]
     with tempfile.TemporaryDirectory(prefix="delaywheel-callgrind-redis-") as directory:
-        for tree in trees:
+        for number, tree in enumerate(trees):
             with private_redis(Path(directory)) as redis_url:
                 if args.store == "redis" and redis_url is None:
                     sys.exit("no redis-server installed")
                 url = redis_url if args.store == "redis" else "memory://"
                 assert url is not None
+                keep = None if args.keep is None else args.keep / str(number)
                 per_call, less_idle = count(
-                    tree, url, args.load, args.calls, serve_args, args.warmup
+                    tree, url, args.load, args.calls, serve_args, args.warmup, keep
                 )
             name = "this checkout" if tree is None else str(tree)
             print(

@@ -14,37 +14,49 @@ parsed once. The size of each message is the distance ``Unpacker.tell()`` moved 
 it. A decoded array is then checked against the three shapes ``[0, msgid, method, params]``,
 ``[1, msgid, error, result]`` and ``[2, method, params]``.
 
-Memory. A decoder builds nothing until a message has wholly arrived: msgpack's C parser
+Memory. A decoder never keeps what an unfinished message claims: msgpack's C parser
 preallocates every list and dict from its header's count, so a parser fed an unfinished
 message holds what the message claims, not what was sent (1,000 nested headers claiming
-100,000 entries each, 5 KB on the wire, held about 66 MB). So each decoder feeds the same bytes
-to two unpackers: a *skipper*, which walks the next message with ``skip()`` and builds nothing
-(its place inside a half-received message is a stack of counts), and the unpacker proper, whose
-``unpack()`` is called only once the skipper has passed the whole message, when every claim
-has been paid for in bytes that arrived. A connection mid-message therefore holds its bytes
-twice and two parsers, whatever the bytes claim.
+100,000 entries each, 5 KB on the wire, held about 66 MB). Two ways through a chunk:
+
+- The fast way, the common case: a chunk that arrives while nothing is buffered goes to one
+  *fast* unpacker, whose arrays and maps may have at most ``FAST_CONTAINER_LEN`` entries
+  (so its claims cost at most about 2 MB in all, 1,024 levels deep), and whole messages come
+  out of it, each parsed once. When it stops short (the chunk ends mid-message, a container
+  is bigger, the bytes are malformed) it is freed with whatever it started, and the rest of
+  the chunk takes the safe way.
+- The safe way: the same bytes go to two unpackers, a *skipper*, which walks the next
+  message with ``skip()`` and builds nothing (its place inside a half-received message is a
+  stack of counts), and the unpacker proper, whose ``unpack()`` is called only once the
+  skipper has passed the whole message, when every claim has been paid for in bytes that
+  arrived. A connection mid-message therefore holds its bytes twice and two parsers,
+  whatever the bytes claim. Its errors are the decoder's errors (the fast way only gives up).
+
+The safe way costs a second parse and a second copy of each chunk: about 2,000 more
+instructions for a ``ping`` (callgrind, 2026-12-06), which is why it is not the only way.
 
 An ``Unpacker`` is about 41 KiB however it is configured (its parser embeds a stack of 1024
-levels), so a decoder holds its pair only while it has bytes buffered: from the ``feed()``
-that brings bytes until an iteration has yielded every one of them as a message. Then the
-pair, empty and back at the start of a message, goes to a small pool shared by every decoder
-of the process with the same limits, and the next decoder that receives bytes takes it. Whole
-messages, the common case, pass through one pooled pair; a connection mid-message keeps its
-own, with the skipper's place, until the message is complete. An idle decoder (a server's idle
-connection, a client's idle pooled connection) is a few attributes. The pool is plain lists,
-so decoders in different threads may share it; one decoder is still not thread-safe.
+levels), so a decoder holds one only while it has bytes buffered: from the ``feed()`` that
+brings bytes until an iteration has yielded every one of them as a message. Then the
+unpacker (or pair), empty and back at the start of a message, goes to a small pool shared by
+every decoder of the process with the same limits, and the next decoder that receives bytes
+takes it. Whole messages pass through one pooled fast unpacker; a connection mid-message
+keeps its own pair, with the skipper's place, until the message is complete. An idle decoder
+(a server's idle connection, a client's idle pooled connection) is a few attributes. The pool
+is plain deques, so decoders in different threads may share it; one decoder is still not
+thread-safe.
 
 Limits. Input is untrusted, so every buffer is bounded:
 
-- ``max_message_bytes`` caps one message. It is checked when the skipper has passed a message
-  (by its ``tell()`` delta), before anything is built, and, so that nobody has to wait for
-  1 GB to arrive before refusing it, after every feed for the incomplete message still
-  buffered. ``feed()`` also refuses input while more than the limit is already waiting, so
-  the buffer stays below the limit plus one fed chunk even for a caller that feeds without
-  iterating.
-- ``max_container_len`` caps every array and map, checked as the unpacker builds it (the
-  skipper does not check counts: it allocates nothing, and a claim it waits on is bounded by
-  the message limit).
+- ``max_message_bytes`` caps one message. It is checked when a message has been passed
+  (by the ``tell()`` delta; on the safe way before anything is built), and, so that nobody
+  has to wait for 1 GB to arrive before refusing it, after every feed for the incomplete
+  message still buffered. ``feed()`` also refuses input while more than the limit is
+  already waiting, so the buffer stays below the limit plus one fed chunk even for a caller
+  that feeds without iterating.
+- ``max_container_len`` caps every array and map, checked as the safe way's unpacker builds
+  it (the skipper does not check counts: it allocates nothing, and a claim it waits on is
+  bounded by the message limit).
 - ``max_message_bytes`` may be lowered after the decoder is made (a server does until a
   connection signs in) and put back, never above its first value.
 - str, bin and ext payloads are capped at ``max_message_bytes`` (a bigger one cannot fit in a
@@ -63,8 +75,8 @@ Where it is weak.
   encoding (an empty array is 1 byte on the wire and a 56-byte list in memory), so a message
   being handled costs up to about 60 times its size for as long as it is handled; nothing of
   it stays once it has been.
-- Each message is parsed twice, once by the skipper and once by the unpacker: about 0.1-0.3 µs
-  more for a 100-byte request.
+- A message that takes the safe way is parsed twice, once by the skipper and once by the
+  unpacker; one that stops the fast way short is partly parsed a third time.
 - A chunk is buffered whole before its messages are looked at, so callers must keep their
   read chunks small (64-256 KiB).
 - ``receive()`` is all or nothing per chunk: when a chunk holds good messages followed by junk,
@@ -94,6 +106,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_CONTAINER_LEN = 100_000
 
 MAX_MSGID = 2**32 - 1  # msgid is a uint32 in MessagePack-RPC
+
+# Entries an array or map may have on the decoder's fast way (see "Memory"): a request's
+# params and a task's map are a dozen; anything bigger takes the safe way. What the fast
+# way's claims can preallocate is bounded by it: 1,024 levels of 64 entries, about 2 MB, and
+# only while one chunk is parsed.
+FAST_CONTAINER_LEN = 64
 
 # Idle unpackers kept per set of limits for the next decoder that receives bytes (see
 # "Memory"). A server holds about one at a time; more only while several of its connections
@@ -151,6 +169,8 @@ class Decoder:
     """
 
     __slots__ = (
+        "_chunk",
+        "_chunk_at",
         "_consumed",
         "_error",
         "_fed",
@@ -182,9 +202,12 @@ class Decoder:
         self._pool = _pool_for(max_message_bytes, max_container_len)
         # The Unpacker held while bytes are buffered; None when none are (or when dead), so
         # a caller can tell an idle decoder at the cost of an attribute. Read it, never use it.
-        # It is held with its skipper (see "Memory"), which is fed the same bytes.
+        # On the fast way (see "Memory") it is a fast unpacker and ``_chunk`` is the one
+        # chunk it was fed; on the safe way it is held with its skipper, fed the same bytes.
         self.unpacker: Any = None
         self._skipper: Any = None
+        self._chunk: bytes | None = None
+        self._chunk_at = 0  # the stream offset of ``_chunk``'s first byte
         self._fed = 0  # bytes fed since the start of the stream
         self._consumed = 0  # stream offset just past the last message yielded
         # The held unpacker's ``tell()`` minus our stream offset: a pooled unpacker has
@@ -228,101 +251,119 @@ class Decoder:
                 f"{self._max_message_bytes}-byte message limit",
             )
         size = len(data)
-        unpacker = self.unpacker
-        if unpacker is None:  # nothing buffered: take an idle pair (inline: once a read)
-            if not size:
-                return
+        if not size:
+            return
+        if self.unpacker is None:  # nothing buffered: the fast way (inline: once a read)
             try:
-                skipper, unpacker = self._pool.pop()
+                fast = self._pool.fast.pop()
             except IndexError:  # none idle (in threads, another may just have taken it)
-                skipper = _new_unpacker(self._max_string_bytes, self._max_container_len)
-                unpacker = _new_unpacker(self._max_string_bytes, self._max_container_len)
-            self._shift = skipper.tell() - self._consumed
-            self.unpacker, self._skipper = unpacker, skipper
-            if size > UNPACKER_BUFFER_BYTES:
-                self._grown = True
-        else:
-            skipper = self._skipper
-            if waiting + size > UNPACKER_BUFFER_BYTES:
-                self._grown = True
+                fast = _new_unpacker(
+                    self._max_string_bytes, min(FAST_CONTAINER_LEN, self._max_container_len)
+                )
+            self._shift = fast.tell() - self._consumed
+            self._grown = size > UNPACKER_BUFFER_BYTES
+            fast.feed(data)  # no BufferFull: its buffer may grow to 4 GiB
+            self.unpacker, self._chunk, self._chunk_at = fast, data, self._fed
+            self._fed += size
+            return
+        if self._skipper is None:  # more bytes before the fast chunk was all read
+            self._go_safe()
+        if waiting + size > UNPACKER_BUFFER_BYTES:
+            self._grown = True
         try:
-            skipper.feed(data)
-            unpacker.feed(data)
+            self._skipper.feed(data)
+            self.unpacker.feed(data)
         except msgpack.BufferFull:
             raise self._fail(
                 "too_large", f"a {size}-byte chunk does not fit in the decoder"
             ) from None
         self._fed += size
 
+    def _go_safe(self) -> None:
+        """Leave the fast way: the bytes of the fast chunk not yet yielded go to a
+        (skipper, unpacker) pair, and the fast unpacker, which may hold the start of
+        an unfinished message, is freed (see "Memory")."""
+        chunk = self._chunk
+        assert chunk is not None
+        rest = memoryview(chunk)[self._consumed - self._chunk_at :]
+        self._chunk = None
+        try:
+            skipper, unpacker = self._pool.safe.pop()
+        except IndexError:
+            skipper = _new_unpacker(self._max_string_bytes, self._max_container_len)
+            unpacker = _new_unpacker(self._max_string_bytes, self._max_container_len)
+        self._shift = skipper.tell() - self._consumed
+        self.unpacker, self._skipper = unpacker, skipper
+        self._grown = len(rest) > UNPACKER_BUFFER_BYTES
+        skipper.feed(rest)
+        unpacker.feed(rest)
+
     def __iter__(self) -> Iterator[Message]:
         """Yield the messages completed so far; stop when more data is needed."""
         if self._error is not None:
             raise self._error
-        unpacker = self.unpacker
-        if unpacker is None:  # nothing buffered
-            return
-        skipper = self._skipper
-        skip, tell, unpack, shift = skipper.skip, skipper.tell, unpacker.unpack, self._shift
-        try:
-            # skip() then unpack(): the skipper walks the next message without building
-            # anything, so the unpacker, which preallocates every array and map from its
-            # header, only ever parses a message whose bytes have all arrived (see
-            # "Memory"). unpack() while bytes are left, not ``for obj in unpacker``: that
-            # ends every read with a StopIteration, whose Cython traceback costs more than
-            # decoding a small message (docs/performance.md). Only a read that ends
-            # mid-message raises, OutOfData.
-            while self._consumed < self._fed:
+        # unpack() while bytes are left, not ``for obj in unpacker``: that ends every
+        # read with a StopIteration, whose Cython traceback costs more than decoding a
+        # small message (docs/performance.md). Only a read that ends mid-message raises,
+        # OutOfData.
+        while self._consumed < self._fed:
+            unpacker = self.unpacker
+            skipper = self._skipper
+            shift = self._shift
+            if skipper is None:  # the fast way: the unpacker alone, small containers
                 try:
-                    skip()
-                except msgpack.OutOfData:
-                    break
-                end = tell() - shift
-                size = end - self._consumed
-                if size > self._max_message_bytes:
-                    limit = self._max_message_bytes
-                    raise ProtocolError(
-                        "too_large", f"a {size}-byte message is over the {limit}-byte limit"
-                    )
-                obj = unpack()
-                self._consumed = end
-                # Fast path for a well-formed request or response, inline because this runs
-                # once per message; everything else, errors included, goes the long way.
-                if type(obj) is list and len(obj) == 4:
-                    kind, msgid, third, fourth = obj
-                    if type(kind) is int and type(msgid) is int and 0 <= msgid <= MAX_MSGID:
-                        if kind == REQUEST and type(third) is str and type(fourth) is list:
-                            obj = _new(Request, (msgid, third, fourth))
-                        elif kind == RESPONSE:
-                            obj = _new(Response, (msgid, third, fourth))
-                        else:
-                            obj = _to_message(obj)
-                    else:
-                        obj = _to_message(obj)
-                else:
-                    obj = _to_message(obj)
-                if end != self._fed:
-                    yield obj
+                    obj = unpacker.unpack()
+                except Exception:  # cut short, or beyond the fast way: the safe way
+                    self._go_safe()
                     continue
-                # The last whole message of what was fed: both unpackers are empty and at
-                # the start of a message, so they go back now, before the yield, since a
-                # caller may stop at this message and never resume (inline: once a read).
-                self.unpacker = self._skipper = None
-                if self._grown:
-                    self._grown = False
+                end = unpacker.tell() - shift
+            else:  # the safe way: skip() first, so that unpack() parses whole messages
+                try:
+                    try:
+                        skipper.skip()
+                    except msgpack.OutOfData:
+                        break
+                    end = skipper.tell() - shift
+                    if end - self._consumed <= self._max_message_bytes:
+                        obj = unpacker.unpack()
+                except (ValueError, TypeError, RecursionError) as exc:
+                    raise self._fail(*_unpack_error(exc, skipper, shift)) from exc
+            size = end - self._consumed
+            if size > self._max_message_bytes:
+                limit = self._max_message_bytes
+                raise self._fail(
+                    "too_large", f"a {size}-byte message is over the {limit}-byte limit"
+                )
+            self._consumed = end
+            # Fast path for a well-formed request or response, inline because this runs
+            # once per message; everything else, errors included, goes the long way.
+            if type(obj) is list and len(obj) == 4:
+                kind, msgid, third, fourth = obj
+                if type(kind) is int and type(msgid) is int and 0 <= msgid <= MAX_MSGID:
+                    if kind == REQUEST and type(third) is str and type(fourth) is list:
+                        obj = _new(Request, (msgid, third, fourth))
+                    elif kind == RESPONSE:
+                        obj = _new(Response, (msgid, third, fourth))
+                    else:
+                        obj = self._checked(obj)
                 else:
-                    self._pool.append((skipper, unpacker))
+                    obj = self._checked(obj)
+            else:
+                obj = self._checked(obj)
+            if end != self._fed:
                 yield obj
-                unpacker = self.unpacker
-                if unpacker is None:
-                    return
-                skipper = self._skipper  # fed meanwhile
-                skip, tell, unpack, shift = skipper.skip, skipper.tell, unpacker.unpack, self._shift
-        except ProtocolError as exc:
-            self._error = exc
-            self.unpacker = self._skipper = None
-            raise
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise self._fail(*_unpack_error(exc, skipper, shift)) from exc
+                continue
+            # The last whole message of what was fed: the unpackers are empty and at the
+            # start of a message, so they go back now, before the yield, since a caller
+            # may stop at this message and never resume (inline: once a read).
+            self.unpacker = self._skipper = self._chunk = None
+            if self._grown:
+                self._grown = False
+            elif skipper is None:
+                self._pool.fast.append(unpacker)
+            else:
+                self._pool.safe.append((skipper, unpacker))
+            yield obj
         waiting = self._fed - self._consumed
         if waiting > self._max_message_bytes:
             limit = self._max_message_bytes
@@ -330,6 +371,14 @@ class Decoder:
                 "too_large",
                 f"an incomplete message is already {waiting} bytes, over the {limit}-byte limit",
             )
+
+    def _checked(self, obj: Any) -> Message:
+        try:
+            return _to_message(obj)
+        except ProtocolError as exc:
+            self._error = exc
+            self.unpacker = self._skipper = self._chunk = None
+            raise
 
     def receive(self, data: bytes) -> list[Message]:
         """``feed(data)`` and return the messages now complete. All or nothing: if ``data``
@@ -339,25 +388,37 @@ class Decoder:
 
     def _fail(self, code: str, message: str) -> ProtocolError:
         self._error = ProtocolError(code, message)
-        self.unpacker = self._skipper = None  # mid-parse or broken: never back to the pool
+        # mid-parse or broken: never back to the pool
+        self.unpacker = self._skipper = self._chunk = None
         return self._error
 
 
-# The idle (skipper, unpacker) pairs, by the limits they were made with: ``(max_message_bytes,
-# max_container_len) -> list``. Limits are built into an Unpacker, so decoders share only
+class _Pool:
+    """The idle unpackers of one set of limits: fast ones (``FAST_CONTAINER_LEN``) and
+    (skipper, unpacker) pairs, each a deque whose ``maxlen`` frees the oldest when one
+    more is given back to a full one."""
+
+    __slots__ = ("fast", "safe")
+
+    def __init__(self) -> None:
+        self.fast: deque[Any] = deque(maxlen=MAX_IDLE_UNPACKERS)
+        self.safe: deque[tuple[Any, Any]] = deque(maxlen=MAX_IDLE_UNPACKERS)
+
+
+# The idle unpackers, by the limits they were made with: ``(max_message_bytes,
+# max_container_len) -> _Pool``. Limits are built into an Unpacker, so decoders share only
 # with decoders of the same limits; a process has a few sets of them (the server's, the
 # client's), and a decoder with limits beyond MAX_POOLS sets keeps a pool of its own.
-_pools: dict[tuple[int, int], deque[Any]] = {}
+_pools: dict[tuple[int, int], _Pool] = {}
 MAX_POOLS = 8
 
 
-def _pool_for(max_message_bytes: int, max_container_len: int) -> deque[Any]:
-    """The pool of idle unpackers for these limits: a deque whose ``maxlen`` frees the
-    oldest when one more is given back to a full pool."""
+def _pool_for(max_message_bytes: int, max_container_len: int) -> _Pool:
+    """The pool of idle unpackers for these limits."""
     key = (max_message_bytes, max_container_len)
     pool = _pools.get(key)
     if pool is None:
-        pool = deque(maxlen=MAX_IDLE_UNPACKERS)
+        pool = _Pool()
         if len(_pools) < MAX_POOLS:
             pool = _pools.setdefault(key, pool)
     return pool
