@@ -1,0 +1,57 @@
+// Token auth and TLS against real servers.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { test } from "node:test";
+
+import { Client, ConnectionFailed, Unauthorized } from "delaywheel-client";
+import { Server, makeCerts, removeDir, tempDir } from "./servers.mjs";
+
+test("a server with a token: no token, a wrong one, the right one", async () => {
+  const token = "s3cret-token";
+  const server = await Server.start(["--token", token]);
+  const anonymous = new Client({ host: server.host, port: server.port });
+  const wrong = new Client({ host: server.host, port: server.port, token: "nope" });
+  const right = new Client(`delaywheel://${token}@${server.host}:${server.port}`);
+  try {
+    assert.equal(await anonymous.ping(), "pong", "ping needs no auth");
+    await assert.rejects(anonymous.add("t", 1), (exc) => exc instanceof Unauthorized && exc.code === "unauthorized");
+    await assert.rejects(wrong.ping(), Unauthorized);
+    const { id } = await right.add("t", 1);
+    assert.equal((await right.get(id)).body, 1);
+    // A new connection (after a restart) authenticates again by itself.
+    await server.restart();
+    assert.equal((await right.get(id)), null, "memory:// lost the task, but the call got through");
+    assert.equal((await right.add("t", 2)).id.length > 0, true);
+  } finally {
+    for (const dw of [anonymous, wrong, right]) dw.close();
+    await server.stop();
+  }
+});
+
+test("TLS: the server's certificate verified with its CA; an unknown CA is refused at once", async () => {
+  const dir = tempDir();
+  try {
+    const certs = makeCerts(dir);
+    const server = await Server.start(["--tls-cert", certs.cert, "--tls-key", certs.key]);
+    const ca = readFileSync(certs.ca);
+    const dw = new Client({ host: server.host, port: server.port, tls: { ca } });
+    const byName = new Client({ host: "localhost", port: server.port, tls: { ca } });
+    const untrusting = new Client({ host: server.host, port: server.port, tls: true, retries: 5 });
+    const plain = new Client({ host: server.host, port: server.port, retries: 0, timeoutS: 5 });
+    try {
+      assert.equal(await dw.ping(), "pong");
+      const { id } = await dw.add("tls", Buffer.from("over tls"));
+      assert.deepEqual(Buffer.from((await byName.get(id)).body), Buffer.from("over tls"));
+      assert.equal((await dw.stats()).tls, true);
+      const started = Date.now();
+      await assert.rejects(untrusting.ping(), (exc) => exc instanceof ConnectionFailed && /certificate/i.test(exc.message));
+      assert.ok(Date.now() - started < 1500, "a certificate that does not verify is not retried");
+      await assert.rejects(plain.ping(), ConnectionFailed);
+    } finally {
+      for (const client of [dw, byName, untrusting, plain]) client.close();
+      await server.stop();
+    }
+  } finally {
+    removeDir(dir);
+  }
+});
