@@ -83,9 +83,10 @@ export class Connection {
    * or `ConnectionFailed`: `maybeApplied` says whether the request had been written).
    * `timeoutS` bounds the wait for the reply; 0 waits as long as the connection lives.
    */
-  async request(method: string, params: unknown[], timeoutS: number): Promise<unknown> {
-    const wire = await this.open();
-    return this.send(wire, method, params, timeoutS);
+  request(method: string, params: unknown[], timeoutS: number): Promise<unknown> {
+    const wire = this.wire;
+    if (wire !== undefined && !wire.socket.destroyed) return this.send(wire, method, params, timeoutS);
+    return this.open().then((opened) => this.send(opened, method, params, timeoutS));
   }
 
   /** Close the connection; requests in flight fail with `ConnectionFailed`. */
@@ -200,7 +201,7 @@ export class Connection {
     });
     void (async () => {
       try {
-        for await (const message of decoder.decodeStream(socket)) {
+        for await (const message of decoder.decodeStream(chunksOf(socket))) {
           const said = this.onMessage(wire, message);
           if (said !== undefined) closedBy = said;
         }
@@ -243,6 +244,42 @@ export class Connection {
           ? new ServerClosed(closedBy[1], closedBy[0], undefined, true)
           : new ConnectionFailed(`${this.address}: connection lost (${reason})`, undefined, undefined, true),
       );
+    }
+  }
+}
+
+/**
+ * The socket's chunks as an async iterable, from its 'data' events: lighter than the
+ * stream's own async iterator, which costs a round of stream machinery per chunk. Ends
+ * when the socket closes; an error ends it too (the socket's 'error' handler notes why).
+ */
+async function* chunksOf(socket: net.Socket): AsyncGenerator<Buffer, void, undefined> {
+  const chunks: Buffer[] = [];
+  let ended = false;
+  let wake: (() => void) | undefined;
+  const notify = (): void => {
+    const resume = wake;
+    wake = undefined;
+    resume?.();
+  };
+  socket.on("data", (chunk: Buffer) => {
+    chunks.push(chunk);
+    notify();
+  });
+  socket.once("close", () => {
+    ended = true;
+    notify();
+  });
+  for (;;) {
+    const chunk = chunks.shift();
+    if (chunk !== undefined) {
+      yield chunk;
+    } else if (ended) {
+      return;
+    } else {
+      await new Promise<void>((resolve) => {
+        wake = resolve;
+      });
     }
   }
 }

@@ -155,4 +155,29 @@ describe("two nodes", () => {
     const map = await dw.cluster();
     assert.equal(map.partitions, PARTITIONS);
   });
+
+  // Last: it stops a node.
+  test("a node that stops: its partitions' calls wait for the takeover, then go through", async () => {
+    const topic = unique("failover");
+    const pmap = await dw.partitionMap();
+    const gone = nodes.find((node) => node.address === addresses[1]);
+    const kept = nodes.find((node) => node.address === addresses[0]);
+    // Tasks on the node about to stop, kept there durably (Redis).
+    const onGone = [];
+    for (let n = 0; onGone.length < 3; n++) {
+      const id = `${topic}-${n}`;
+      if (pmap.ownerOf(id) === gone.address) onGone.push((await dw.add(topic, n, { id, delay: 600 })).id);
+    }
+    await gone.stop();
+    const started = Date.now();
+    // Refused connections, then tryagain or moved while the lease runs out: waited out.
+    const task = await dw.get(onGone[0]);
+    assert.equal(task.id, onGone[0]);
+    assert.equal((await dw.partitionMap()).ownerOf(onGone[0]), kept.address);
+    assert.deepEqual((await dw.partitionMap()).nodes(), [kept.address]);
+    for (const id of onGone) assert.equal(await dw.delete(id), true);
+    const added = await dw.add(topic, "after");
+    assert.equal((await dw.get(added.id)).body, "after");
+    assert.ok(Date.now() - started < 30_000);
+  });
 });
