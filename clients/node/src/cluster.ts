@@ -28,7 +28,7 @@ import { Client, type ClientOptions, parseUrl, sleep } from "./client.js";
 import { Commands, READ_ONLY_METHODS } from "./commands.js";
 import { ConnectionFailed, DelaywheelError, ServerClosed } from "./errors.js";
 import { partitionOf } from "./partitions.js";
-import type { ClusterMap } from "./types.js";
+import type { ClusterMap, ClusterStats } from "./types.js";
 
 /** `moved` is followed this many times in a row before the call throws it. */
 export const MAX_MOVED_FOLLOWS = 3;
@@ -276,7 +276,7 @@ export function parseSeeds(seeds: string | string[]): string[] {
   return addresses;
 }
 
-export class ClusterClient extends Commands {
+export class ClusterClient extends Commands<ClusterStats> {
   readonly seeds: string[];
   readonly failoverTimeoutS: number;
   readonly reserveSliceS: number;

@@ -53,7 +53,8 @@ function withoutUndefined<T extends object>(query: T): Partial<T> {
   return Object.fromEntries(Object.entries(query).filter(([, value]) => value !== undefined)) as Partial<T>;
 }
 
-export abstract class Commands {
+/** `TStats` is what `stats` answers: one server's `Stats`, or a cluster's `ClusterStats`. */
+export abstract class Commands<TStats = Stats> {
   /**
    * Send one call: its params are the protocol's; `waitS` is how much longer than the
    * client's timeout its reply may take (a blocking `reserve`'s wait).
@@ -147,8 +148,8 @@ export abstract class Commands {
   }
 
   /** Counts by state and topic, wheel settings, store, uptime, version, ... */
-  async stats(): Promise<Stats> {
-    return (await this.send("stats", [])) as Stats;
+  async stats(): Promise<TStats> {
+    return (await this.send("stats", [])) as TStats;
   }
 
   /** The keyspace's partition map. */

@@ -167,3 +167,10 @@ export interface Stats {
   topics: Record<string, Record<string, number>>;
   [field: string]: unknown;
 }
+
+/** `stats` of a `ClusterClient`: each node's (or `{error}` for one that did not answer),
+ * and the sum of their `tasks`. */
+export interface ClusterStats {
+  nodes: Record<string, Stats | { error: string }>;
+  tasks: number;
+}

@@ -53,7 +53,7 @@ export class Worker {
 
   /** `client` is a `Client` or a `ClusterClient`. */
   constructor(
-    readonly client: Commands,
+    readonly client: Commands<unknown>,
     options: WorkerOptions = {},
   ) {
     this.concurrency = options.concurrency ?? 1;
