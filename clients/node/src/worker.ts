@@ -116,7 +116,13 @@ export class Worker {
         await this.handleOne(task);
       }
     };
-    const loops = Array.from({ length: this.concurrency }, loop);
+    // An error no retry fixes ends every loop, not just its own, and run() with it.
+    const loopUntilFatal = (): Promise<void> =>
+      loop().catch((exc: unknown) => {
+        this.stop();
+        throw exc;
+      });
+    const loops = Array.from({ length: this.concurrency }, loopUntilFatal);
     const outcomes = await Promise.allSettled(loops);
     this.stopping = false;
     const failed = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === "rejected");

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { Client, ConnectionFailed, Unauthorized } from "delaywheel-client";
+import { Client, ConnectionFailed, Unauthorized, Worker } from "delaywheel-client";
 import { Server, makeCerts, removeDir, tempDir } from "./servers.mjs";
 
 test("a server with a token: no token, a wrong one, the right one", async () => {
@@ -16,6 +16,9 @@ test("a server with a token: no token, a wrong one, the right one", async () => 
     assert.equal(await anonymous.ping(), "pong", "ping needs no auth");
     await assert.rejects(anonymous.add("t", 1), (exc) => exc instanceof Unauthorized && exc.code === "unauthorized");
     await assert.rejects(wrong.ping(), Unauthorized);
+    // A Worker with a wrong token: every loop ends, and run() with the error.
+    const worker = new Worker(wrong, { concurrency: 3 }).handle("t", () => undefined);
+    await assert.rejects(worker.run(), Unauthorized);
     const { id } = await right.add("t", 1);
     assert.equal((await right.get(id)).body, 1);
     // A new connection (after a restart) authenticates again by itself.
