@@ -58,3 +58,28 @@ test("TLS: the server's certificate verified with its CA; an unknown CA is refus
     removeDir(dir);
   }
 });
+
+test("TLS with client certificates (--tls-client-ca): ours is taken, none is refused", async () => {
+  const dir = tempDir();
+  try {
+    const certs = makeCerts(dir);
+    const server = await Server.start(["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-client-ca", certs.ca]);
+    const ca = readFileSync(certs.ca);
+    const withCert = new Client({
+      host: server.host,
+      port: server.port,
+      tls: { ca, cert: readFileSync(certs.clientCert), key: readFileSync(certs.clientKey) },
+    });
+    const without = new Client({ host: server.host, port: server.port, tls: { ca }, retries: 0 });
+    try {
+      assert.equal(await withCert.ping(), "pong");
+      await assert.rejects(without.ping(), ConnectionFailed);
+    } finally {
+      withCert.close();
+      without.close();
+      await server.stop();
+    }
+  } finally {
+    removeDir(dir);
+  }
+});

@@ -2,7 +2,7 @@
 // Python, .venv/bin/python, or $DELAYWHEEL_PYTHON), a private redis-server, certificates
 // made with openssl, and the Python client run in a subprocess.
 import { spawn, spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
@@ -171,7 +171,8 @@ export function python(code, args = []) {
   return done.stdout;
 }
 
-/** A CA and a server certificate for 127.0.0.1 and localhost, made with openssl. */
+/** A CA, a server certificate for 127.0.0.1 and localhost and a client certificate,
+ * made with openssl. */
 export function makeCerts(dir) {
   const openssl = (...args) => {
     const done = spawnSync("openssl", args, { cwd: dir, encoding: "utf8", timeout: 60_000 });
@@ -182,10 +183,25 @@ export function makeCerts(dir) {
     "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign");
   openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
     "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=delaywheel node test server");
-  spawnSync("sh", ["-c", "printf 'basicConstraints=CA:FALSE\\nsubjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth\\n' > server.ext"], { cwd: dir });
+  writeFileSync(
+    path.join(dir, "server.ext"),
+    "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+  );
   openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
     "-out", "server.pem", "-days", "2", "-extfile", "server.ext");
-  return { ca: path.join(dir, "ca.pem"), cert: path.join(dir, "server.pem"), key: path.join(dir, "server.key") };
+  openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+    "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=delaywheel node test client");
+  writeFileSync(path.join(dir, "client.ext"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n");
+  openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+    "-out", "client.pem", "-days", "2", "-extfile", "client.ext");
+  const at = (name) => path.join(dir, name);
+  return {
+    ca: at("ca.pem"),
+    cert: at("server.pem"),
+    key: at("server.key"),
+    clientCert: at("client.pem"),
+    clientKey: at("client.key"),
+  };
 }
 
 /** A name no other test uses. */
