@@ -232,7 +232,8 @@ test("a body over the server's limit is TooLarge; a message over it closes the c
 test("the client reconnects after a server restart", async () => {
   const dir = tempDir();
   const server = await Server.start([], { store: `sqlite:///${path.join(dir, "tasks.db")}` });
-  const dw = new Client(`delaywheel://${server.host}:${server.port}`, { retries: 8 });
+  // Retries whose backoffs add up to about 16 s: room for a server that starts slowly under load.
+  const dw = new Client(`delaywheel://${server.host}:${server.port}`, { retries: 20 });
   try {
     const { id } = await dw.add("restart", { kept: true }, { delay: 600 });
     await server.restart();

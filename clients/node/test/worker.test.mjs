@@ -75,7 +75,7 @@ describe("Worker", () => {
     worker.handle(topic, async () => {
       inHand += 1;
       most = Math.max(most, inHand);
-      await new Promise((resolve) => setTimeout(resolve, 100));
+      await new Promise((resolve) => setTimeout(resolve, 300)); // long beside a reserve, even under load
       inHand -= 1;
     });
     assert.equal(await worker.run({ maxTasks: 12 }), 12);
