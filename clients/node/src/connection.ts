@@ -134,7 +134,11 @@ export class Connection {
 
   private open(): Promise<Wire> {
     if (this.wire !== undefined && !this.wire.socket.destroyed) return Promise.resolve(this.wire);
-    if (this.closed) return Promise.reject(new ConnectionFailed(`${this.address}: the client is closed`));
+    if (this.closed) {
+      const closed = new ConnectionFailed(`${this.address}: the client is closed`);
+      permanentErrors.add(closed);
+      return Promise.reject(closed);
+    }
     this.opening ??= this.connect().finally(() => {
       this.opening = undefined;
     });

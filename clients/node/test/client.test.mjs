@@ -253,6 +253,21 @@ test("the client reconnects after a server restart", async () => {
   }
 });
 
+test("a closed client fails at once", async () => {
+  const server = await Server.start();
+  // Retried, its backoffs alone would add up to over 4 s.
+  const dw = new Client({ host: server.host, port: server.port, retries: 10 });
+  try {
+    assert.equal(await dw.ping(), "pong");
+    dw.close();
+    const started = Date.now();
+    await assert.rejects(dw.ping(), (exc) => exc instanceof ConnectionFailed && /closed/.test(exc.message));
+    assert.ok(Date.now() - started < 1000, "not retried");
+  } finally {
+    await server.stop();
+  }
+});
+
 test("a server that is not there is ConnectionFailed, after the retries", async () => {
   const dw = new Client({ host: "127.0.0.1", port: 1, retries: 1 });
   await assert.rejects(dw.ping(), (exc) => exc instanceof ConnectionFailed && exc.message.includes("127.0.0.1:1"));
