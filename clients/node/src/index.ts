@@ -4,7 +4,8 @@
  */
 
 export { Client, type ClientOptions, parseUrl } from "./client.js";
-export { ClusterClient, type ClusterClientOptions, PartitionMap } from "./cluster.js";
+export { ClusterClient, type ClusterClientOptions } from "./cluster.js";
+export { PartitionMap } from "./routing.js";
 export { Commands, READ_ONLY_METHODS } from "./commands.js";
 export { DEFAULT_HOST, DEFAULT_PORT, type TlsOption } from "./connection.js";
 export {

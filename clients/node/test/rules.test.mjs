@@ -3,7 +3,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Retry, PartitionMap, retryAfterS } from "../dist/cluster.js";
+import { Retry, retryAfterS } from "../dist/retry.js";
+import { PartitionMap, route } from "../dist/routing.js";
 import { ConnectionFailed, ServerClosed, errorFrom } from "../dist/errors.js";
 import { python } from "./servers.mjs";
 
@@ -113,4 +114,18 @@ test("the map from cluster, and a moved hint taken into a new map", () => {
   assert.equal(pmap.followed({ partition: 1, owner: null }), pmap, "no owner named");
   assert.throws(() => PartitionMap.fromCluster({ partitions: 0 }, "h:1"), /partitions 0/);
   assert.deepEqual(PartitionMap.single("h:5").owners, ["h:5"]);
+});
+
+test("each method is routed by the param the Python client's commands.py names", () => {
+  const out = python(`import json
+from delaywheel_client.commands import SPECS
+from delaywheel_client.routing import route
+samples = [["task-id", {"id": "in-map"}], [{"id": "in-map"}, "second"], []]
+print(json.dumps({spec.name: [route(spec.name, p) for p in samples] for spec in SPECS}))`);
+  const expected = JSON.parse(out);
+  const samples = [["task-id", { id: "in-map" }], [{ id: "in-map" }, "second"], []];
+  assert.ok(Object.keys(expected).length >= 25, Object.keys(expected).join(", "));
+  for (const [method, routes] of Object.entries(expected)) {
+    assert.deepEqual(samples.map((params) => route(method, params) ?? null), routes, method);
+  }
 });
