@@ -129,3 +129,19 @@ print(json.dumps({spec.name: [route(spec.name, p) for p in samples] for spec in 
     assert.deepEqual(samples.map((params) => route(method, params) ?? null), routes, method);
   }
 });
+
+test("every method of the protocol is a method of Client and ClusterClient", async () => {
+  const { Client, ClusterClient } = await import("delaywheel-client");
+  const names = JSON.parse(python(`import json
+from delaywheel_client.commands import SPECS
+print(json.dumps([spec.name for spec in SPECS]))`));
+  // auth is sent by the connection itself, first, when the client has a token.
+  const methods = names.filter((name) => name !== "auth");
+  assert.ok(methods.includes("schedule_backfill") && methods.includes("kick_task"), names.join(", "));
+  for (const name of methods) {
+    const camel = name.replace(/_([a-z])/g, (_, letter) => letter.toUpperCase());
+    for (const cls of [Client, ClusterClient]) {
+      assert.equal(typeof cls.prototype[camel], "function", `${cls.name}.${camel} (${name})`);
+    }
+  }
+});
