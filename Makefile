@@ -58,4 +58,5 @@ run: install
 	$(BIN)/delaywheel serve --store sqlite:///delaywheel.db
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info client/build client/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist build *.egg-info client/build client/*.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		clients/node/node_modules clients/node/dist
