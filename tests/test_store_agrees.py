@@ -179,7 +179,8 @@ def test_an_attempt_whose_outcome_could_not_be_journaled_is_not_sent_again(
     owner keeping the partition: the sink gets each task once.
 
     1. The attempt's own write short of replicas: kept, written again until
-       confirmed, and only then sent.
+       confirmed, and only then sent; when a write of it is refused meanwhile,
+       never sent, it is begun again later as the next attempt.
     2. The outcome's write short of replicas (the replica stopped while the
        attempt is in flight): kept, written again until confirmed.
     3. The outcome's write refused by the primary (out of memory): undone,
@@ -201,6 +202,17 @@ def test_an_attempt_whose_outcome_could_not_be_journaled_is_not_sent_again(
                 finally:
                     replica.proc.send_signal(signal.SIGCONT)
                 wait_until(lambda: dw.get("begun-short") is None, 20, "begun-short done")
+                dw.add("hooks", {}, id="begun-refused", delay=0.5, target=target)
+                replica.proc.send_signal(signal.SIGSTOP)
+                try:
+                    time.sleep(2.0)  # due, its attempt's writes short of the replica
+                    admin.config_set("maxmemory", 1)  # and then refused
+                    time.sleep(2.0)
+                    assert not _arrived(receiver, "begun-refused")
+                finally:
+                    admin.config_set("maxmemory", 0)
+                    replica.proc.send_signal(signal.SIGCONT)
+                wait_until(lambda: dw.get("begun-refused") is None, 20, "begun-refused done")
 
                 # 2. and 3.: the attempt in flight when the fault starts.
                 receiver.answering.clear()
@@ -238,7 +250,12 @@ def test_an_attempt_whose_outcome_could_not_be_journaled_is_not_sent_again(
                 wait_until(lambda: dw.get("outcome-refused")["state"] == "dead", 20, "dead")
             time.sleep(1.0)  # a second send would come within a retry base (time is the test)
             sent = [(d.task_id, d.attempt) for d in receiver.received()]
-            assert sent == [("begun-short", 1), ("outcome-short", 1), ("outcome-refused", 1)]
+            assert sent == [
+                ("begun-short", 1),
+                ("begun-refused", 2),  # attempt 1 never sent
+                ("outcome-short", 1),
+                ("outcome-refused", 1),
+            ]
             stored = _stored(primary)
             assert stored.keys() == {"outcome-refused"}
             assert stored["outcome-refused"].state == "dead"
