@@ -36,6 +36,7 @@ from waiting import wait_until
 from delaywheel.engine.record import from_record
 from delaywheel.engine.task import Task
 from delaywheel.store.redis import RedisStore
+from delaywheel.store.redis.layout import Layout
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 
@@ -54,10 +55,10 @@ def receiver() -> Iterator[Sink]:
         yield running
 
 
-def _node(primary: RedisServer, lease: str = LEASE) -> ServerProcess:
+def _node(primary: RedisServer, *args: str, lease: str = LEASE) -> ServerProcess:
     return ServerProcess(
         *("--replicas", "1", "--lease", lease, "--partitions", str(PARTITIONS)),
-        *("--http-allow", "127.0.0.1", "--retry-base", "0.5"),
+        *("--http-allow", "127.0.0.1", "--retry-base", "0.5", *args),
         store=primary.url,
     )
 
@@ -243,8 +244,10 @@ def test_an_attempt_whose_outcome_could_not_be_journaled_is_not_sent_again(
                     receiver.answering.set()
                 try:
                     time.sleep(2.5)  # its outcome's writes refused: a retry base several times
-                    shown = dw.get("outcome-refused")
-                    assert shown is not None and shown["state"] == "delivering", shown
+                    # (the node's memory shows it dead while each write is out)
+                    key = Layout("delaywheel", PARTITIONS).of("outcome-refused").tasks
+                    record = admin.hget(key, "outcome-refused")
+                    assert from_record("outcome-refused", record).state == "delivering"
                 finally:
                     admin.config_set("maxmemory", 0)
                 wait_until(lambda: dw.get("outcome-refused")["state"] == "dead", 20, "dead")
@@ -265,3 +268,34 @@ def test_an_attempt_whose_outcome_could_not_be_journaled_is_not_sent_again(
 
 def _arrived(receiver: Sink, task_id: str) -> bool:
     return any(d.task_id == task_id for d in receiver.received())
+
+
+def test_a_node_stops_while_an_attempt_waits_for_its_replicas(
+    tmp_path: Path, receiver: Sink
+) -> None:
+    """An attempt whose write is not confirmed is written again a retry base
+    apart, so the journal drains between those writes: a SIGTERM with the
+    replica away ends the node within its bound, and the next node sends the
+    attempt once, from the store's record."""
+    target = {"type": "http", "url": receiver.url, "timeout": 1}
+    with primary_with_replica(tmp_path) as (primary, replica):
+        node = _node(primary, "--shutdown-grace", "2")
+        with Client(*node.address, timeout_s=30) as dw:
+            dw.add("hooks", {}, id="waiting", delay=0.5, target=target)
+        replica.kill()
+        time.sleep(3.0)  # due; its attempt's writes short of the replica
+        stopping_s = time.monotonic()
+        assert node.stop(timeout_s=30) == 0, node.log_text()
+        took_s = time.monotonic() - stopping_s
+        assert took_s < 10.0, took_s
+        assert receiver.received() == []
+        replica.start()
+        wait_for_link(replica)
+        again = _node(primary)
+        try:
+            wait_until(receiver.received, 20, "the attempt sent by the next node")
+            time.sleep(1.0)  # a second send would come within a retry base (time is the test)
+            assert [(d.task_id, d.attempt) for d in receiver.received()] == [("waiting", 1)]
+        finally:
+            again.stop()
+        print(f"stopped in {took_s:.2f} s with an attempt waiting for its replica")

@@ -18,12 +18,13 @@ task is removed, or goes back to ``delayed`` at its next try
 An attempt is sent once, while its owner keeps the partition (docs/ha.md,
 "Duplicates"). A write of it that the store took without confirming it
 (``Unconfirmed``: too few replicas) is kept, and the task's record is
-journaled again (``TaskTable.confirm``) until a write of it is confirmed:
-the attempt is sent only then, an outcome is done only then. An outcome
-the store did not take at all is undone by the journal (the task is
+journaled again (``TaskTable.confirm``) a retry base later, and so on until
+a write of it is confirmed: the attempt is sent only then. An outcome the
+store did not take at all is undone by the journal (the task is
 ``delivering`` again, in memory as in the store), and that same outcome is
-journaled again a retry base later (``release_held``): never a new attempt,
-which would send the task a second time.
+journaled again a retry base later: never a new attempt, which would send
+the task a second time. These wait in ``held`` (``release_held``), a retry
+base apart, so that the journal drains between them (a handoff, a stop).
 
 Every change goes through the task table's ``move`` (``delaywheel.engine.table``),
 so the transition table, the counts and the journal see it as any other.
@@ -69,12 +70,12 @@ class Attempts:
         # attempt failed at another owner meanwhile), which must begin anew.
         self._resume: dict[str, Task] = {}
         # Attempts taken over from another node whose deadline has not passed:
-        # (deadline_s, n, task, None), sent again once it has (``release_held``).
-        # n orders equal deadlines: a partition lost and taken again adopts the
-        # same task twice (as two objects), and Tasks do not compare. And
-        # outcomes the store did not take: (when_s, n, task, (attempt, error)),
-        # journaled again then (``_outcome_written``).
-        self.held: list[tuple[float, int, Task, _Outcome | None]] = []
+        # (deadline_s, n, task, None, False), sent again once it has
+        # (``release_held``). n orders equal deadlines: a partition lost and
+        # taken again adopts the same task twice (as two objects), and Tasks
+        # do not compare. And writes to journal again (the module docstring):
+        # (when_s, n, task, what to do then, whether the attempt was sent here).
+        self.held: list[tuple[float, int, Task, _Again | None, bool]] = []
         self._held_count = itertools.count()
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
@@ -95,7 +96,7 @@ class Attempts:
         owner, if it is only paused, may still be sending."""
         for task in tasks:
             if task.deadline_s > now_s:
-                heapq.heappush(self.held, (task.deadline_s, next(self._held_count), task, None))
+                self._hold(task.deadline_s, task, None, sent=False)
             else:
                 self._resend(task)
 
@@ -105,9 +106,12 @@ class Attempts:
         its deadline, and a node taking it over holds it to the same one."""
         if not self.held:
             return tasks
-        # Not an attempt sent here whose outcome waits to be journaled again.
-        held = {id(task) for _, _, task, again in self.held if again is None}
+        # Nor an attempt begun here not yet sent (its write not confirmed).
+        held = {id(task) for _, _, task, _, sent in self.held if not sent}
         return [task for task in tasks if id(task) not in held]
+
+    def _hold(self, when_s: float, task: Task, again: _Again | None, *, sent: bool) -> None:
+        heapq.heappush(self.held, (when_s, next(self._held_count), task, again, sent))
 
     def held_until_s(self) -> float | None:
         """When the first attempt held by ``adopt`` is due to be sent again."""
@@ -119,13 +123,11 @@ class Attempts:
         (deleted, or their partition dropped again)."""
         held = self.held
         while held and held[0][0] <= now_s:
-            _, _, task, again = heapq.heappop(held)
-            if self._table.delivering.get(task.id) is not task:
-                continue
-            if again is None:
+            _, _, task, again, _ = heapq.heappop(held)
+            if again is not None:
+                again()  # it looks whether it still applies
+            elif self._table.delivering.get(task.id) is task:
                 self._resend(task)
-            elif task.attempts == again[0]:
-                self.outcome(task.id, *again, now_s)
 
     def forget(self, leaving: Callable[[str], bool]) -> None:
         """Forget the attempts to resend of tasks dropped from the table (their
@@ -182,10 +184,10 @@ class Attempts:
                 ready(self._delivery(task))
                 return
         elif current and isinstance(error, Unconfirmed):
-            # In the store, not confirmed: kept, not sent yet. Its record again,
-            # until a write of it is confirmed (each waits out WAIT's timeout).
-            table.confirm(task.id)
-            self._wait_for_journal(partial(self._durable, task, attempt, ready))
+            # In the store, not confirmed: kept, not sent yet. Its record
+            # again a retry base later, until a write of it is confirmed.
+            again = partial(self._confirm_attempt, task, attempt, ready)
+            self._hold(table.wheel.now_s + self.retry.base_s, task, again, sent=False)
             return
         elif current:
             # Confirming it failed (nothing to undo: the rewrite changed
@@ -197,6 +199,15 @@ class Attempts:
             # fast would spin.
             table.retime(task, table.wheel.now_s + self.retry.base_s)
         ready(None)
+
+    def _confirm_attempt(self, task: Task, attempt: int, ready: Ready) -> None:
+        """Journal an unconfirmed attempt's record again; ``_durable`` sends it
+        once that write is confirmed."""
+        if task.attempts != attempt or self._table.delivering.get(task.id) is not task:
+            ready(None)  # deleted, or its partition dropped, since
+            return
+        self._table.confirm(task.id)
+        self._wait_for_journal(partial(self._durable, task, attempt, ready))
 
     def _wait_for_journal(self, then: Callable[[StoreError | None], None]) -> None:
         """Call ``then`` with the outcome of the write of what was just recorded."""
@@ -257,19 +268,36 @@ class Attempts:
                 _log_death(task)  # once it is dead in the store too
             return
         if isinstance(error, Unconfirmed):
-            found = table.index.by_id.get(task.id)
-            gone = task.state == GONE and found is None
-            if gone or (found is task and task.attempts == attempt and task.state != DELIVERING):
-                table.confirm(task.id)
-                self._wait_for_journal(partial(self._outcome_written, task, attempt, sent))
+            again = partial(self._confirm_outcome, task, attempt, sent)
+        elif task.state == DELIVERING and task.attempts == attempt:
+            again = partial(self._outcome_again, task, attempt, sent)
+        else:
             return
-        if task.state == DELIVERING and task.attempts == attempt:
-            again_s = table.wheel.now_s + self.retry.base_s
-            heapq.heappush(self.held, (again_s, next(self._held_count), task, (attempt, sent)))
+        self._hold(table.wheel.now_s + self.retry.base_s, task, again, sent=True)
+
+    def _outcome_again(self, task: Task, attempt: int, sent: str | None) -> None:
+        """Journal again an outcome the store did not take (the task is
+        delivering again), unless the task is gone from here since."""
+        if task.attempts == attempt and self._table.delivering.get(task.id) is task:
+            self.outcome(task.id, attempt, sent, self._table.wheel.now_s)
+
+    def _confirm_outcome(self, task: Task, attempt: int, sent: str | None) -> None:
+        """Journal again the state an unconfirmed outcome left (the task's
+        record, or its absence), unless a later change of the task (a new
+        attempt, a request, a new task of its id) is written since, or the
+        task is gone from here (its partition dropped)."""
+        table = self._table
+        found = table.index.by_id.get(task.id)
+        # Gone, and no new task of its id; its partition still served (a
+        # dropped one's tasks are out of the index too, gone or not).
+        gone = task.state == GONE and found is None and table.ownership.owns(task.id)
+        if gone or (found is task and task.attempts == attempt and task.state != DELIVERING):
+            table.confirm(task.id)
+            self._wait_for_journal(partial(self._outcome_written, task, attempt, sent))
 
 
-# An outcome to journal again: (attempt, its error or None for delivered).
-_Outcome = tuple[int, "str | None"]
+# A write to journal again, once its time in ``held`` has come.
+_Again = Callable[[], None]
 
 
 def attempt_bound_s(target: dict[str, Any] | None) -> float:
