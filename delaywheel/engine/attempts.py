@@ -114,7 +114,8 @@ class Attempts:
         heapq.heappush(self.held, (when_s, next(self._held_count), task, again, sent))
 
     def held_until_s(self) -> float | None:
-        """When the first attempt held by ``adopt`` is due to be sent again."""
+        """When the first of ``held`` is due: an attempt held by ``adopt`` to be
+        sent again, or a write to journal again."""
         return self.held[0][0] if self.held else None
 
     def release_held(self, now_s: float) -> None:
