@@ -2,7 +2,8 @@
 
 - ``Sink``: an HTTP server on 127.0.0.1 (port 0) that logs every delivery it
   receives (``Delaywheel-Id``, ``Delaywheel-Epoch`` when sent, the attempt,
-  the arrival time) and answers 200.
+  the arrival time) and answers ``status`` (200), once ``answering`` is set
+  (it is, unless a test clears it to hold attempts in flight).
 - ``RequestLog``: runs each client request and logs it as ``ok``, ``error``
   (certainly not applied) or ``unknown`` (sent, reply lost, or the server
   said ``unavailable``: it may have been applied).
@@ -66,6 +67,11 @@ class Sink:
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
         self._lock = threading.Lock()
+        # Cleared by a test: deliveries are logged on arrival and answered
+        # once it is set again (at most 30 s later), in flight meanwhile.
+        self.answering = threading.Event()
+        self.answering.set()
+        self.status = 200  # what each delivery is answered
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,7 +87,8 @@ class Sink:
                 )
                 with sink._lock:
                     sink.deliveries.append(delivery)
-                self.send_response(200)
+                sink.answering.wait(30)
+                self.send_response(sink.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from conftest import RedisServer
+from helpers import load_all
 
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery
@@ -320,9 +321,14 @@ def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     assert from_record("old", new_record).target is None
 
 
-def test_an_outcome_the_store_failed_to_take_is_tried_again(
+def test_an_outcome_the_store_failed_to_take_is_journaled_again_not_sent_again(
     redis_server: RedisServer, redis_url: str
 ) -> None:
+    """The outcome of a sent attempt that the store did not take is undone
+    (the task is delivering again, as in the store) and that same outcome is
+    journaled again a retry base later, until the store takes it: the
+    attempt is never sent a second time (docs/ha.md, "Duplicates")."""
+
     async def main() -> None:
         store = open_store(redis_url, redis_prefix=f"t-{uuid.uuid4().hex[:8]}")
         await store.open()
@@ -337,21 +343,20 @@ def test_an_outcome_the_store_failed_to_take_is_tried_again(
         engine.delivered(task_id, 1, None, T0 + 1.5)
         await engine.journal.drain()
         shown = engine.get(task_id)
-        assert shown is not None and shown["state"] == "delayed"  # undone, not stuck
-        engine.advance(T0 + 3)  # a retry base later: the attempt's write fails too
+        assert shown is not None and shown["state"] == "delivering"  # undone, as in the store
+        engine.advance(T0 + 3)  # a retry base later: the outcome's write fails again
         await engine.journal.drain()
-        assert len(sent) == 1  # nothing is sent while the store is down
+        assert engine.get(task_id) is not None
         redis_server.start()
         now_s = T0 + 3
-        while len(sent) < 2 and now_s < T0 + 30:  # the store reconnects with a back-off
+        while engine.get(task_id) is not None and now_s < T0 + 30:  # reconnects with a back-off
             await asyncio.sleep(0.05)
             now_s += 1
             engine.advance(now_s)
             await engine.journal.drain()
-        assert [d.attempt for d in sent] == [1, 2]
-        engine.delivered(task_id, 2, None, now_s)
-        await engine.journal.drain()
-        assert engine.get(task_id) is None
+        assert engine.get(task_id) is None  # the outcome, journaled at last
+        assert [d.attempt for d in sent] == [1]  # and the attempt sent once
+        assert await load_all(store) == {}
         await store.close()
 
     asyncio.run(main())

@@ -7,8 +7,9 @@ on every primary at once, one primary's fenced write is refused while the
 others land, a resharded slot (ASK, then MOVED) is followed, and a keyspace
 of the release that kept every partition in one slot is spread at open.
 The process tests run real nodes: two share the partitions and fire each
-task once, and scenario 6 kills a primary under load (last: it changes the
-cluster).
+task once, a node with --replicas 1 whose WAIT fails on one primary fails
+only that primary's partitions (and keeps what they wrote), and scenario 6
+kills a primary under load (last: it changes the cluster).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 from delaywheel_client import Client, ClusterClient
+from delaywheel_client.errors import Exists, Unavailable
 from hacheck import Delivery, Fault, LoadGenerator, RequestLog, check, sink
 from helpers import run
 from owners import RecordingOwner
@@ -450,6 +453,115 @@ def test_two_nodes_share_the_partitions_and_fire_each_task_once(
     finally:
         for node in nodes:
             node.kill()
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_wait_short_on_one_primary_fails_only_its_partitions_adds_at_a_node(
+    cluster6_redis: ClusterFarm,
+) -> None:
+    """A node with --replicas 1, one primary's replica stopped so that WAIT 1
+    fails there: adds to the partitions on the other primaries keep being
+    acknowledged, at once, while adds to that primary's partitions, made at
+    the same time, are answered unavailable; and those are kept as the
+    primary holds them (docs/protocol.md, "Durability"): served by ``get``,
+    ``exists`` for a retry once the replica is back, the node's tasks the
+    store's."""
+    farm = cluster6_redis
+    prefix = "waitnode"
+    layout = Layout(prefix, PARTITIONS)
+    victim_port = owner_port(farm, layout.partition(0).tasks)
+    replica = next(node for node in farm.replicas() if _primary_port(node.port) == victim_port)
+    on_victim = {
+        p for p in range(PARTITIONS) if owner_port(farm, layout.partition(p).tasks) == victim_port
+    }
+    ids = ids_by_partition(400)
+    node = _node(farm.url, "w", prefix, "--lease", str(LEASE_S), "--replicas", "1")
+    answers: dict[int, list[tuple[str, str, float]]] = {p: [] for p in range(PARTITIONS)}
+
+    def adding(p: int, until_s: float) -> None:
+        with Client(*node.address, timeout_s=30) as dw:
+            n = 1
+            while time.monotonic() < until_s and n < len(ids[p]):
+                time.sleep(0.005)  # a steady load, not the machine's all
+                task_id = ids[p][n]
+                started_s = time.monotonic()
+                try:
+                    dw.add("t", {}, id=task_id, delay=3600)
+                    outcome = "ok"
+                except Unavailable:
+                    outcome = "unavailable"
+                answers[p].append((task_id, outcome, time.monotonic() - started_s))
+                n += 1
+
+    try:
+        wait_until(lambda: len(_served(node)) == PARTITIONS, 20, "every partition served")
+        with Client(*node.address, timeout_s=30) as dw:
+            for p in range(PARTITIONS):  # every link up, every partition written once
+                dw.add("t", {}, id=ids[p][0], delay=3600)
+        assert replica.proc is not None
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            until_s = time.monotonic() + 3.0
+            threads = [
+                threading.Thread(target=adding, args=(p, until_s)) for p in range(PARTITIONS)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            with Client(*node.address, timeout_s=30) as dw:
+                refused = [t for p in on_victim for t, outcome, _ in answers[p] if outcome != "ok"]
+                assert refused and all(dw.get(task_id) is not None for task_id in refused)
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        healthy = [a for p in set(answers) - on_victim for a in answers[p]]
+        assert healthy and all(outcome == "ok" for _, outcome, _ in healthy)
+        assert max(took_s for _, _, took_s in healthy) < 0.9  # not behind the WAIT
+        victim = [a for p in on_victim for a in answers[p]]
+        assert victim and all(outcome == "unavailable" for _, outcome, _ in victim)
+        with Client(*node.address, timeout_s=30) as dw:
+            wait_until(lambda: _exists_at(dw, refused[0]), 20, f"exists for {refused[0]}")
+            assert all(_exists_at(dw, task_id) for task_id in refused)
+            listed = _listed_ids(dw)
+        assert listed == _stored_ids(farm, layout)
+        print(
+            f"WAIT short on one primary: {len(healthy)} adds elsewhere acknowledged"
+            f" (slowest {max(t for _, _, t in healthy):.2f} s), {len(victim)} there unavailable"
+        )
+    finally:
+        node.kill()
+
+
+def _exists_at(dw: Client, task_id: str) -> bool:
+    try:
+        dw.add("t", {}, id=task_id, delay=3600)
+    except Exists:
+        return True
+    except Unavailable:
+        return False
+    raise AssertionError(f"the add of {task_id} was taken again: the node had lost it")
+
+
+def _listed_ids(dw: Client) -> set[str]:
+    found: set[str] = set()
+    cursor = None
+    while True:
+        page = dw.list(limit=1000, cursor=cursor)
+        found.update(task["id"] for task in page["tasks"])
+        cursor = page["next"]
+        if cursor is None:
+            return found
+
+
+def _stored_ids(farm: ClusterFarm, layout: Layout) -> set[str]:
+    node = next(n for n in farm.nodes if n.running)
+    with redis.RedisCluster(host="127.0.0.1", port=node.port) as client:
+        return {
+            key.decode()
+            for p in range(PARTITIONS)
+            for key in client.hkeys(layout.partition(p).tasks)
+        }
 
 
 @pytest.mark.process

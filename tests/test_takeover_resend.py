@@ -10,6 +10,9 @@ that the node drops the partition and takes it again, loading the record:
 2. ``delayed``, attempt 1, due now: that other node's attempt failed (or, after
    a Sentinel failover, the promoted replica never had the attempt).
 
+And every delivery right after a load carries the epoch the partition was
+loaded under (the first attempts of a load once went out with epoch 0).
+
 Scenario 4 of tests/test_ha_sentinel.py left such tasks ``delayed`` and never
 sent (the second load found the id still marked as an attempt to resend
 from the first, found no attempt, and dropped the task from its lane).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import re
 import time
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
@@ -30,7 +34,7 @@ from hacheck import Sink, sink
 from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
-from delaywheel.engine.record import to_record
+from delaywheel.engine.record import from_record, to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
 from delaywheel.ha.membership import assignment
 from delaywheel.store.redis.layout import Layout
@@ -151,3 +155,37 @@ def test_a_handoff_does_not_wait_for_an_attempt_it_only_holds(
         assert receiver.received() == []
     finally:
         other.stop()
+
+
+def test_deliveries_right_after_a_load_carry_the_partitions_epoch(
+    redis_url: str, node: ServerProcess, receiver: Sink
+) -> None:
+    """Attempts the load itself sends (interrupted ones past their deadline,
+    tasks due already) go out before the partition is marked served: each
+    carries the epoch it was loaded under, never 0 (``Delaywheel-Epoch: 0``
+    was seen on the first attempts after a load)."""
+    partition = zlib.crc32(TASK_ID.encode()) % PARTITIONS
+    ids = [i for i in (f"e-{n}" for n in range(2000)) if _partition(i) == partition][:20]
+    now_s = time.time()
+    keys = Layout("delaywheel", PARTITIONS).partition(partition)
+    with redis.Redis.from_url(redis_url) as store:
+        for n, task_id in enumerate(ids):
+            state, deadline_s = (DELIVERING, now_s - 1) if n % 2 else (DELAYED, 0.0)
+            store.hset(keys.tasks, task_id, _record_of(receiver, task_id, state, now_s, deadline_s))
+        store.delete(keys.lease)
+    serving = re.compile(rf"serving partition {partition}, epoch 2: {len(ids)} tasks loaded")
+    wait_until(lambda: serving.search(node.log_text()), 10, f"partition {partition} taken again")
+    wait_until(lambda: len(receiver.received()) >= len(ids), 10, "every task delivered")
+    epochs = Counter(d.epoch for d in receiver.received())
+    assert list(epochs) == [2], epochs
+    assert sorted(d.task_id for d in receiver.received()) == sorted(ids)
+
+
+def _partition(task_id: str) -> int:
+    return zlib.crc32(task_id.encode()) % PARTITIONS
+
+
+def _record_of(receiver: Sink, task_id: str, state: str, at_s: float, deadline_s: float) -> bytes:
+    """``_record`` of another id."""
+    task = from_record(task_id, _record(receiver, state, at_s, deadline_s))
+    return to_record(task)

@@ -15,6 +15,17 @@ number (``start``). The dispatcher reports the outcome (``outcome``): the
 task is removed, or goes back to ``delayed`` at its next try
 (``RetryPolicy``, ``delaywheel.engine.retry``), or to ``dead`` after ``max_attempts``.
 
+An attempt is sent once, while its owner keeps the partition (docs/ha.md,
+"Duplicates"). A write of it that the store took without confirming it
+(``Unconfirmed``: too few replicas) is kept, and the task's record is
+journaled again (``TaskTable.confirm``) a retry base later, and so on until
+a write of it is confirmed: the attempt is sent only then. An outcome the
+store did not take at all is undone by the journal (the task is
+``delivering`` again, in memory as in the store), and that same outcome is
+journaled again a retry base later: never a new attempt, which would send
+the task a second time. These wait in ``held`` (``release_held``), a retry
+base apart, so that the journal drains between them (a handoff, a stop).
+
 Every change goes through the task table's ``move`` (``delaywheel.engine.table``),
 so the transition table, the counts and the journal see it as any other.
 """
@@ -35,7 +46,7 @@ from delaywheel.engine.retry import (
     RetryPolicy as RetryPolicy,  # re-exported: app.py imports it here
 )
 from delaywheel.engine.task import DEAD, DELAYED, DELIVERING, GONE, Task
-from delaywheel.store.base import StoreError
+from delaywheel.store.base import StoreError, Unconfirmed
 
 if TYPE_CHECKING:
     from delaywheel.engine.table import TaskTable
@@ -59,10 +70,12 @@ class Attempts:
         # attempt failed at another owner meanwhile), which must begin anew.
         self._resume: dict[str, Task] = {}
         # Attempts taken over from another node whose deadline has not passed:
-        # (deadline_s, n, task), sent again once it has (``release_held``). n
-        # orders equal deadlines: a partition lost and taken again adopts the
-        # same task twice (as two objects), and Tasks do not compare.
-        self.held: list[tuple[float, int, Task]] = []
+        # (deadline_s, n, task, None, False), sent again once it has
+        # (``release_held``). n orders equal deadlines: a partition lost and
+        # taken again adopts the same task twice (as two objects), and Tasks
+        # do not compare. And writes to journal again (the module docstring):
+        # (when_s, n, task, what to do then, whether the attempt was sent here).
+        self.held: list[tuple[float, int, Task, _Again | None, bool]] = []
         self._held_count = itertools.count()
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
@@ -83,7 +96,7 @@ class Attempts:
         owner, if it is only paused, may still be sending."""
         for task in tasks:
             if task.deadline_s > now_s:
-                heapq.heappush(self.held, (task.deadline_s, next(self._held_count), task))
+                self._hold(task.deadline_s, task, None, sent=False)
             else:
                 self._resend(task)
 
@@ -93,20 +106,28 @@ class Attempts:
         its deadline, and a node taking it over holds it to the same one."""
         if not self.held:
             return tasks
-        held = {id(task) for _, _, task in self.held}
+        # Nor an attempt begun here not yet sent (its write not confirmed).
+        held = {id(task) for _, _, task, _, sent in self.held if not sent}
         return [task for task in tasks if id(task) not in held]
 
+    def _hold(self, when_s: float, task: Task, again: _Again | None, *, sent: bool) -> None:
+        heapq.heappush(self.held, (when_s, next(self._held_count), task, again, sent))
+
     def held_until_s(self) -> float | None:
-        """When the first attempt held by ``adopt`` is due to be sent again."""
+        """When the first of ``held`` is due: an attempt held by ``adopt`` to be
+        sent again, or a write to journal again."""
         return self.held[0][0] if self.held else None
 
     def release_held(self, now_s: float) -> None:
-        """Send again the taken-over attempts whose deadline has passed, unless
-        they are gone since (deleted, or their partition dropped again)."""
+        """Send again the taken-over attempts whose deadline has passed, and
+        journal again the outcomes due to be, unless their tasks are gone since
+        (deleted, or their partition dropped again)."""
         held = self.held
         while held and held[0][0] <= now_s:
-            _, _, task = heapq.heappop(held)
-            if self._table.delivering.get(task.id) is task:
+            _, _, task, again, _ = heapq.heappop(held)
+            if again is not None:
+                again()  # it looks whether it still applies
+            elif self._table.delivering.get(task.id) is task:
                 self._resend(task)
 
     def forget(self, leaving: Callable[[str], bool]) -> None:
@@ -157,16 +178,43 @@ class Attempts:
         return True
 
     def _durable(self, task: Task, attempt: int, ready: Ready, error: StoreError | None) -> None:
+        table = self._table
+        current = task.attempts == attempt and table.delivering.get(task.id) is task
         if error is None:
-            if task.state == DELIVERING and task.attempts == attempt:  # not deleted since
+            if current:  # not deleted (nor its partition dropped) since
                 ready(self._delivery(task))
                 return
+        elif current and isinstance(error, Unconfirmed):
+            # In the store, not confirmed: kept, not sent yet. Its record
+            # again a retry base later, until a write of it is confirmed.
+            again = partial(self._confirm_attempt, task, attempt, ready)
+            self._hold(table.wheel.now_s + self.retry.base_s, task, again, sent=False)
+            return
+        elif current:
+            # Confirming it failed (nothing to undo: the rewrite changed
+            # nothing). Never sent: tried again as a new attempt, a retry base on.
+            table.defer(task, table.wheel.now_s + self.retry.base_s)
         elif task.state == DELAYED and task.scheduled:
             # Undone (the table's rollback): due again, in the past. Try again
             # after a retry base rather than at once, or a store that fails
             # fast would spin.
-            self._table.retime(task, self._table.wheel.now_s + self.retry.base_s)
+            table.retime(task, table.wheel.now_s + self.retry.base_s)
         ready(None)
+
+    def _confirm_attempt(self, task: Task, attempt: int, ready: Ready) -> None:
+        """Journal an unconfirmed attempt's record again; ``_durable`` sends it
+        once that write is confirmed."""
+        if task.attempts != attempt or self._table.delivering.get(task.id) is not task:
+            ready(None)  # deleted, or its partition dropped, since
+            return
+        self._table.confirm(task.id)
+        self._wait_for_journal(partial(self._durable, task, attempt, ready))
+
+    def _wait_for_journal(self, then: Callable[[StoreError | None], None]) -> None:
+        """Call ``then`` with the outcome of the write of what was just recorded."""
+        wait = self._table.journal.pending()
+        assert wait is not None  # something has just been recorded
+        wait.add_callback(then)
 
     def _delivery(self, task: Task) -> Delivery:
         """The attempt to send: with its partition's epoch here (0 on a
@@ -194,22 +242,63 @@ class Attempts:
         else:
             retry_at_s = now_s + self.retry.delay_s(task.attempts)
             table.move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error, deadline_s=0.0)
-        batch = table.journal.pending()
-        assert batch is not None
-        batch.add_callback(partial(self._outcome_written, task, attempt))
+        self._wait_for_journal(partial(self._outcome_written, task, attempt, error))
 
-    def _outcome_written(self, task: Task, attempt: int, error: StoreError | None) -> None:
-        """An outcome the store did not take was undone: the task is delivering
-        again, in memory as in the store, and nothing would ever send it. Try
-        it again a retry base from now; its next attempt is journaled first as
-        always, so while the store stays down nothing is sent (and after a
-        restart the store's ``delivering`` record sends it). A death is logged
-        once it is durable, so a death the store did not take is not."""
-        if error is not None and task.state == DELIVERING and task.attempts == attempt:
-            self._table.defer(task, self._table.wheel.now_s + self.retry.base_s)
-        elif error is None and task.state == DEAD and task.attempts == attempt:
-            self.deaths += 1
-            _log_death(task)  # once it is dead in the store too
+    def _outcome_written(
+        self, task: Task, attempt: int, sent: str | None, error: StoreError | None
+    ) -> None:
+        """The write of attempt ``attempt``'s outcome (``sent``: outcome's
+        ``error``) is done. The attempt was sent: it is never sent again
+        while this node keeps the partition (the module docstring).
+
+        - Not taken (undone by the journal: the task is delivering again, in
+          memory as in the store): the same outcome, journaled again a retry
+          base from now (``release_held``), not a new attempt. While the store
+          stays down nothing more is sent; if this node stops or loses the
+          partition first, the store's ``delivering`` record is sent again by
+          the next owner (docs/ha.md, "Duplicates").
+        - Taken, not confirmed (kept): the task's state (its record, or its
+          absence) journaled again until a write of it is confirmed, unless a
+          later change of the task (a new attempt, a request) is that write.
+        - A death is logged once it is durable, so a death the store did not
+          take is not."""
+        table = self._table
+        if error is None:
+            if task.state == DEAD and task.attempts == attempt:
+                self.deaths += 1
+                _log_death(task)  # once it is dead in the store too
+            return
+        if isinstance(error, Unconfirmed):
+            again = partial(self._confirm_outcome, task, attempt, sent)
+        elif task.state == DELIVERING and task.attempts == attempt:
+            again = partial(self._outcome_again, task, attempt, sent)
+        else:
+            return
+        self._hold(table.wheel.now_s + self.retry.base_s, task, again, sent=True)
+
+    def _outcome_again(self, task: Task, attempt: int, sent: str | None) -> None:
+        """Journal again an outcome the store did not take (the task is
+        delivering again), unless the task is gone from here since."""
+        if task.attempts == attempt and self._table.delivering.get(task.id) is task:
+            self.outcome(task.id, attempt, sent, self._table.wheel.now_s)
+
+    def _confirm_outcome(self, task: Task, attempt: int, sent: str | None) -> None:
+        """Journal again the state an unconfirmed outcome left (the task's
+        record, or its absence), unless a later change of the task (a new
+        attempt, a request, a new task of its id) is written since, or the
+        task is gone from here (its partition dropped)."""
+        table = self._table
+        found = table.index.by_id.get(task.id)
+        # Gone, and no new task of its id; its partition still served (a
+        # dropped one's tasks are out of the index too, gone or not).
+        gone = task.state == GONE and found is None and table.ownership.owns(task.id)
+        if gone or (found is task and task.attempts == attempt and task.state != DELIVERING):
+            table.confirm(task.id)
+            self._wait_for_journal(partial(self._outcome_written, task, attempt, sent))
+
+
+# A write to journal again, once its time in ``held`` has come.
+_Again = Callable[[], None]
 
 
 def attempt_bound_s(target: dict[str, Any] | None) -> float:

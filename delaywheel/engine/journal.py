@@ -39,6 +39,17 @@ If a write fails, the ``rolled_back`` hook restores the snapshots of the
 failed batch and of the batch gathered after it in the same lane (newest
 first, since the later one built on it), and all of their waiters get the
 error: nothing unacknowledged stays applied. Other lanes are untouched.
+
+A write the store took but could not confirm durable (``Unconfirmed``: on
+the Redis primary, too few replicas confirmed it) is not undone: the store
+holds it, so the task table keeps it too (the ``durable`` hook sees it, as
+a durable batch), and only its waiters get the error (``unavailable``: the
+durability is unknown, not the change). The batch gathered behind it goes
+on as usual. Rolling it back would leave a task the store holds and the
+node forgets: never served, never fired, until its partition is loaded
+again. Whoever must know the change is durable before acting on it (a
+delivery attempt: engine/attempts.py) sees the error on its callback and
+journals the change again until a write of it is confirmed.
 """
 
 from __future__ import annotations
@@ -53,7 +64,7 @@ from typing import Any
 from delaywheel.engine.cold import Written
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
-from delaywheel.store.base import LaneOutcomes, Store, StoreError
+from delaywheel.store.base import LaneOutcomes, Store, StoreError, Unconfirmed
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S, StoreWatch
 
 log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
@@ -70,8 +81,11 @@ class Hooks:
 
     ``durable(written)``: batches are in the store, each as (its tasks by id,
     the records written, whether a task has a change still not durable); the
-    lanes one store answer settled come in one call. ``rolled_back(undo)``:
-    put back the tasks of failed batches."""
+    lanes one store answer settled come in one call. Batches the store took
+    without confirming them (``Unconfirmed``) come here too: their changes
+    stay, only their waiters get the error. ``rolled_back(undo)``: put back
+    the tasks of failed batches (the write did not reach the store, or its
+    outcome is unknown)."""
 
     durable: Callable[[Written], None]
     rolled_back: Callable[[Undo], None]
@@ -416,21 +430,24 @@ class Journal:
             log.error("store completed a write twice")
             return
         lane.writing = None
-        if error is not None:
+        if error is not None and not isinstance(error, Unconfirmed):
             self._fail(lane, batch, error, started_s)
         else:
-            self.flushes += 1
-            self.last_batch_size = batch.size
-            self.max_batch_size = max(self.max_batch_size, batch.size)
-            if not self.inline:
-                self.watch.written(batch.size, started_s)
-                if self.watch.lost:
-                    self.watch.recovered(lane.index, self._store.lane_group(lane.index))
+            if error is None:
+                self.flushes += 1
+                self.last_batch_size = batch.size
+                self.max_batch_size = max(self.max_batch_size, batch.size)
+                if not self.inline:
+                    self.watch.written(batch.size, started_s)
+                    if self.watch.lost:
+                        self.watch.recovered(lane.index, self._store.lane_group(lane.index))
+            else:  # in the store, not confirmed: kept, its waiters told (module docstring)
+                self._unconfirmed(lane, batch, error, started_s)
             try:  # _durable, written out: this is each request's path on memory://
                 self._hooks.durable([(batch.tasks, changes, lane.is_pending)])
-            except Exception:  # the write is durable: its replies must still go
+            except Exception:  # the write is in the store: its replies must still go
                 log.exception("durable hook failed")
-            batch.finish(None)
+            batch.finish(error)
         if lane.gathering.has_changes() and not lane.queued:
             lane.queued = True
             self._ready.append(lane)
@@ -453,7 +470,7 @@ class Journal:
                 continue
             batch, changes = got
             batch.finished, batch.error = True, error  # before any waiter runs
-            if error is not None:
+            if error is not None and not isinstance(error, Unconfirmed):
                 lane.gathering.finished, lane.gathering.error = True, error
             settled.append((lane, batch, changes, error))
         watch = self.watch
@@ -462,7 +479,12 @@ class Journal:
             lane.writing = None
             if error is not None:
                 turn.failed = True
-                self._fail(lane, batch, error, turn.started_s)
+                if not isinstance(error, Unconfirmed):
+                    self._fail(lane, batch, error, turn.started_s)
+                    continue
+                # In the store, not confirmed: kept, its waiters told (module docstring).
+                self._unconfirmed(lane, batch, error, turn.started_s)
+                written.append((batch.tasks, changes, lane.is_pending))
                 continue
             if watch.lost:
                 watch.recovered(lane.index, self._store.lane_group(lane.index))
@@ -470,8 +492,8 @@ class Journal:
         if written:  # once for the lanes of this answer, before any of their replies
             self._durable(written)
         for _, batch, _, error in settled:
-            if error is None:
-                batch.finish(None)
+            if error is None or isinstance(error, Unconfirmed):
+                batch.finish(error)
         turn.left -= len(settled)
         if turn.left == 0 and not turn.failed:
             self.flushes += 1
@@ -490,6 +512,13 @@ class Journal:
             self._hooks.durable(written)
         except Exception:  # the write is durable: its replies must still go
             log.exception("durable hook failed")
+
+    def _unconfirmed(self, lane: Lane, batch: Batch, error: StoreError, started_s: float) -> None:
+        """A write the store took without confirming it: counted as a failed write
+        (its requests are answered ``unavailable``), nothing undone."""
+        self.watch.failed(
+            batch.size, error, started_s, lane.index, self._store.lane_group(lane.index)
+        )
 
     def _fail(self, lane: Lane, batch: Batch, error: StoreError, started_s: float) -> None:
         later = lane.gathering

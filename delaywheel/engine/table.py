@@ -165,14 +165,24 @@ class TaskTable:
         failover) answered ``exists`` for a task the demotion then dropped. A
         task with a change not yet durable needs no rewrite: that change's
         batch is the pending one: the reply waits for it (``wait_for``)."""
+        self.confirm(task_id)
+        return RequestError("exists", f"a task with id {task_id!r} already exists")
+
+    def confirm(self, task_id: str) -> None:
+        """Journal ``task_id``'s state again, unchanged: its record, or its
+        absence when no task has the id. The next ``pending()`` waits for that
+        write, or for the pending change of the task that makes it needless:
+        for what acknowledges a change an earlier write may hold without its
+        replicas' confirmation (``exists``, a delivery attempt's outcome)."""
         found = self.index.by_id.get(task_id)
         if isinstance(found, bytes):  # packed: its record as written
             self.journal.record_other(task_id, found, _nothing)
-        elif found is not None and not self.journal.is_pending(found):
+        elif found is None:
+            self.journal.record_other(task_id, None, _nothing)
+        elif not self.journal.is_pending(found):
             self.journal.record_other(task_id, to_record(found), _nothing)
         else:
             self.journal.wait_for(task_id)
-        return RequestError("exists", f"a task with id {task_id!r} already exists")
 
     def create(self, new: NewTask, now_s: float) -> Task:
         """A new task from checked fields (``Engine._checked``; ``target`` None:

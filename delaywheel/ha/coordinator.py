@@ -298,12 +298,17 @@ class Coordinator:
             if not isinstance(got, int):
                 return  # another node was quicker: the lease decides
             self.keyspace.epochs[partition] = got
+            # Before the load: a task of it may fire, or an attempt of it be
+            # sent again, before the partition is served (its epoch is in
+            # every delivery, docs/ha.md).
+            self.sharing.load(partition, got)
             loaded = await self.engine.load_partition(self.keyspace.load_partition(partition))
             # Asked again after the acquire: one sent to a primary that froze
             # is answered when it wakes, maybe after a failover replaced it.
             confirmed = await self._primary_confirmed()
             if partition not in self.keeper.held or self._primary_moves() != moves or not confirmed:
                 # Lost while loading, or acquired on a primary that is one no more.
+                self.sharing.unserve(partition)
                 self.keeper.forget(partition)
                 self.keyspace.epochs.pop(partition, None)
                 self.engine.drop_partitions({partition})

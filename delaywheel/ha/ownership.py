@@ -51,7 +51,8 @@ class Ownership(Protocol):
         ...
 
     def epoch_of(self, task_id: str) -> int:
-        """The epoch under which this node serves ``task_id``'s partition (0: none)."""
+        """The epoch under which this node serves ``task_id``'s partition, or
+        loads it (acquired, not yet served); 0: none."""
         ...
 
     def stats(self) -> list[dict[str, int]] | None:

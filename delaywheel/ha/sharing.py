@@ -44,19 +44,32 @@ class Sharing:
         # partition -> epoch, for requests: changed only by serve and unserve,
         # which keep owns_all (the engine's short cut, ha/ownership.py) true to it.
         self.serving: dict[int, int] = {}
+        # partition -> epoch of the partitions being loaded (acquired, not yet
+        # served): their deliveries carry it (``epoch_of``) from the first,
+        # which may start while the load awaits the store.
+        self.loading: dict[int, int] = {}
         self.owns_all = False
         # Who owns each partition, as the store showed at the coordinator's
         # last look (read by ``cluster`` and the ``moved`` answers).
         self.owners: dict[int, Owner] = {}
 
+    def load(self, partition: int, epoch: int) -> None:
+        """``partition`` is acquired under ``epoch`` and its tasks are about to
+        be loaded: not served to requests yet, but what of it fires carries
+        ``epoch``."""
+        self.loading[partition] = epoch
+
     def serve(self, partition: int, epoch: int) -> None:
         """Serve ``partition`` from now on, under ``epoch`` (a partition gained)."""
+        self.loading.pop(partition, None)
         self.serving[partition] = epoch
         self.owners[partition] = Owner(self.node, self.address, epoch)
         self.owns_all = len(self.serving) == self.partitions
 
     def unserve(self, partition: int) -> int | None:
-        """Serve ``partition`` no more (handed back or lost); its epoch, if it was served."""
+        """Serve ``partition`` no more (handed back, lost, or its load given up);
+        its epoch, if it was served."""
+        self.loading.pop(partition, None)
         epoch = self.serving.pop(partition, None)
         self.owns_all = len(self.serving) == self.partitions
         return epoch
@@ -90,7 +103,9 @@ class Sharing:
                 return task_id
 
     def epoch_of(self, task_id: str) -> int:
-        return self.serving.get(partition_of(task_id, self.partitions), 0)
+        partition = partition_of(task_id, self.partitions)
+        epoch = self.serving.get(partition)
+        return self.loading.get(partition, 0) if epoch is None else epoch
 
     def elsewhere(self, partition: int, task_id: str | None = None) -> RequestError:
         owner = self.owners.get(partition)

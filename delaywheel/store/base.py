@@ -68,6 +68,14 @@ class StoreUnavailable(StoreError):
     """
 
 
+class Unconfirmed(StoreUnavailable):
+    """The write reached the store and was applied there, but was not confirmed
+    durable (a Redis primary took it; fewer replicas than ``--replicas``
+    confirmed it in time). Its requests are answered ``unavailable`` (the
+    durability is unknown), but its changes are not undone: the store holds
+    them, so the engine keeps them too (the journal, engine/journal.py)."""
+
+
 def reply_for(error: StoreError) -> tuple[str, dict[str, Any] | None]:
     """The protocol error a failed write answers its requests with: ``unavailable``
     (the outcome is unknown), or what the error says (``Fenced``: ``moved``)."""

@@ -16,8 +16,9 @@ With ``replicas`` > 0 the EVALSHAs are followed by ``WAIT replicas
 timeout_ms`` in the same pipeline on the same connection: one round trip,
 and WAIT counts the replicas that have everything this connection wrote
 before it. Fewer than asked within the timeout is ``TooFewReplicas``: the
-writes are on the primary but may not survive its failover, so the outcome
-is unknown (the engine answers ``unavailable``; the client retries with the
+writes are on the primary but may not survive its failover, so their
+durability is unknown (the engine answers ``unavailable`` and keeps the
+changes, as the primary does: ``Unconfirmed``; the client retries with the
 same id).
 
 The bytes go over the store's own hiredis link (link.py), not
@@ -49,7 +50,7 @@ from typing import Any, NamedTuple, cast
 
 import hiredis
 
-from delaywheel.store.base import Changes, StoreError, StoreUnavailable
+from delaywheel.store.base import Changes, StoreError, StoreUnavailable, Unconfirmed
 from delaywheel.store.redis.link import Command, Flush, JournalLink
 
 # Fields per HSET/HDEL inside the script: unpack() of 2,000 values stays far
@@ -109,7 +110,7 @@ def refusal(partition: int, reply: str) -> Fenced:
     return Fenced(f"partition {partition}: write refused, {said}; the lease is {lease!r}", lease)
 
 
-class TooFewReplicas(StoreUnavailable):
+class TooFewReplicas(Unconfirmed):
     """WAIT saw fewer replicas than asked in time: written, durability unknown."""
 
 

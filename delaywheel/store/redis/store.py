@@ -62,6 +62,7 @@ from delaywheel.store.base import (
     StoreConfigError,
     StoreError,
     StoreUnavailable,
+    Unconfirmed,
     check_batch_size,
     redact_url,
 )
@@ -411,7 +412,11 @@ class RedisStore(Store):
                 if refused.lease is not None:  # its time left unknown, as a round's
                     holders[p] = parse_holder(refused.lease, 0)
             elif error is not None:
-                results.append((p, error))
+                if isinstance(error, Unconfirmed) and p not in outcome.written:
+                    # Not on the primary: only what its script wrote is kept.
+                    results.append((p, StoreUnavailable(str(error))))
+                else:
+                    results.append((p, error))
             elif epochs.get(p) != w.epoch:
                 results.append((p, self._lost_in_flight()))
             else:
