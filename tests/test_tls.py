@@ -9,6 +9,7 @@ CA with a client certificate of its own, which the servers do not trust.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from apicalls import api_url
 from click.testing import CliRunner, Result
 from delaywheel_client import AsyncClient, Client, ConnectionFailed
 from serverproc import ServerProcess
@@ -486,3 +488,31 @@ def test_serve_takes_the_tls_files_from_the_environment(tmp_path: Path, certs: C
     done = serve(env=env)
     assert done.returncode == 2
     assert f"tls key '{missing}': No such file or directory" in one_line(done.stderr)
+
+
+@pytest.mark.process
+def test_the_http_api_speaks_tls_too(certs: Certs) -> None:
+    """--tls-cert and --tls-key apply to --api-port: HTTPS, the same certificate."""
+    server = ServerProcess(
+        "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key), "--api-port", "0"
+    )  # fmt: skip
+    try:
+        url = api_url(server)
+        assert url.startswith("https://")
+        port = int(url.split(":")[2].split("/")[0])
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        conn.request("POST", "/v1/tasks", body=json.dumps({"topic": "tls", "body": "secret"}))
+        reply = conn.getresponse()
+        assert reply.status == 201, reply.read()
+        task_id = json.loads(reply.read())["id"]
+        conn.close()
+        with Client(*server.address, tls_ca=certs.ca) as dw:
+            assert dw.get(task_id)["body"] == "secret"
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
+            plain.request("GET", "/v1/stats")
+            plain.getresponse()
+        plain.close()
+    finally:
+        server.stop()
