@@ -72,19 +72,20 @@ class HttpApi:
         self._site: BoundedSite | None = None
         self._document: bytes | None = None
 
-    def app(self) -> web.Application:
-        """A new ``/v1`` application (one per port it is mounted on)."""
+    def app(self, prefix: str = "") -> web.Application:
+        """A new application of the operations under ``prefix``: one per port (the
+        dashboard mounts one with none at /v1; the API's own port serves one with
+        /v1 as its root, sparing every request a sub-application's lookup)."""
         app = web.Application(middlewares=[self._guard])
         for op in OPERATIONS:
-            app.router.add_route(op.http, _route_path(op.path), self._handler(op))
-        app.router.add_get("/openapi.json", self._openapi)
+            app.router.add_route(op.http, prefix + _route_path(op.path), self._handler(op))
+        app.router.add_get(prefix + "/openapi.json", self._openapi)
         return app
 
     # -- listening on its own port ------------------------------------------------------
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[str, int]:
-        root = web.Application()
-        root.add_subapp(openapi.PREFIX, self.app())
+        root = self.app(openapi.PREFIX)
         # handler_cancellation: a client that goes away cancels its handler, so that a
         # long poll leaves the line of waiters instead of reserving a task for no one.
         self._runner = runner = web.AppRunner(

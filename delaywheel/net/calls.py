@@ -85,6 +85,9 @@ class Reserves:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.waiting: set[asyncio.Future[dict[str, Any] | None]] = set()
+        # Stopping: a reserve that finds nothing answers at once rather than wait
+        # (a long poll arriving during the stop would hold it up for its timeout).
+        self.stopped = False
 
     async def reserve(self, params: list[Any]) -> dict[str, Any] | None:
         """``reserve`` with the protocol's params: a task, reserved and durable, or None
@@ -98,7 +101,7 @@ class Reserves:
         except RequestError as exc:
             route.failed(exc.code)
             raise
-        if task is None and timeout_s > 0:
+        if task is None and timeout_s > 0 and not self.stopped:
             task = await self._wait(topics, timeout_s)
         if task is not None:
             server.rearm()  # a reservation's deadline is a timer
@@ -127,7 +130,9 @@ class Reserves:
                 got.cancel()
 
     def stop(self) -> None:
-        """The server is stopping: every blocked reserve is answered None now."""
+        """The server is stopping: every blocked reserve is answered None now, and
+        any made from now on answers at once."""
+        self.stopped = True
         for got in list(self.waiting):
             if not got.done():
                 got.set_result(None)
