@@ -158,6 +158,26 @@ def test_a_long_poll_gets_a_task_added_while_it_waits(
     assert result and result[0].status == 200 and result[0].data["id"] == task_id
 
 
+def test_a_long_poll_whose_client_goes_leaves_the_line(
+    api: Api, server: ServerProcess, topic: str
+) -> None:
+    def waiting() -> int:
+        return int(api.request("GET", "/stats").data["waiting_reserves"])
+
+    before = waiting()
+    host, port = api_url(server).split("//")[1].split("/")[0].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        f"POST /v1/topics/{topic}/reserve?timeout=60 HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n".encode()
+    )
+    wait_until(lambda: waiting() == before + 1, what="the long poll waiting")
+    sock.close()
+    wait_until(lambda: waiting() == before, what="the line left")
+    task_id = api.request("POST", "/tasks", {"topic": topic}).data["id"]
+    assert api.request("GET", f"/tasks/{task_id}").data["state"] == "ready"  # no one took it
+
+
 def test_a_long_poll_that_gets_nothing_is_204(api: Api, topic: str) -> None:
     started = time.monotonic()
     reply = api.request("POST", f"/topics/{topic}/reserve?timeout=0.3")

@@ -109,25 +109,28 @@ class Reserves:
         return task
 
     async def _wait(self, topics: Any, timeout_s: float) -> dict[str, Any] | None:
+        """Wait in the engine's line, as a connection's blocked reserve does: a future
+        and a timer, no task of its own (a held long poll should cost little more
+        than its connection)."""
         engine = self.server.engine
-        got: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        got: asyncio.Future[dict[str, Any] | None] = loop.create_future()
 
-        def deliver(task: dict[str, Any]) -> None:
+        def answer(task: dict[str, Any] | None) -> None:
             if not got.done():
                 got.set_result(task)
 
-        waiter = Waiter(validate.topics(topics), deliver)
+        waiter = Waiter(validate.topics(topics), answer)
         engine.wait_reserve(waiter)
+        timer = loop.call_later(timeout_s, answer, None)
         self.waiting.add(got)
         try:
-            return await asyncio.wait_for(asyncio.shield(got), timeout_s)
-        except asyncio.TimeoutError:
-            return None
+            return await got
         finally:
+            timer.cancel()
             self.waiting.discard(got)
-            if not got.done():
+            if got.cancelled() or got.result() is None:  # timed out, stopped, or gone
                 engine.cancel_wait(waiter)
-                got.cancel()
 
     def stop(self) -> None:
         """The server is stopping: every blocked reserve is answered None now, and
