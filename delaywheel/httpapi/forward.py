@@ -91,14 +91,18 @@ class Calls:
 
 
 def _tls(server: Server) -> ssl.SSLContext | bool:
-    """The nodes' own certificate, trusted as the CA (nodes of one keyspace share it, and
-    reach each other by the addresses of the map, not by the names it holds); with
-    client certificates required, it is this node's too."""
+    """The nodes' own certificate, trusted as the anchor (nodes of one keyspace share
+    it, and reach each other by the addresses of the map, not by the names it holds);
+    with client certificates required, it is this node's too (so it must allow client
+    authentication as well)."""
     settings = server.settings
     if settings.tls_cert is None or settings.tls_key is None:
         return False
     context = ssl.create_default_context(cafile=settings.tls_cert)
     context.check_hostname = False
+    # The certificate itself is the anchor, whoever signed it (OpenSSL otherwise
+    # wants the chain to end at a self-signed root in the file).
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     if settings.tls_client_ca is not None:
         context.load_cert_chain(settings.tls_cert, settings.tls_key)
     return context
