@@ -277,8 +277,8 @@ def test_bad_json_bad_query_and_unknown_routes(api: Api, topic: str) -> None:
         api.request("POST", f"/topics/{topic}/reserve?timeout=-2"), 422, "bad_request"
     )
     assert "-2" in timeout["detail"]
-    problem_of(api.request("GET", "/nothing-here"), 404, "not_found")
-    problem_of(api.request("PUT", "/tasks"), 405, "not_found")
+    problem_of(api.request("GET", "/nothing-here"), 404, "no_method")
+    problem_of(api.request("PUT", "/tasks"), 405, "no_method")
 
 
 def test_conflict(api: Api, topic: str) -> None:

@@ -38,6 +38,7 @@ TITLES: dict[int, str] = {
     400: "Bad Request",
     401: "Unauthorized",
     404: "Not Found",
+    405: "Method Not Allowed",
     408: "Request Timeout",
     409: "Conflict",
     413: "Content Too Large",

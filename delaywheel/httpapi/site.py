@@ -105,12 +105,14 @@ class HttpApi:
             raise
 
     async def stop(self) -> None:
-        """Answer the waiting long polls (204), close the forwarding client, stop listening."""
-        await self.calls.close()
+        """Answer the waiting long polls (204), stop listening, let the requests in
+        flight finish, then close the forwarding client."""
+        self.calls.reserves.stop()
         if self._site is not None:
             await self._site.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.calls.close()
 
     # -- every request ------------------------------------------------------------------
 
@@ -126,7 +128,8 @@ class HttpApi:
         except web.HTTPException as exc:  # no such route, or not with this method
             if exc.status < 400:
                 raise
-            code = "not_found" if exc.status in (404, 405) else "bad_request"
+            # The protocol's code for a method it does not have.
+            code = "no_method" if exc.status in (404, 405) else "bad_request"
             detail = f"no operation {request.method} {request.path}"
             return problem(exc.status, code, detail, request.path)
         return response
