@@ -129,6 +129,10 @@ def _created(result: Any, inputs: Inputs) -> tuple[int, Any]:
     return 201, {"tasks": result} if isinstance(result, list) else result
 
 
+def _created_schedule(result: Any, inputs: Inputs) -> tuple[int, Any]:
+    return 201, body_out(result)
+
+
 def _found(what: str) -> Callable[[Any, Inputs], tuple[int, Any]]:
     def answer(result: Any, inputs: Inputs) -> tuple[int, Any]:
         if result is None:
@@ -432,7 +436,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/schedules",
         "schedule_add",
         _schedule_add,
-        lambda r, i: (201, body_out(r)),
+        _created_schedule,
         schemas.ref("Schedule"),
         status=201,
         body=schemas.ref("NewSchedule"),
