@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
     from delaywheel.net.server import Server
 
-log = logging.getLogger("delaywheel.http")
+log = logging.getLogger("delaywheel.http")  # the listeners' logger (net/httpsite.py)
+
 
 # A path segment holding an id or a topic: anything but a slash (aiohttp's default
 # refuses { and }, which ids may hold). A slash in an id arrives as %2F.
@@ -204,6 +205,10 @@ class HttpApi:
             if exc.code == "too_large" and op.body is not None:
                 response.force_close()  # what is left of the body is not read
             return response
+        except Exception as exc:  # a bug: logged, answered as the protocol's internal
+            log.exception("internal error in %s %s", request.method, op.path, exc_info=exc)
+            detail = f"internal error in {op.op_id}: {exc!r}"
+            return problem(500, "internal", detail, request.path)
         if payload is None:
             return web.Response(status=status)
         return web.Response(
