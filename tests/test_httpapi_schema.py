@@ -56,6 +56,12 @@ def api_schema(server: ServerProcess) -> Any:
     return schemathesis.openapi.from_url(api_url(server) + "/openapi.json")
 
 
+def test_the_document_is_valid_openapi(api_schema: Any) -> None:
+    """Checked against the OpenAPI 3.1 schema (schemathesis's own check, not skipped)."""
+    assert api_schema.raw_schema["openapi"] == "3.1.0"
+    api_schema.validate()
+
+
 # By id, from the server's own table: one test per operation (pytest-9 cannot take
 # schemathesis's lazy fixture-made schema, so the operations are named here).
 @pytest.mark.parametrize("op_id", [op.op_id for op in OPERATIONS])
