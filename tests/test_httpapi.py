@@ -337,6 +337,17 @@ def test_too_many_in_flight_is_503_and_a_slow_client_is_cut(
     assert wait_until(lambda: api.request("GET", "/stats").status == 200, what="slots free again")
 
 
+def test_headers_that_never_finish_are_cut(server: ServerProcess) -> None:
+    host, port = api_url(server).split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /v1/stats HTTP/1.1\r\nHost: x\r\n")  # and no blank line
+        started = time.monotonic()
+        while sock.recv(4096):
+            pass
+        # Closed by the server after --message-timeout (not by our 30 s timeout).
+        assert time.monotonic() - started < MESSAGE_TIMEOUT_S + 10
+
+
 def test_the_sign_in_rule_holds_an_address_that_guesses() -> None:
     proc = ServerProcess("--api-port", "0", "--token", TOKEN)
     try:
