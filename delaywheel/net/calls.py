@@ -33,6 +33,10 @@ async def durable(engine: Engine, wait: Wait | None = None) -> None:
     batch = engine.journal.pending() if wait is None else wait
     if batch is None:
         return
+    if batch.finished:  # taken earlier (a reserve's, when its task was handed over)
+        if batch.error is not None:
+            raise RequestError("unavailable", str(batch.error))
+        return
     done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
 
     def finished(error: Exception | None) -> None:
@@ -102,31 +106,38 @@ class Reserves:
         except RequestError as exc:
             route.failed(exc.code)
             raise
+        wait = engine.journal.pending() if task is not None else None
         if task is None and timeout_s > 0 and not self.stopped:
-            task = await self._wait(topics, timeout_s)
+            task, wait = await self._wait(topics, timeout_s)
         if task is not None:
             server.rearm()  # a reservation's deadline is a timer
-            await durable(engine)
+            await durable(engine, wait)
         return task
 
-    async def _wait(self, topics: Any, timeout_s: float) -> dict[str, Any] | None:
+    async def _wait(
+        self, topics: Any, timeout_s: float
+    ) -> tuple[dict[str, Any] | None, Wait | None]:
         """Wait in the engine's line, as a connection's blocked reserve does: a future
         and a timer, no task of its own (a held long poll should cost little more
-        than its connection)."""
+        than its connection). The task, and the store write holding its reservation
+        (taken when it was handed over, as the connection takes it)."""
         engine = self.server.engine
         loop = asyncio.get_running_loop()
         got: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+        writes: list[Wait | None] = [None]
 
         def answer(task: dict[str, Any] | None) -> None:
             if not got.done():
                 got.set_result(task)
+                if task is not None:
+                    writes[0] = engine.journal.pending()
 
         waiter = Waiter(validate.topics(topics), answer)
         engine.wait_reserve(waiter)
         timer = loop.call_later(timeout_s, answer, None)
         self.waiting.add(got)
         try:
-            return await got
+            return await got, writes[0]
         finally:
             timer.cancel()
             self.waiting.discard(got)
