@@ -270,18 +270,20 @@ class Settings:
             raise ConfigError(f"api port must be 0 to 65535, got {self.api_port}")
         if self.api_max_requests < 1:
             raise ConfigError(f"api max requests must be at least 1, got {self.api_max_requests}")
-        if (
-            self.api_port is not None
-            and self.token is None
-            and self.tls_client_ca is None
-            and not self.insecure_no_auth
-            and not _is_loopback(self.api_host)
-        ):
+        if self.api_port is None or self.token is not None or self.insecure_no_auth:
+            return
+        # The API is served on its own port and, with the dashboard, on the dashboard's.
+        hosts = [("--api-host", self.api_host)]
+        if self.web_port is not None:
+            hosts.append(("--web-host", self.web_host))
+        for flag, host in hosts:
+            if _is_loopback(host) or (flag == "--api-host" and self.tls_client_ca is not None):
+                continue
             raise ConfigError(
-                f"--api-host {self.api_host!r} serves the HTTP API beyond this machine with no"
-                " token: anyone who can reach it could add, delete and read every task. Set"
-                " --token (DELAYWHEEL_TOKEN), which clients then send as Authorization: Bearer,"
-                " or pass --insecure-no-auth if that is meant"
+                f"{flag} {host!r} serves the HTTP API beyond this machine with no token:"
+                " anyone who can reach it could add, delete and read every task. Set --token"
+                " (DELAYWHEEL_TOKEN), which clients then send as Authorization: Bearer, or pass"
+                " --insecure-no-auth if that is meant"
             )
 
     def _check_connections(self) -> None:

@@ -311,6 +311,10 @@ def test_the_api_beyond_loopback_needs_a_token() -> None:
     Settings(api_port=0, api_host="0.0.0.0", token="t")
     Settings(api_port=0, api_host="0.0.0.0", insecure_no_auth=True)
     Settings(api_port=0)  # loopback: no token needed
+    Settings(api_port=0, api_host="0.0.0.0", tls_client_ca="ca.pem", tls_cert="c", tls_key="k")
+    # On the dashboard's port too: --web-insecure opens the dashboard, not the API.
+    with pytest.raises(ConfigError, match="--web-host"):
+        Settings(api_port=0, web_port=0, web_host="0.0.0.0", web_insecure=True)
     with pytest.raises(ConfigError, match="api port"):
         Settings(api_port=70000)
     with pytest.raises(ConfigError, match="api max requests"):

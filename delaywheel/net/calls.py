@@ -118,8 +118,8 @@ class Reserves:
         self, topics: Any, timeout_s: float
     ) -> tuple[dict[str, Any] | None, Wait | None]:
         """Wait in the engine's line, as a connection's blocked reserve does: a future
-        and a timer, no task of its own (a held long poll should cost little more
-        than its connection). The task, and the store write holding its reservation
+        and a timer, no task beside the request's own (a held long poll should cost
+        little more than its connection). The task, and the store write holding its reservation
         (taken when it was handed over, as the connection takes it)."""
         engine = self.server.engine
         loop = asyncio.get_running_loop()
