@@ -190,6 +190,7 @@ SECTIONS: dict[str, str] = {
     "dashboard": "bench.dashboard",
     "schedules": "bench.schedules",
     "ha": "bench.ha",
+    "http_api": "bench.http_api",
 }
 
 

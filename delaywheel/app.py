@@ -36,6 +36,7 @@ from delaywheel.store import Store, is_redis_url, open_store
 from delaywheel.store.redis import DEFAULT_PARTITIONS, RedisStore
 
 if TYPE_CHECKING:
+    from delaywheel.httpapi.site import HttpApi
     from delaywheel.metrics import MetricsEndpoint
     from delaywheel.web.site import Dashboard
 
@@ -144,17 +145,19 @@ async def _listen_until_stopped(
     settings: Settings,
     ready: asyncio.Event | None,
 ) -> None:
-    """Start the metrics and dashboard listeners, then the port; at a signal,
-    stop them in this order: the dashboard (its streams and bulk jobs end), the
-    server (its deliveries get their grace), the coordinator (then it hands the
-    partitions back), the metrics last. On a shared keyspace the coordinator
+    """Start the metrics, HTTP API and dashboard listeners, then the port; at a
+    signal, stop them in this order: the HTTP API (its long polls are answered),
+    the dashboard (its streams and bulk jobs end), the server (its deliveries
+    get their grace), the coordinator (then it hands the partitions back), the
+    metrics last. On a shared keyspace the coordinator
     runs the server's stop before its own, within one bound counted from the
     signal (ha/coordinator.py): both wait on Redis."""
     async with contextlib.AsyncExitStack() as running:
         metrics = await _start_metrics(server, settings)
         if metrics is not None:
             running.push_async_callback(metrics.stop)
-        dashboard = await _start_dashboard(server, settings)
+        api = await _start_api(server, settings)
+        dashboard = await _start_dashboard(server, settings, api)
         # Handlers first: a signal right after the listening line (a test, a
         # supervisor) must stop the server cleanly, not kill it.
         stop = _stop_on_signal()
@@ -164,6 +167,8 @@ async def _listen_until_stopped(
             _remove_signal_handlers()
             if dashboard is not None:
                 await dashboard.stop()
+            if api is not None:
+                await api.stop()
             raise listen_error("the server", settings.host, settings.port, "--port", exc) from None
         if coordinator is not None:
             running.push_async_callback(coordinator.stop, server)
@@ -171,6 +176,8 @@ async def _listen_until_stopped(
             running.push_async_callback(server.stop)
         if dashboard is not None:
             running.push_async_callback(dashboard.stop)
+        if api is not None:  # first: its long polls are answered, its forwarding ends
+            running.push_async_callback(api.stop)
         running.callback(log.info, "shutting down")
         running.callback(_remove_signal_handlers)
         # Tests and scripts read this line to learn the port when given port 0
@@ -272,15 +279,41 @@ async def _start_metrics(server: Server, settings: Settings) -> MetricsEndpoint 
     return endpoint
 
 
-async def _start_dashboard(server: Server, settings: Settings) -> Dashboard | None:
-    """The web dashboard, when ``--web-port`` is given (docs/dashboard.md)."""
+async def _start_api(server: Server, settings: Settings) -> HttpApi | None:
+    """The HTTP API, when ``--api-port`` is given (docs/http.md)."""
+    if settings.api_port is None:
+        return None
+    from delaywheel.httpapi.site import HttpApi  # aiohttp: only when served
+
+    api = HttpApi(server)
+    try:
+        host, port = await api.start(settings.api_host, settings.api_port, server.listener.tls)
+    except OSError as exc:
+        await api.stop()
+        raise listen_error(
+            "the HTTP API", settings.api_host, settings.api_port, "--api-port", exc
+        ) from None
+    shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if settings.tls_cert is not None else "http"
+    url = f"{scheme}://{shown}:{port}/v1"
+    # Like the listening line, tests read the port from it when given 0.
+    log.info("http api on %s", url, extra={"url": url})
+    return api
+
+
+async def _start_dashboard(
+    server: Server, settings: Settings, api: HttpApi | None = None
+) -> Dashboard | None:
+    """The web dashboard, when ``--web-port`` is given (docs/dashboard.md), with the HTTP
+    API under /v1 when that is on too."""
     if settings.web_port is None:
         return None
     # Imported only now, like metrics: Jinja2 and the site are not a cost of
     # a server without a dashboard.
     from delaywheel.web.site import Dashboard
 
-    dashboard = Dashboard(server)
+    mounts = {} if api is None else {"/v1": api.app()}
+    dashboard = Dashboard(server, mounts)
     try:
         host, port = await dashboard.start(settings.web_host, settings.web_port)
     except OSError as exc:

@@ -45,6 +45,8 @@ DEFAULT_SHUTDOWN_GRACE_S = 10.0
 # Topics named in the per-topic task metrics; the rest are summed apart
 # (docs/metrics.md): each topic is a series per state in Prometheus.
 DEFAULT_METRICS_TOPICS = 20
+# Requests the HTTP API runs at once; a long poll that waits is not counted.
+DEFAULT_API_MAX_REQUESTS = 256
 DEFAULT_LEASE_S = 10.0
 MIN_LEASE_S = 0.5
 MAX_LEASE_S = 600.0
@@ -129,6 +131,12 @@ class Settings:
     # of max_connections, ``connections_per_address``).
     auth_timeout_s: float = DEFAULT_AUTH_TIMEOUT_S
     max_connections_per_address: int | None = None
+    # The HTTP API (docs/http.md): off while the port is None; on the
+    # dashboard's port too when both are on. At most api_max_requests
+    # requests run at once (long polls aside); more are answered 503.
+    api_port: int | None = None
+    api_host: str = DEFAULT_HOST
+    api_max_requests: int = DEFAULT_API_MAX_REQUESTS
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -168,6 +176,7 @@ class Settings:
         self._check_delivery()
         self._check_cluster()
         self._check_web()
+        self._check_api()
         self._check_tls()
         self._check_connections()
 
@@ -254,6 +263,27 @@ class Settings:
                 f"--web-host {self.web_host!r} serves the dashboard beyond this machine with no"
                 " token: anyone who can reach it could delete every task. Set --token (the"
                 " dashboard's sign-in), or pass --web-insecure if that is meant"
+            )
+
+    def _check_api(self) -> None:
+        if self.api_port is not None and not 0 <= self.api_port <= 65535:
+            raise ConfigError(f"api port must be 0 to 65535, got {self.api_port}")
+        if self.api_max_requests < 1:
+            raise ConfigError(f"api max requests must be at least 1, got {self.api_max_requests}")
+        if self.api_port is None or self.token is not None or self.insecure_no_auth:
+            return
+        # The API is served on its own port and, with the dashboard, on the dashboard's.
+        hosts = [("--api-host", self.api_host)]
+        if self.web_port is not None:
+            hosts.append(("--web-host", self.web_host))
+        for flag, host in hosts:
+            if _is_loopback(host) or (flag == "--api-host" and self.tls_client_ca is not None):
+                continue
+            raise ConfigError(
+                f"{flag} {host!r} serves the HTTP API beyond this machine with no token:"
+                " anyone who can reach it could add, delete and read every task. Set --token"
+                " (DELAYWHEEL_TOKEN), which clients then send as Authorization: Bearer, or pass"
+                " --insecure-no-auth if that is meant"
             )
 
     def _check_connections(self) -> None:

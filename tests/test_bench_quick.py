@@ -45,6 +45,7 @@ SECTIONS = (
     "connections",
     "schedules",
     "ha",
+    "http_api",
 )
 RUN_TIMEOUT_S = 300.0  # slow CI machines get room
 
@@ -364,6 +365,18 @@ def test_schedules_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> No
     assert_finite_positive(figures)
     assert figures["fire_p99_ms"]["target"] == {"op": "<=", "value": 1000.0}
     assert "missed 0, skipped 0" in figures["fire_p99_ms"]["note"]
+
+
+def test_http_api_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    """The http_api section: HTTP adds one at a time and from 8 connections, the
+    native adds beside them, and the two ratios."""
+    section = quick_run[0]["sections"]["http_api"]
+    assert section["params"]["quick"] is True
+    figures: dict[str, Any] = section["figures"]
+    rates = {f"{kind}_{n}_rate" for kind in ("http", "native") for n in ("one", "8")}
+    assert set(figures) == rates | {"http_vs_native_one", "http_vs_native_8"}
+    assert_finite_positive(figures)
+    assert all("server CPU" in figures[key]["note"] for key in rates)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)

@@ -52,6 +52,8 @@ LAYERS: dict[str, int] = {
     "delaywheel.metrics": 8,
     # The dashboard: reads the running server, its settings shown as the logs show them.
     "delaywheel.web": 9,
+    # The HTTP API (/v1): the protocol's methods as resources, beside the dashboard.
+    "delaywheel.httpapi": 9,
     "delaywheel.app": 10,
     "delaywheel.cli": 11,
     "delaywheel.__main__": 12,

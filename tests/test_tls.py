@@ -9,6 +9,7 @@ CA with a client certificate of its own, which the servers do not trust.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import shutil
@@ -24,8 +25,11 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from apicalls import api_url
 from click.testing import CliRunner, Result
+from clusternodes import PARTITIONS, SETTLE_TIMEOUT_S, node
 from delaywheel_client import AsyncClient, Client, ConnectionFailed
+from delaywheel_client.partitions import partition_of
 from serverproc import ServerProcess
 from waiting import wait_until
 
@@ -486,3 +490,71 @@ def test_serve_takes_the_tls_files_from_the_environment(tmp_path: Path, certs: C
     done = serve(env=env)
     assert done.returncode == 2
     assert f"tls key '{missing}': No such file or directory" in one_line(done.stderr)
+
+
+@pytest.mark.process
+def test_the_http_api_speaks_tls_too(certs: Certs) -> None:
+    """--tls-cert and --tls-key apply to --api-port: HTTPS, the same certificate."""
+    server = ServerProcess(
+        "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key), "--api-port", "0"
+    )  # fmt: skip
+    try:
+        url = api_url(server)
+        assert url.startswith("https://")
+        port = int(url.split(":")[2].split("/")[0])
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        conn.request("POST", "/v1/tasks", body=json.dumps({"topic": "tls", "body": "secret"}))
+        reply = conn.getresponse()
+        assert reply.status == 201, reply.read()
+        task_id = json.loads(reply.read())["id"]
+        conn.close()
+        with Client(*server.address, tls_ca=certs.ca) as dw:
+            assert dw.get(task_id)["body"] == "secret"
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
+            plain.request("GET", "/v1/stats")
+            plain.getresponse()
+        plain.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.process
+@pytest.mark.redis
+@pytest.mark.slow
+def test_http_api_nodes_forward_to_each_other_over_tls(certs: Certs, redis_url: str) -> None:
+    """Two TLS nodes: the one that does not own a task forwards over TLS, trusting the
+    certificate they share."""
+    tls = ("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
+    nodes = [node(redis_url, name, *tls, "--api-port", "0") for name in ("a", "b")]
+    try:
+
+        def both_serve() -> bool:
+            served = []
+            for proc in nodes:
+                with Client(*proc.address, tls_ca=certs.ca) as dw:
+                    served.append({p["partition"] for p in dw.stats()["partitions"]})
+            return all(served) and sum(map(len, served)) == PARTITIONS
+
+        wait_until(both_serve, SETTLE_TIMEOUT_S, "two TLS nodes sharing the partitions")
+        with Client(*nodes[1].address, tls_ca=certs.ca) as dw:
+            theirs = {p["partition"] for p in dw.stats()["partitions"]}
+        task_id = next(
+            f"tls-{n}" for n in range(1000) if partition_of(f"tls-{n}", PARTITIONS) in theirs
+        )
+        url = api_url(nodes[0])
+        port = int(url.split(":")[2].split("/")[0])
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+        conn.request("POST", "/v1/tasks", body=json.dumps({"id": task_id, "topic": "tls"}))
+        reply = conn.getresponse()
+        assert reply.status == 201, reply.read()
+        reply.read()
+        conn.request("GET", f"/v1/tasks/{task_id}")
+        got = conn.getresponse()
+        assert got.status == 200 and json.loads(got.read())["id"] == task_id
+        conn.close()
+    finally:
+        for proc in nodes:
+            proc.stop()

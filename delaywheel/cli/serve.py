@@ -13,6 +13,7 @@ from delaywheel_client.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from delaywheel.cli.errors import EXIT_CANNOT_LISTEN, EXIT_UNREACHABLE
 from delaywheel.cli.params import Duration, EnvOption
 from delaywheel.config import (
+    DEFAULT_API_MAX_REQUESTS,
     DEFAULT_AUTH_TIMEOUT_S,
     DEFAULT_HOST,
     DEFAULT_HTTP_ALLOW,
@@ -70,6 +71,7 @@ HELP_SECTIONS: dict[str, tuple[str, ...]] = {
         "--web-port", "--web-host", "--web-base-path", "--web-viewer-token", "--web-hide-bodies",
         "--web-insecure",
     ),
+    "HTTP API (docs/http.md)": ("--api-port", "--api-host", "--api-max-requests"),
     "Logs": ("--log-level", "--log-format"),
 }  # fmt: skip
 
@@ -321,6 +323,23 @@ class _SectionedCommand(click.Command):
     is_flag=True,
     default=False,
     help="Serve the dashboard beyond loopback with no --token (refused otherwise); logs a warning.",
+)
+@_serve_option(
+    "--api-port",
+    default=None,
+    type=int,
+    help="Serve the HTTP API at http://HOST:PORT/v1 (off when unset; 0 picks a port); also"
+    " on the dashboard's port when both are on.",
+)
+@_serve_option(
+    "--api-host", default=DEFAULT_HOST, show_default=True, help="Address the HTTP API listens on."
+)
+@_serve_option(
+    "--api-max-requests",
+    default=DEFAULT_API_MAX_REQUESTS,
+    show_default=True,
+    type=int,
+    help="HTTP API requests running at once (a waiting long poll not counted); more get 503.",
 )
 @_serve_option(
     "--log-level",

@@ -470,17 +470,7 @@ class Connection(asyncio.Protocol):
     def _reserve(self, request: Request, route: Method, now_s: float) -> None:
         msgid = request.msgid
         try:
-            topics, timeout = validate.params(
-                "reserve", request.params, "topics", "timeout", optional=1
-            )
-            timeout_s = checks.number(
-                "timeout", 0 if timeout is None else timeout, high=MAX_RESERVE_TIMEOUT_S
-            )
-            if type(topics) is list and len(topics) > MAX_RESERVE_TOPICS:
-                raise RequestError(
-                    "bad_request",
-                    f"reserve may name at most {MAX_RESERVE_TOPICS} topics, got {len(topics)}",
-                )
+            topics, timeout_s = reserve_params(request.params)
             result = self.engine.try_reserve(topics, now_s)
         except RequestError as exc:
             route.failed(exc.code)
@@ -564,6 +554,21 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()  # after writing what is buffered
+
+
+def reserve_params(params: list[Any]) -> tuple[Any, float]:
+    """``reserve``'s params checked: its topics (as sent; ``try_reserve`` checks each)
+    and its timeout in seconds. Raises ``bad_request`` naming what is wrong."""
+    topics, timeout = validate.params("reserve", params, "topics", "timeout", optional=1)
+    timeout_s = checks.number(
+        "timeout", 0 if timeout is None else timeout, high=MAX_RESERVE_TIMEOUT_S
+    )
+    if type(topics) is list and len(topics) > MAX_RESERVE_TOPICS:
+        raise RequestError(
+            "bad_request",
+            f"reserve may name at most {MAX_RESERVE_TOPICS} topics, got {len(topics)}",
+        )
+    return topics, timeout_s
 
 
 # A refusal's reason as logged: at most this long.

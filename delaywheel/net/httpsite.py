@@ -13,8 +13,9 @@ aiohttp's own ``RequestHandler`` (``_Handler``) for the runner's server, and:
 
 - at most ``max_connections`` at once: past it a connection is answered 503
   and closed, before any of its bytes are read;
-- ``IDLE_TIMEOUT_S`` for a request's headers to arrive (from the connection,
-  or from the previous response) and for a keep-alive connection's idle time:
+- ``IDLE_TIMEOUT_S`` (``idle_timeout_s``: the HTTP API's is --message-timeout)
+  for a request's headers to arrive (from the connection, or from the previous
+  response) and for a keep-alive connection's idle time:
   aiohttp's keep-alive timer covers both;
 - a malformed request's 400 carries ``error_headers`` (the app's security
   headers), and its log line is one WARNING per ``LOG_EVERY_S`` at most, with
@@ -61,8 +62,10 @@ class BoundedSite:
         max_connections: int,
         error_headers: Callable[[str], Mapping[str, str]] = lambda path: {},
         name: str = "HTTP",
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         self.runner = runner
+        self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
         self.error_headers = error_headers
         self.name = name
@@ -82,7 +85,7 @@ class BoundedSite:
 
         def factory() -> _Handler:
             return _Handler(
-                self, manager, loop=loop, keepalive_timeout=IDLE_TIMEOUT_S, access_log=None
+                self, manager, loop=loop, keepalive_timeout=self.idle_timeout_s, access_log=None
             )
 
         self._server = await loop.create_server(factory, host, port, ssl=tls, reuse_address=True)

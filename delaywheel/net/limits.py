@@ -49,6 +49,11 @@ WEB_CONNECTIONS = 128
 # Each of those, and its listening socket.
 METRICS_DESCRIPTORS = METRICS_CONNECTIONS + 1
 WEB_DESCRIPTORS = WEB_CONNECTIONS + 1
+# Connections the HTTP API serves at once (more are answered 503): each held
+# long poll is one, so room for a fleet of workers; and the forwarding
+# client's connections to the other nodes (one per node: a margin of them).
+API_CONNECTIONS = 1024
+API_DESCRIPTORS = API_CONNECTIONS + 1 + 16
 
 
 def reserved_descriptors(settings: Settings) -> int:
@@ -66,6 +71,8 @@ def reserved_descriptors(settings: Settings) -> int:
         reserved += METRICS_DESCRIPTORS
     if settings.web_port is not None:
         reserved += WEB_DESCRIPTORS
+    if settings.api_port is not None:
+        reserved += API_DESCRIPTORS
     return reserved
 
 

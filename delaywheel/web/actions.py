@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.errors import RequestError
+from delaywheel.net.calls import durable
 
 if TYPE_CHECKING:
-    from delaywheel.engine.engine import Engine
     from delaywheel.net.server import Server
 
 log = logging.getLogger("delaywheel.web")  # pinned: docs/dashboard.md names it
@@ -29,25 +29,6 @@ log = logging.getLogger("delaywheel.web")  # pinned: docs/dashboard.md names it
 BATCH = 500
 CONFIRM_TOPIC_OVER = 1000  # past this many tasks, the topic's name is typed to confirm
 MAX_JOBS_KEPT = 100
-
-
-async def durable(engine: Engine) -> None:
-    """Wait for the store write holding the changes made so far; a failed write
-    (the engine rolled them back) raises ``unavailable``, as the protocol answers."""
-    batch = engine.journal.pending()
-    if batch is None:
-        return
-    done: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-
-    def finished(error: Exception | None) -> None:
-        if not done.done():
-            done.set_result(error)
-
-    batch.add_callback(finished)
-    engine.journal.flush()
-    error = await done
-    if error is not None:
-        raise RequestError("unavailable", str(error))
 
 
 def verbs(server: Server) -> dict[str, Callable[[str], Any]]:

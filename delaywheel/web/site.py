@@ -57,8 +57,11 @@ def _is_loopback(address: str | None) -> bool:
 
 
 class Dashboard(Context):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, mounts: dict[str, web.Application] | None = None) -> None:
         super().__init__(server)
+        # Applications served on this port beside the dashboard, by path prefix (the
+        # HTTP API's /v1): each guards itself, so the dashboard's guard lets them by.
+        self.mounts = dict(mounts or {})
         self._limit = asyncio.Semaphore(MAX_REQUESTS)
         self._runner: web.AppRunner | None = None
         self._site: BoundedSite | None = None
@@ -103,6 +106,8 @@ class Dashboard(Context):
         app.router.add_static(b + "/static", HERE / "static", append_version=False)
         if b:
             app.router.add_get(b, self._to_home)
+        for prefix, mounted in self.mounts.items():
+            app.add_subapp(prefix, mounted)
         return app
 
     async def _to_home(self, request: web.Request) -> web.StreamResponse:
@@ -112,7 +117,11 @@ class Dashboard(Context):
         tls = None
         if self.settings.tls_cert is not None and self.settings.tls_key is not None:
             tls = server_context(self.settings.tls_cert, self.settings.tls_key, None)
-        self._runner = runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # A mounted app's long polls leave their waiting line when their client goes.
+        cancel = bool(self.mounts)
+        self._runner = runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, handler_cancellation=cancel
+        )
         await runner.setup()
         self._site = site = BoundedSite(
             runner, max_connections=WEB_CONNECTIONS, error_headers=security_headers,
@@ -138,6 +147,8 @@ class Dashboard(Context):
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if any(request.path.startswith(prefix + "/") for prefix in self.mounts):
+            return await handler(request)
         path = request.path[len(self.base) :] if self.base else request.path
         if path.startswith("/static/"):
             return await handler(request)

@@ -1,0 +1,1 @@
+"""The HTTP API under /v1 (--api-port; docs/http.md), imported only when it is on."""
