@@ -306,15 +306,16 @@ class Decoder:
         # read with a StopIteration, whose Cython traceback costs more than decoding a
         # small message (docs/performance.md). Only a read that ends mid-message raises,
         # OutOfData.
+        # What is held, read again wherever it may have changed: after _go_safe, and
+        # after each yield (the caller may have fed more meanwhile).
+        unpacker, skipper, shift = self.unpacker, self._skipper, self._shift
         while self._consumed < self._fed:
-            unpacker = self.unpacker
-            skipper = self._skipper
-            shift = self._shift
             if skipper is None:  # the fast way: the unpacker alone, small containers
                 try:
                     obj = unpacker.unpack()
                 except Exception:  # cut short, or beyond the fast way: the safe way
                     self._go_safe()
+                    unpacker, skipper, shift = self.unpacker, self._skipper, self._shift
                     continue
                 end = unpacker.tell() - shift
             else:  # the safe way: skip() first, so that unpack() parses whole messages
@@ -352,6 +353,7 @@ class Decoder:
                 obj = self._checked(obj)
             if end != self._fed:
                 yield obj
+                unpacker, skipper, shift = self.unpacker, self._skipper, self._shift
                 continue
             # The last whole message of what was fed: the unpackers are empty and at the
             # start of a message, so they go back now, before the yield, since a caller
@@ -364,6 +366,7 @@ class Decoder:
             else:
                 self._pool.safe.append((skipper, unpacker))
             yield obj
+            unpacker, skipper, shift = self.unpacker, self._skipper, self._shift
         waiting = self._fed - self._consumed
         if waiting > self._max_message_bytes:
             limit = self._max_message_bytes

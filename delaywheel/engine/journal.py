@@ -253,8 +253,12 @@ class Journal:
                 self._wait = batch
             else:
                 self._waits_on(batch)
-        if not lane.queued and lane.writing is None:
-            self._queue(lane)
+        if not lane.queued and lane.writing is None:  # _queue(lane), inline: once a change
+            lane.queued = True
+            self._ready.append(lane)
+            if not self._flush_scheduled and not self._held:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._start)
 
     def record_other(self, key: str, record: bytes | None, undo: Callable[[], None]) -> None:
         """Journal a record that is not a task's change (a schedule's, or a task's
@@ -363,11 +367,8 @@ class Journal:
     def _start(self) -> None:
         self._flush_scheduled = False
         ready = self._ready
-        if not ready:
-            return
-        self._ready = []
         if len(ready) == 1:  # one lane ready (one store's, or one request at a time)
-            lane = ready[0]
+            lane = ready.pop()
             lane.queued = False
             batch, changes = self._begin(lane)
             started_s = 0.0 if self.inline else self.watch.started()
@@ -381,6 +382,9 @@ class Journal:
                 log.exception("store submit raised")
                 done(StoreError(f"store write failed: {exc!r}"))
             return
+        if not ready:
+            return
+        self._ready = []
         writes: list[tuple[int, Mapping[str, bytes | None]]] = []
         started: dict[int, tuple[Batch, dict[str, bytes | None]]] = {}
         size = 0
@@ -448,8 +452,9 @@ class Journal:
             except Exception:  # the write is in the store: its replies must still go
                 log.exception("durable hook failed")
             batch.finish(error)
-        if lane.gathering.has_changes() and not lane.queued:
-            lane.queued = True
+        gathering = lane.gathering
+        if (gathering.tasks or gathering.records is not None) and not lane.queued:
+            lane.queued = True  # (has_changes, inline: once a write)
             self._ready.append(lane)
             if not self._flush_scheduled:
                 self._start()
