@@ -64,6 +64,10 @@ class Attempts:
         # same task twice (as two objects), and Tasks do not compare.
         self.held: list[tuple[float, int, Task]] = []
         self._held_count = itertools.count()
+        # Attempts handed to the dispatcher whose outcome has not come yet (their
+        # send is in flight here), by id: a handoff waits for these to end, not
+        # for their outcomes' writes, which may fail for as long as the store does.
+        self._sending: dict[str, Task] = {}
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
     def start(self, queue: Queue) -> None:
@@ -87,14 +91,15 @@ class Attempts:
             else:
                 self._resend(task)
 
-    def sent_here(self, tasks: list[Task]) -> list[Task]:
-        """Those of ``tasks`` (delivering) that are not attempts held by ``adopt``:
-        a held one is not in flight at this node, nothing of it is sent until
-        its deadline, and a node taking it over holds it to the same one."""
-        if not self.held:
-            return tasks
-        held = {id(task) for _, _, task in self.held}
-        return [task for task in tasks if id(task) not in held]
+    def sending(self, tasks: list[Task]) -> list[Task]:
+        """Those of ``tasks`` whose attempt is being sent from here now: handed to
+        the dispatcher, its outcome not in yet. Not an attempt held by ``adopt``
+        (nothing of it is sent until its deadline, and a node taking it over
+        holds it to the same one), nor one whose send has ended and whose
+        outcome's write failed (it is ``delivering`` again, but nothing is in
+        flight: waiting for it cannot help while the store refuses writes)."""
+        sending = self._sending
+        return [task for task in tasks if sending.get(task.id) is task]
 
     def held_until_s(self) -> float | None:
         """When the first attempt held by ``adopt`` is due to be sent again."""
@@ -113,9 +118,10 @@ class Attempts:
         """Forget the attempts to resend of tasks dropped from the table (their
         partition is another node's): ``begin`` would not send them anyway."""
         delivering = self._table.delivering
-        for task_id, task in list(self._resume.items()):
-            if leaving(task_id) and delivering.get(task_id) is not task:
-                del self._resume[task_id]
+        for found in (self._resume, self._sending):
+            for task_id, task in list(found.items()):
+                if leaving(task_id) and delivering.get(task_id) is not task:
+                    del found[task_id]
 
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
@@ -140,6 +146,7 @@ class Attempts:
         changed or begun since it was queued)."""
         resumed = self._resume.pop(task_id, None)
         if resumed is not None and self._table.delivering.get(task_id) is resumed:
+            self._sending[task_id] = resumed
             ready(self._delivery(resumed))  # its attempt is in the store already
             return True
         # Otherwise a due task (one resumed before its partition was dropped and
@@ -159,6 +166,7 @@ class Attempts:
     def _durable(self, task: Task, attempt: int, ready: Ready, error: StoreError | None) -> None:
         if error is None:
             if task.state == DELIVERING and task.attempts == attempt:  # not deleted since
+                self._sending[task.id] = task
                 ready(self._delivery(task))
                 return
         elif task.state == DELAYED and task.scheduled:
@@ -184,6 +192,7 @@ class Attempts:
         """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
         else why it failed. A task deleted during its attempt is gone already."""
         table = self._table
+        self._sending.pop(task_id, None)
         task = table.delivering.get(task_id)
         if task is None or task.attempts != attempt:
             return

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -316,11 +316,12 @@ class Journal:
             return self.newest()
         return wait
 
-    def newest(self) -> Wait | None:
-        """The newest batch of every lane not yet durable (None: all are)."""
+    def newest(self, lanes: Collection[int] | None = None) -> Wait | None:
+        """The newest batch of every lane (of ``lanes``) not yet durable (None: all are)."""
         if self._lane_of is None:
             return self._one.newest()
-        found = [batch for lane in self._lanes if (batch := lane.newest()) is not None]
+        among = self._lanes if lanes is None else [self._lanes[index] for index in lanes]
+        found = [batch for lane in among if (batch := lane.newest()) is not None]
         if len(found) > 1:
             return Joint(found)
         return found[0] if found else None
@@ -505,9 +506,13 @@ class Journal:
         batch.finish(error)
         later.finish(error)
 
-    async def drain(self) -> None:
-        """Wait until everything recorded so far is durable (or has failed)."""
-        while (batch := self.newest()) is not None:
+    async def drain(self, lanes: Collection[int] | None = None) -> None:
+        """Wait until everything recorded so far is durable (or has failed); in
+        ``lanes`` only, when given. A handoff drains the lanes it hands back:
+        waiting for every lane waited, under load, for a moment when no lane
+        had a change, which writes that keep failing (a ``WAIT`` without its
+        replicas) put off for as long as the load lasted."""
+        while (batch := self.newest(lanes)) is not None:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
             def wake(_error: StoreError | None, done: asyncio.Future[None] = done) -> None:
