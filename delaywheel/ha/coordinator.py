@@ -92,7 +92,7 @@ _LOSSES = {
     "fenced": ("fenced partitions %s, epochs %s", "no lease renewal for 0.8 L"),
     "lost": ("lost partitions %s, epochs %s", "a lease renewal was refused"),
     "refused": (
-        "partitions %s fenced, epochs %s",
+        "partitions %s fenced",
         "a write was refused (another node owns them now)",
     ),
 }
@@ -189,6 +189,7 @@ class Coordinator:
         self._losses: dict[str, list[tuple[int, int | None]]] = {}
         self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
         self._rereading: asyncio.Task[None] | None = None
+        self._handing: set[asyncio.Task[None]] = set()  # handbacks to a joining node
         rights.coordinator = self  # the store's owner: its refusals and failovers come here
 
     # -- life cycle ----------------------------------------------------------
@@ -256,6 +257,9 @@ class Coordinator:
             if task is not None:
                 task.cancel()  # may be swallowed: the loops end on _stopping too
                 await asyncio.wait({task})
+        if self._handing:  # handbacks under way end first (within handoff_wait_s)
+            self._stop_step = "waiting for a handback under way"
+            await asyncio.wait(set(self._handing))
         held = set(self.keeper.held)
         handoffs = self.counts.handoffs
         if held:
@@ -313,7 +317,14 @@ class Coordinator:
                 await self._claim(partition, holders.get(partition))
         leaving = {p for p in todo.hand_back if p in held and p not in self._busy}
         if leaving and not self._stopping:
-            await self._hand_back(leaving)
+            # In a task of its own: the rounds go on meanwhile, registering this
+            # node (a handback that waits on attempts in flight or on a failing
+            # write can outlast L, and with the rounds held the node's own
+            # registration lapsed: the others saw it gone, mid-handback).
+            self._busy.update(leaving)  # the next rounds leave them alone
+            handing = asyncio.get_running_loop().create_task(self._hand_back(leaving))
+            self._handing.add(handing)
+            handing.add_done_callback(self._handed)
 
     def _primary_moves(self) -> int:
         return self.keyspace.topology.primary_moves
@@ -362,6 +373,11 @@ class Coordinator:
             raise
         finally:
             self._busy.discard(partition)
+
+    def _handed(self, task: asyncio.Task[None]) -> None:
+        self._handing.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.debug("handback failed: %r", exc)  # the keeper's fence timers decide
 
     async def _hand_back(self, partitions: set[int]) -> None:
         """Stop serving, let what is in flight be journaled, then release."""
@@ -425,8 +441,9 @@ class Coordinator:
             found.sort()
             partitions = [p for p, _ in found]
             epochs = [e for _, e in found]
+            shown = (partitions, epochs) if what.count("%s") == 2 else (partitions,)
             log.warning(
-                f"{what}: %s", partitions, epochs, why,
+                f"{what}: %s", *shown, why,
                 extra={"partitions": partitions, "epochs": epochs, "reason": kind},
             )  # fmt: skip
 
@@ -438,7 +455,7 @@ class Coordinator:
         turn."""
         self.counts.fenced_flushes += 1
         for partition in fenced:
-            self._note_loss("refused", partition, self.keeper.held.get(partition))
+            self._note_loss("refused", partition, None)
             self.keeper.forget(partition)
             self.sharing.unserve(partition)
             self.keyspace.epochs.pop(partition, None)

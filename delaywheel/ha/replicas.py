@@ -32,11 +32,12 @@ and the rounds must go on claiming meanwhile. ``observe`` is the pure part.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from delaywheel.cancelling import cancel_and_wait
 
 log = logging.getLogger("delaywheel.cluster")
 
@@ -80,12 +81,12 @@ class ReplicaWatch:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task}, timeout=1.0)
+            # An INFO in flight can swallow a cancel (redis-py, delaywheel/cancelling.py):
+            # cancelled until it ends, within a bound, and the loop ends on _task too.
+            await cancel_and_wait({task})
 
     async def _run(self) -> None:
-        while True:
+        while self._task is asyncio.current_task():
             try:
                 counts: Mapping[str, int] | None = await self._read_counts()
             except asyncio.CancelledError:
