@@ -158,8 +158,17 @@ def test_one_replica_refuses_writes_from_the_primarys_death_until_a_replica_is_b
             killed_s = time.time()
             old.kill()
             wait_until(lambda: _named_primary(farm) not in (None, old_port), 30, "a new primary")
+            new = f"127.0.0.1:{_named_primary(farm)}"
             for node in nodes:
                 wait_until(lambda: REFUSED_LINE in node.log_text(), 20, "the refusal line")  # noqa: B023
+                wait_until(
+                    lambda: _stats(node)["replicas"]["connected"] == {new: 0},  # type: ignore[index]  # noqa: B023
+                    10,
+                    "stats showing the new primary without a replica",
+                )
+                assert f"Redis primary {new} has 0 replica(s) connected, fewer than" in (
+                    node.log_text()
+                )
             refusing = [_stats(node)["replicas"] for node in nodes]
             metrics = [metrics_of(node) for node in nodes]
             time.sleep(

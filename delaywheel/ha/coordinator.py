@@ -21,8 +21,10 @@ are sent again (at-least-once, as after a restart).
 
 A handoff first stops serving the partition (its requests are answered
 ``moved``) and takes its tasks out of the wheel and the queues, so nothing
-more fires; then it waits until the journal is drained and the attempts in
-flight have their outcomes journaled; then it releases the lease. The next
+more fires; then it waits until the attempts it is sending have ended and
+the write of what those partitions' journal lanes hold has returned (not
+while that server's writes fail); then it releases the lease. A handoff to
+a joining node runs beside the rounds, which go on registering the node. The next
 owner, polling every ``period_s``, takes it at once. The partitions handed
 back together (all of them at a stop) are taken out in one pass over the
 task table, not one pass each.
@@ -392,17 +394,18 @@ class Coordinator:
             # attempts taken over and held to their deadline (waiting for those
             # held a handoff after a takeover up to handoff_wait_s, 6.3 s in
             # scenario 4), nor an outcome whose write failed (delivering again
-            # with nothing in flight: without replicas for WAIT, a handback after
-            # a failover waited the whole handoff_wait_s for those, 11.5 s, the
-            # partitions served by no one meanwhile).
+            # with nothing in flight).
             sending = self.engine.sending(kept)
             deadline_s = time.monotonic() + self.handoff_wait_s
             while sending and time.monotonic() < deadline_s:
                 self._stop_step = f"waiting for {len(sending)} attempts in flight"
                 await asyncio.sleep(0.02)
                 sending = self.engine.sending(sending)
-            # Their outcomes' writes, in these partitions' lanes alone: the
-            # others' writes go on under load and need not be waited for.
+            # Their outcomes' writes, in these partitions' lanes alone and once
+            # (engine/journal.py, drain): a handback after a Sentinel failover,
+            # writes refused for lack of replicas, waited 13.7 s for every lane
+            # to be idle, a queue of failing WAITs, the partitions served by no
+            # one meanwhile (tests/test_ha_sentinel_one_replica.py).
             self._stop_step = "waiting for the journal to drain"
             await self.engine.drain(partitions)
             # Only the tasks kept are left of these partitions (requests for them
