@@ -467,6 +467,9 @@ def test_the_dashboard_and_the_alerts_use_only_metrics_the_server_has(redis_url:
     assert names and not {n for n in names if not (known(n, got) or known(n, got_ha))}
     if shutil.which("promtool"):
         subprocess.run(["promtool", "check", "rules", str(DOCS / "alerts.yml")], check=True)
+        # The HA rules' expressions on made-up series (tests/alerts_test.yml).
+        tests_yml = Path(__file__).parent / "alerts_test.yml"
+        subprocess.run(["promtool", "test", "rules", str(tests_yml)], check=True)
 
 
 def test_lateness_is_counted_per_fired_batch_as_one_observation_per_timer() -> None:
