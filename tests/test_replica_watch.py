@@ -55,8 +55,25 @@ def test_one_line_at_start_and_on_each_change_when_a_failover_would_stop_writes(
     watch.observe({"10.0.0.2:6379": 0}, 0)
     (line,) = _lines(caplog)
     assert "10.0.0.2:6379 has 0 replica(s) connected, fewer than --replicas 1" in line
-    assert "every write is refused" in line
+    assert "every write to it is refused" in line
     assert watch.connected == {"10.0.0.2:6379": 0}
+
+
+def test_a_clusters_primaries_at_risk_are_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "delaywheel.cluster")
+    watch = _watch(1, Clock())
+    watch.observe({"a:1": 1, "b:2": 1, "c:3": 2}, 0)
+    assert _lines(caplog) == [
+        "Redis primaries a:1 (1), b:2 (1) have that many replica(s) connected and --replicas 1:"
+        " a failover of one of them would stop every write to its partitions (the promoted"
+        " replica would have 0) until a replica connects to the new primary; run at least 2"
+        " replicas"
+    ]
+    watch.observe({"a:1": 2, "b:2": 2, "c:3": 2}, 0)
+    assert _lines(caplog) == [
+        "Redis primaries a:1 (2), b:2 (2) have that many replica(s) connected: a failover keeps"
+        " writes (--replicas 1)"
+    ]
 
 
 def test_enough_replicas_at_start_say_nothing_and_none_wanted_never_warns(

@@ -10,12 +10,15 @@ many replicas"); the node says so in the log, one line under
 ``delaywheel.cluster`` at start and whenever a primary's count changes:
 
 - ``Redis primary H:P has C replica(s) connected and --replicas N: a
-  failover of it would stop every write ...`` (a warning, C == N);
-- ``... has C replica(s) connected, fewer than --replicas N: every write is
-  refused ...`` (a warning, C < N; not at start, where the store's start-up
-  warning says the same);
+  failover of it would stop every write to it ...`` (a warning, C == N);
+- ``... has C replica(s) connected, fewer than --replicas N: every write to
+  it is refused ...`` (a warning, C < N; not at start, where the store's
+  start-up warning says the same);
 - ``... has C replica(s) connected: a failover keeps writes`` (info, C > N,
   on a change only).
+
+The primaries of a Cluster in the same state at one look are one line
+(``Redis primaries A (1), B (1) have that many replica(s) ...``).
 
 While writes are refused for lack of replicas (``WAIT`` confirmed fewer than
 N in its second: the store counts them, ``RedisStore.short_of_replicas``),
@@ -104,37 +107,38 @@ class ReplicaWatch:
         self._refusals_seen(refused)
 
     def _counts_seen(self, counts: Mapping[str, int]) -> None:
+        """One line per kind of change (a Cluster's primaries together)."""
         first, self._seen = not self._seen, True
         wanted = self.wanted
-        for primary, count in sorted(counts.items()):
-            before = self.connected.get(primary)
-            if before == count:
-                continue
-            if wanted and count < wanted:
-                if first:
-                    continue  # the store's start-up warning says it: writes refused now
-                log.warning(
-                    "Redis primary %s has %d replica(s) connected, fewer than --replicas %d:"
-                    " every write is refused (unavailable) until %d connect",
-                    *(primary, count, wanted, wanted),
-                    extra=_fields(primary, count, wanted, failover_stops_writes=True),
-                )
-            elif wanted and count == wanted:
-                log.warning(
-                    "Redis primary %s has %d replica(s) connected and --replicas %d: a failover"
-                    " of it would stop every write (the promoted replica would have %d) until"
-                    " a replica connects to the new primary; run at least %d replicas",
-                    *(primary, count, wanted, max(count - 1, 0), wanted + 1),
-                    extra=_fields(primary, count, wanted, failover_stops_writes=True),
-                )
-            elif not first:
-                log.info(
-                    "Redis primary %s has %d replica(s) connected: a failover keeps writes"
-                    " (--replicas %d)",
-                    *(primary, count, wanted),
-                    extra=_fields(primary, count, wanted, failover_stops_writes=False),
-                )
+        changed = [(p, n) for p, n in sorted(counts.items()) if self.connected.get(p) != n]
         self.connected = dict(counts)
+        if not wanted:
+            return
+        # Fewer than wanted at start is the store's own start-up warning.
+        short = [(p, n) for p, n in changed if n < wanted and not first]
+        at_risk = [(p, n) for p, n in changed if n == wanted]
+        safe = [(p, n) for p, n in changed if n > wanted and not first]
+        if short:
+            log.warning(
+                "%s connected, fewer than --replicas %d: every write %s is refused"
+                " (unavailable) until %d connect",
+                *(_said(short), wanted, _to(short), wanted),
+                extra=_fields(short, wanted, failover_stops_writes=True),
+            )
+        if at_risk:
+            log.warning(
+                "%s connected and --replicas %d: a failover of %s would stop every write"
+                " %s (the promoted replica would have %d) until a replica connects to the"
+                " new primary; run at least %d replicas",
+                *(_said(at_risk), wanted, _it(at_risk), _to(at_risk), wanted - 1, wanted + 1),
+                extra=_fields(at_risk, wanted, failover_stops_writes=True),
+            )
+        if safe:
+            log.info(
+                "%s connected: a failover keeps writes (--replicas %d)",
+                *(_said(safe), wanted),
+                extra=_fields(safe, wanted, failover_stops_writes=False),
+            )
 
     def _refusals_seen(self, refused: int) -> None:
         now_s = self._clock()
@@ -188,5 +192,22 @@ class ReplicaWatch:
         }
 
 
-def _fields(primary: str, count: int, wanted: int, **more: Any) -> dict[str, Any]:
-    return {"primary": primary, "connected": count, "replicas": wanted, **more}
+def _said(found: list[tuple[str, int]]) -> str:
+    """``Redis primary H:P has N replica(s)``, or several primaries in one line."""
+    if len(found) == 1:
+        ((primary, count),) = found
+        return f"Redis primary {primary} has {count} replica(s)"
+    listed = ", ".join(f"{primary} ({count})" for primary, count in found)
+    return f"Redis primaries {listed} have that many replica(s)"
+
+
+def _it(found: list[tuple[str, int]]) -> str:
+    return "it" if len(found) == 1 else "one of them"
+
+
+def _to(found: list[tuple[str, int]]) -> str:
+    return "to it" if len(found) == 1 else "to its partitions"
+
+
+def _fields(found: list[tuple[str, int]], wanted: int, **more: Any) -> dict[str, Any]:
+    return {"connected": dict(found), "replicas": wanted, **more}
