@@ -521,6 +521,8 @@ class Journal:
         per write, so the wait was a queue of them (3.9 s for a handback
         after a failover, the partitions served by no one meanwhile)."""
         if lanes is not None:
+            if self._lane_of is None:  # one lane: every key's
+                lanes = [0]
             holding = [index for index in lanes if self._lanes[index].newest() is not None]
             group_of, failing = self._store.lane_group, self.watch.is_failing
             if holding and not all(failing(index, group_of(index)) for index in holding):
