@@ -161,6 +161,30 @@ class ServerCollector:
             "Time from acquiring a partition to serving it, summed over takeovers.",
             value=counts.takeover_seconds,
         )
+        yield GaugeMetricFamily(
+            "delaywheel_partitions_unowned",
+            "Partitions whose lease no node held at this node's last look.",
+            value=coordinator.unowned(),
+        )
+        yield CounterMetricFamily(
+            "delaywheel_writes_refused_no_replicas",
+            "Store writes answered unavailable because WAIT confirmed fewer replicas than "
+            "--replicas.",
+            value=coordinator.writes_refused_for_replicas(),
+        )
+        connected = GaugeMetricFamily(
+            "delaywheel_redis_replicas_connected",
+            "Replicas connected to each Redis primary of the keyspace, as last read.",
+            labels=["primary"],
+        )
+        for primary, count in sorted(coordinator.replicas.connected.items()):
+            connected.add_metric([primary], count)
+        yield connected
+        yield GaugeMetricFamily(
+            "delaywheel_replicas_wanted",
+            "The --replicas setting.",
+            value=coordinator.replicas.wanted,
+        )
 
     def _info(self, snapshot: Snapshot) -> Iterator[Metric]:
         info = GaugeMetricFamily(

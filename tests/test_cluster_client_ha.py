@@ -401,14 +401,29 @@ def _retry(method: str = "add", resent: bool = False) -> Retry:
     return Retry(method, time.monotonic() + 30, resent)
 
 
-def test_moved_is_followed_three_times_in_a_row() -> None:
+def test_moved_is_followed_until_the_deadline_at_once_three_times_then_backing_off() -> None:
     retry = _retry("get")
     moved = Moved("elsewhere", data={"partition": 1, "owner": "b:2", "epoch": 3})
-    steps = [retry.after(moved, time.monotonic()) for _ in range(4)]
-    assert [s.action for s in steps] == [RESEND, RESEND, RESEND, RAISE]
-    assert steps[0].hint == {"partition": 1, "owner": "b:2", "epoch": 3}
-    retry.progressed()  # one batch of an add_many got through: the count starts again
-    assert retry.after(moved, time.monotonic()).action == RESEND
+    now_s = time.monotonic()
+    steps = [retry.after(moved, now_s) for _ in range(12)]
+    # Never raised for a partition that has an owner while the call has time left.
+    assert [s.action for s in steps] == [RESEND] * 12
+    assert all(s.hint == {"partition": 1, "owner": "b:2", "epoch": 3} for s in steps)
+    assert [s.wait_s for s in steps[:3]] == [0.0, 0.0, 0.0]
+    waits = [s.wait_s for s in steps[3:]]
+    assert waits == sorted(waits) and 0 < waits[0] <= waits[-1] <= 1.0
+    retry.progressed()  # one batch of an add_many got through: at once again
+    assert retry.after(moved, now_s).wait_s == 0.0
+    # Past its deadline the call raises what the nodes say.
+    assert retry.after(moved, retry.deadline_s).action == RAISE
+
+
+def test_a_moved_follow_never_waits_past_the_deadline() -> None:
+    retry = Retry("get", time.monotonic() + 0.01)
+    moved = Moved("elsewhere", data={"partition": 1, "owner": "b:2", "epoch": 3})
+    for _ in range(3):
+        retry.after(moved, time.monotonic())
+    assert retry.after(moved, time.monotonic()).wait_s <= 0.01
 
 
 def test_tryagain_sleeps_the_servers_retry_after_then_resends() -> None:

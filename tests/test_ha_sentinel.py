@@ -45,7 +45,17 @@ from delaywheel_client.errors import DelaywheelError
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.store.redis.layout import Layout
 from delaywheel.store.redis.sentinel import SentinelTopology
-from tests.hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
+from tests.hacheck import (
+    Delivery,
+    Fault,
+    LoadGenerator,
+    Report,
+    Request,
+    RequestLog,
+    Sink,
+    check,
+    sink,
+)
 from tests.serverproc import ServerProcess, free_port
 from tests.waiting import wait_until
 
@@ -69,6 +79,9 @@ AFTER_S = 3.0
 # after a takeover of up to 2 L, and a second failover (the Sentinels giving
 # up on the replica they promoted first) adds about as much again.
 SETTLE_S = 40.0
+# The room a loaded machine needs beyond the bound, down-after + 2 L, for
+# writes to resume after a failover.
+RESUME_MARGIN_S = 3.0
 
 
 # -- what the node decides after a failover -------------------------------------------
@@ -146,15 +159,20 @@ def _settled(nodes: list[ServerProcess]) -> bool:
 
 
 def _under_load(
-    farm: SentinelFarm, nodes: list[ServerProcess], fault: Callable[[], list[float | Fault]]
+    farm: SentinelFarm,
+    nodes: list[ServerProcess],
+    fault: Callable[[], list[float | Fault]],
+    requests: RequestLog | None = None,
+    deliveries: list[Delivery] | None = None,
 ) -> Report:
     """Load through a ClusterClient, ``fault()`` (the times it injected), more load
     once the Sentinels name a new primary; then every task settled (delivered,
-    or still held after ``SETTLE_S``: pending), and the check."""
+    or still held after ``SETTLE_S``: pending), and the check. ``requests`` and
+    ``deliveries``, when given, get the run's request log and what the sink had."""
     old = farm.current_primary()
     seeds = [f"{node.host}:{node.port}" for node in nodes]
+    requests = RequestLog() if requests is None else requests
     with sink() as received, ClusterClient(seeds, failover_timeout_s=20) as dw:
-        requests = RequestLog()
         load = LoadGenerator(dw, received, requests, rate=40, delay_s=(0.2, 1.5)).start()
         time.sleep(BEFORE_S)
         faults = fault()
@@ -173,6 +191,8 @@ def _under_load(
         for task_id in pending:  # what each still is, for the failure's output
             print(f"pending {task_id}: {_shown_task(dw, task_id)}")
         _dump(farm, nodes, requests, received, faults, report, pending)
+        if deliveries is not None:
+            deliveries.extend(received.received())
     print(f"\n{report.summary()}")
     return report
 
@@ -360,15 +380,51 @@ def test_a_node_serves_nothing_on_a_primary_the_sentinels_replaced_while_it_was_
 def test_scenario_3_kill_9_of_the_redis_primary_under_load(
     redis_sentinels: SentinelFarm, sentinel_nodes: list[ServerProcess]
 ) -> None:
+    """The documented layout (a primary, two replicas, three Sentinels, quorum 2)
+    with the primary killed: writes resume within down-after + 2 L (plus a
+    margin for the loaded machine), nothing lost or early, no duplicate the
+    docs do not explain, and every delivery carries an epoch of 1 or more."""
     farm = redis_sentinels
+    killed_at: list[float] = []
 
     def kill_primary() -> list[float | Fault]:
         at_s = time.time()
         farm.primary.kill()
+        killed_at.append(at_s)
         return [at_s]
 
-    report = _under_load(farm, sentinel_nodes, kill_primary)
+    requests, deliveries = RequestLog(), []
+    report = _under_load(farm, sentinel_nodes, kill_primary, requests, deliveries)
     _assert_scenario(report, sentinel_nodes, farm)
+    resumed_s = writes_resumed_s(requests.snapshot(), killed_at[0])
+    print(f"writes resumed {resumed_s:.2f} s after the kill")
+    assert resumed_s <= down_after_s() + 2 * LEASE_S + RESUME_MARGIN_S, resumed_s
+    assert_epochs_of_deliveries(deliveries)
+
+
+def down_after_s() -> float:
+    """Sentinel's down-after in the farm (imported here: the module is a plugin,
+    loaded by pytest before any test module may import it)."""
+    from redisfarm import DOWN_AFTER_MS
+
+    return DOWN_AFTER_MS / 1000
+
+
+def writes_resumed_s(requests: list[Request], fault_s: float) -> float:
+    """From ``fault_s`` to the first add sent after it that was acknowledged (its
+    client retried it until then): how long no write was taken."""
+    done = [
+        r.done_s for r in requests if r.op == "add" and r.outcome == "ok" and r.sent_s >= fault_s
+    ]
+    assert done, "no add acknowledged after the fault"
+    return min(done) - fault_s
+
+
+def assert_epochs_of_deliveries(deliveries: list[Delivery]) -> None:
+    """Every delivery carried its partition's epoch, 1 or more (never 0, never none)."""
+    epochs = [d.epoch for d in deliveries]
+    bad = [e for e in epochs if e is None or e < 1]
+    assert epochs and not bad, f"{len(bad)} of {len(epochs)} deliveries with epoch {set(bad)}"
 
 
 def test_scenario_4_sigstop_of_the_redis_primary_past_down_after(

@@ -225,6 +225,21 @@ def test_an_outage_of_some_lanes_ends_when_they_or_their_group_write_again(
     assert len(messages) == 4 and "back after 3.0 s" in messages[1], messages
 
 
+def test_a_write_refused_to_a_deposed_owner_is_no_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A fenced write (another node owns the partition now) is the store working:
+    no lost line, no back line after it (the coordinator says it, docs/ha.md)."""
+
+    class Refused(RuntimeError):
+        reply_code = "moved"  # as FencedWrite's
+
+    watch = StoreWatch("redis://h:1/0", clock=Clock())
+    caplog.set_level(logging.INFO, logger="delaywheel.store")
+    watch.failed(1, Refused("partition 3 is no longer this node's"), watch.started(), 3)
+    assert not watch.lost and not watch.is_failing(3) and watch.failures == 0
+    watch.recovered(2)
+    assert caplog.records == []
+
+
 def test_a_slow_write_is_a_warning_with_its_size_and_time(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     watch = StoreWatch("memory://", slow_s=0.5, clock=clock)

@@ -406,6 +406,13 @@ def check_events(
         "delaywheel.auth",
     )
     one(events, "shutting down", "INFO", "delaywheel")
+    # A node of a keyspace says what its stop handed over (docs/ha.md).
+    stopped, match = one(
+        events, r"stopped: handed back (\d+) partitions in [\d.]+ s", "INFO", "delaywheel.cluster"
+    )
+    assert int(match[1]) == 16  # every partition, the node being alone
+    if is_json:
+        assert stopped.fields["partitions"] == 16 and stopped.fields["duration_s"] >= 0
     # Nothing else, from any logger: the push's failed attempts while its broker
     # was down, and the store's Redis as a broker, are the only other lines.
     others = [e for e in events if not e.checked and not re.fullmatch(OTHER_LINES, e.message)]

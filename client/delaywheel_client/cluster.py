@@ -7,8 +7,9 @@ a call is sent: by running its plan (plans.py, written once for this client and
 ``AsyncClusterClient``, which run the plans with their own I/O). The rules (retry.py;
 docs/protocol.md, "Several nodes: the clients"):
 
-- ``moved``: the hint is taken, the map fetched again, and the call resent, at most 3
-  times in a row. An ``add_many`` refused so is grouped again by the fetched map.
+- ``moved``: the hint is taken, the map fetched again, and the call resent: at once 3
+  times in a row, then after a backoff, until ``failover_timeout_s``. An ``add_many``
+  refused so is grouped again by the fetched map.
 - ``tryagain`` (no owner yet), an owner that cannot be reached, or one that closed the
   connection saying ``unavailable``: sleep ``retry_after_ms`` (or back off), fetch the
   map, resend, for up to ``failover_timeout_s``.

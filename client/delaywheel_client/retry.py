@@ -23,7 +23,7 @@ from delaywheel_client.errors import (
 from delaywheel_client.methods import READ_ONLY_METHODS
 from delaywheel_client.protocol import Response
 from delaywheel_client.routing import (
-    MAX_MOVED_FOLLOWS,
+    MOVED_AT_ONCE,
     PartitionMap,
     error_data,
     group_by_owner,
@@ -54,8 +54,11 @@ class Retry:
     """One call's retry policy, the same for ``ClusterClient`` and ``AsyncClusterClient``:
     the client makes the call, and on each error asks ``after`` what to do next.
 
-    - ``moved``: follow the hint, refresh, resend at once, at most ``MAX_MOVED_FOLLOWS``
-      times in a row (a call that then gets through starts the count again).
+    - ``moved``: follow the hint, refresh, resend: at once ``MOVED_AT_ONCE`` times in a
+      row (a call that then gets through starts the count again), then after a backoff
+      each time, until ``deadline_s``. A partition moving answers ``moved`` from both
+      nodes for a moment (the old owner names the new one before it serves); a call
+      raises ``Moved`` only when the nodes disagree past its deadline.
     - ``tryagain``, an owner that cannot be reached (nothing was sent), and a node that
       closed the connection saying ``unavailable`` (over its connection limit, or going
       away): wait (``retry_after_ms``, or a backoff), refresh, resend, until ``deadline_s``.
@@ -93,10 +96,13 @@ class Retry:
         if isinstance(exc, ConnectionFailed):
             return self._unknown(exc, now_s) if exc.maybe_applied else self._wait(exc, now_s)
         if exc.code == "moved":
-            if self.moved >= MAX_MOVED_FOLLOWS:
+            if now_s >= self.deadline_s:
                 return Step(RAISE)
             self.moved += 1
-            return Step(RESEND, 0.0, error_data(exc))
+            if self.moved <= MOVED_AT_ONCE:
+                return Step(RESEND, 0.0, error_data(exc))
+            wait_s = min(retry_after_s(exc, self.moved - MOVED_AT_ONCE), self.deadline_s - now_s)
+            return Step(RESEND, wait_s, error_data(exc))
         if exc.code == "tryagain":
             return self._wait(exc, now_s)
         if exc.code == "unavailable":

@@ -23,9 +23,11 @@ from delaywheel_client.connection import ClientBase, parse_url
 from delaywheel_client.errors import ConnectionFailed, DelaywheelError
 from delaywheel_client.partitions import partition_of
 
-# ``moved`` is followed this many times per call (each time with a fresh map) before the
-# call raises it: more means the nodes disagree about ownership for longer than a refresh.
-MAX_MOVED_FOLLOWS = 3
+# ``moved`` is followed at once this many times in a row (each time with a fresh map);
+# past that the nodes disagree about ownership for longer than a refresh (a partition
+# moving: the old owner names the new one before the new one serves it), and each
+# further follow waits a backoff first, until the call's deadline.
+MOVED_AT_ONCE = 3
 
 # How long one call keeps trying while its partition has no reachable owner (``tryagain``,
 # or the owner's connection refused): a crashed owner's lease runs out within 2 leases

@@ -77,6 +77,10 @@ class Attempts:
         # (when_s, n, task, what to do then, whether the attempt was sent here).
         self.held: list[tuple[float, int, Task, _Again | None, bool]] = []
         self._held_count = itertools.count()
+        # Attempts handed to the dispatcher whose outcome has not come yet (their
+        # send is in flight here), by id: a handoff waits for these to end, not
+        # for their outcomes' writes, which may fail for as long as the store does.
+        self._sending: dict[str, Task] = {}
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
 
     def start(self, queue: Queue) -> None:
@@ -100,15 +104,15 @@ class Attempts:
             else:
                 self._resend(task)
 
-    def sent_here(self, tasks: list[Task]) -> list[Task]:
-        """Those of ``tasks`` (delivering) that are not attempts held by ``adopt``:
-        a held one is not in flight at this node, nothing of it is sent until
-        its deadline, and a node taking it over holds it to the same one."""
-        if not self.held:
-            return tasks
-        # Nor an attempt begun here not yet sent (its write not confirmed).
-        held = {id(task) for _, _, task, _, sent in self.held if not sent}
-        return [task for task in tasks if id(task) not in held]
+    def sending(self, tasks: list[Task]) -> list[Task]:
+        """Those of ``tasks`` whose attempt is being sent from here now: handed to
+        the dispatcher, its outcome not in yet. Not an attempt held by ``adopt``
+        (nothing of it is sent until its deadline, and a node taking it over
+        holds it to the same one), nor one whose send has ended and whose
+        outcome's write failed (it is ``delivering`` again, but nothing is in
+        flight: waiting for it cannot help while the store refuses writes)."""
+        sending = self._sending
+        return [task for task in tasks if sending.get(task.id) is task]
 
     def _hold(self, when_s: float, task: Task, again: _Again | None, *, sent: bool) -> None:
         heapq.heappush(self.held, (when_s, next(self._held_count), task, again, sent))
@@ -134,9 +138,10 @@ class Attempts:
         """Forget the attempts to resend of tasks dropped from the table (their
         partition is another node's): ``begin`` would not send them anyway."""
         delivering = self._table.delivering
-        for task_id, task in list(self._resume.items()):
-            if leaving(task_id) and delivering.get(task_id) is not task:
-                del self._resume[task_id]
+        for found in (self._resume, self._sending):
+            for task_id, task in list(found.items()):
+                if leaving(task_id) and delivering.get(task_id) is not task:
+                    del found[task_id]
 
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
@@ -161,6 +166,7 @@ class Attempts:
         changed or begun since it was queued)."""
         resumed = self._resume.pop(task_id, None)
         if resumed is not None and self._table.delivering.get(task_id) is resumed:
+            self._sending[task_id] = resumed
             ready(self._delivery(resumed))  # its attempt is in the store already
             return True
         # Otherwise a due task (one resumed before its partition was dropped and
@@ -182,6 +188,7 @@ class Attempts:
         current = task.attempts == attempt and table.delivering.get(task.id) is task
         if error is None:
             if current:  # not deleted (nor its partition dropped) since
+                self._sending[task.id] = task
                 ready(self._delivery(task))
                 return
         elif current and isinstance(error, Unconfirmed):
@@ -232,6 +239,7 @@ class Attempts:
         """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
         else why it failed. A task deleted during its attempt is gone already."""
         table = self._table
+        self._sending.pop(task_id, None)
         task = table.delivering.get(task_id)
         if task is None or task.attempts != attempt:
             return

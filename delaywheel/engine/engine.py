@@ -470,15 +470,12 @@ class Engine:
         self.journal.forget(lambda task: id(task) not in staying and of(task.id) in leaving)
         return kept
 
-    def is_delivering(self, task: Task) -> bool:
-        """Whether ``task``'s attempt is still in flight (its outcome not in yet)."""
-        return self.table.delivering.get(task.id) is task
+    def sending(self, kept: list[Task]) -> list[Task]:
+        """Those of ``kept`` (delivering) whose attempt this node is sending now
+        (``Attempts.sending``)."""
+        return self.attempts.sending(kept)
 
-    def sent_here(self, kept: list[Task]) -> list[Task]:
-        """Those of ``kept`` (delivering) whose attempt this node sent: not the
-        ones taken over and held to their deadline (``Attempts.sent_here``)."""
-        return self.attempts.sent_here(kept)
-
-    async def drain(self) -> None:
-        """Wait until every change made so far is durable or has failed."""
-        await self.journal.drain()
+    async def drain(self, partitions: Collection[int] | None = None) -> None:
+        """Wait until every change made so far is durable or has failed; of
+        ``partitions`` only, when given (a keyspace's lane is its partition)."""
+        await self.journal.drain(None if partitions is None else list(partitions))

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -334,11 +334,12 @@ class Journal:
             return self.newest()
         return wait
 
-    def newest(self) -> Wait | None:
-        """The newest batch of every lane not yet durable (None: all are)."""
+    def newest(self, lanes: Collection[int] | None = None) -> Wait | None:
+        """The newest batch of every lane (of ``lanes``) not yet durable (None: all are)."""
         if self._lane_of is None:
             return self._one.newest()
-        found = [batch for lane in self._lanes if (batch := lane.newest()) is not None]
+        among = self._lanes if lanes is None else [self._lanes[index] for index in lanes]
+        found = [batch for lane in among if (batch := lane.newest()) is not None]
         if len(found) > 1:
             return Joint(found)
         return found[0] if found else None
@@ -539,18 +540,44 @@ class Journal:
         batch.finish(error)
         later.finish(error)
 
-    async def drain(self) -> None:
-        """Wait until everything recorded so far is durable (or has failed)."""
+    async def drain(self, lanes: Collection[int] | None = None) -> None:
+        """Wait until everything recorded so far is durable (or has failed).
+
+        With ``lanes``, only what those lanes hold now, waited for once (a
+        handoff's: the outcomes of its attempts in flight): not the other
+        lanes, whose writes go on under load, nor a change recorded after the
+        call, such as a retry the failure of the awaited write made. Waiting
+        for every lane until none had a change waited, under load, for as
+        long as the load lasted when writes kept failing (a ``WAIT`` without
+        its replicas). And not at all while the writes of the server that
+        holds them fail (the watch has a lane of theirs lost): they would fail
+        too, and a failing ``WAIT`` holds the journal's connection a second
+        per write, so the wait was a queue of them (3.9 s for a handback
+        after a failover, the partitions served by no one meanwhile)."""
+        if lanes is not None:
+            if self._lane_of is None:  # one lane: every key's
+                lanes = [0]
+            holding = [index for index in lanes if self._lanes[index].newest() is not None]
+            group_of, failing = self._store.lane_group, self.watch.is_failing
+            if holding and not all(failing(index, group_of(index)) for index in holding):
+                batch = self.newest(holding)
+                assert batch is not None
+                await self._settled(batch)
+            return
         while (batch := self.newest()) is not None:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            await self._settled(batch)
 
-            def wake(_error: StoreError | None, done: asyncio.Future[None] = done) -> None:
-                if not done.done():
-                    done.set_result(None)
+    async def _settled(self, batch: Wait) -> None:
+        """Until ``batch``'s write has returned, or failed (its flush started now)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-            batch.add_callback(wake)
-            self.flush()
-            await done
+        def wake(_error: StoreError | None) -> None:
+            if not done.done():
+                done.set_result(None)
+
+        batch.add_callback(wake)
+        self.flush()
+        await done
 
 
 _NEW_SNAPSHOT: tuple[Any, ...] = (NEW,)

@@ -21,8 +21,10 @@ are sent again (at-least-once, as after a restart).
 
 A handoff first stops serving the partition (its requests are answered
 ``moved``) and takes its tasks out of the wheel and the queues, so nothing
-more fires; then it waits until the journal is drained and the attempts in
-flight have their outcomes journaled; then it releases the lease. The next
+more fires; then it waits until the attempts it is sending have ended and
+the write of what those partitions' journal lanes hold has returned (not
+while that server's writes fail); then it releases the lease. A handoff to
+a joining node runs beside the rounds, which go on registering the node. The next
 owner, polling every ``period_s``, takes it at once. The partitions handed
 back together (all of them at a stop) are taken out in one pass over the
 task table, not one pass each.
@@ -72,6 +74,7 @@ from typing import Any, Protocol, TypeVar
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
 from delaywheel.ha.membership import Membership, plan
+from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.sharing import Owner, Sharing
 from delaywheel.store.redis import Holder, Holders, RedisStore
 from delaywheel.tallies import ClusterCounts
@@ -82,6 +85,19 @@ log = logging.getLogger("delaywheel.cluster")
 HANDOFF_WAIT_S = 10.0
 # A stop gives up after handoff_wait_s and this many lease periods more.
 STOP_BOUND_LEASES = 3
+# Partitions lost or fenced within this of each other are one event, one log
+# line: a node woken from a pause self-fences every partition in one loop turn
+# and has its flushes in flight refused just after (one line each was 14 lines).
+GATHER_LINES_S = 0.1
+# How each kind of loss is said: (what, why).
+_LOSSES = {
+    "fenced": ("fenced partitions %s, epochs %s", "no lease renewal for 0.8 L"),
+    "lost": ("lost partitions %s, epochs %s", "a lease renewal was refused"),
+    "refused": (
+        "partitions %s fenced",
+        "a write was refused (another node owns them now)",
+    ),
+}
 
 
 def _nothing_to_rearm() -> None:
@@ -118,16 +134,13 @@ class Host(Protocol[Kept]):
         these ids are looked at."""
         ...
 
-    def sent_here(self, kept: list[Kept]) -> list[Kept]:
-        """Those of ``kept`` whose attempt this node sent (not held to a deadline)."""
+    def sending(self, kept: list[Kept]) -> list[Kept]:
+        """Those of ``kept`` whose attempt this node is sending now (not one held
+        to a deadline, nor one whose send ended and whose outcome's write failed)."""
         ...
 
-    def is_delivering(self, task: Kept) -> bool:
-        """Whether ``task``'s attempt is still in flight."""
-        ...
-
-    async def drain(self) -> None:
-        """Wait until every change made so far is durable (or failed)."""
+    async def drain(self, partitions: Collection[int] | None = None) -> None:
+        """Wait until every change made so far (of ``partitions``) is durable (or failed)."""
         ...
 
 
@@ -161,14 +174,24 @@ class Coordinator:
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.counts = ClusterCounts()
+        keys = [names.epoch for names in layout]  # one key of each partition: its primary
+        self.replicas = ReplicaWatch(
+            keyspace.replicas,
+            lambda: self.keyspace.topology.replicas_connected(keys),
+            self.writes_refused_for_replicas,
+        )
         self._loop_task: asyncio.Task[None] | None = None
         self._busy: set[int] = set()  # partitions being loaded or handed back
         self._stopping = False
         self._gave_up = False  # a hand-back whose cancel was swallowed ends on it
         self._stop_step = ""  # what a stop waits on now, for its give-up line
+        self._handed_at_stop = 0  # the partitions a stop hands back, for its exit line
         self._dropping: set[int] = set()  # lost, their tasks to be dropped next turn
+        # Losses not logged yet, by kind: (partition, epoch), said together (_say_losses).
+        self._losses: dict[str, list[tuple[int, int | None]]] = {}
         self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
         self._rereading: asyncio.Task[None] | None = None
+        self._handing: set[asyncio.Task[None]] = set()  # handbacks to a joining node
         rights.coordinator = self  # the store's owner: its refusals and failovers come here
 
     # -- life cycle ----------------------------------------------------------
@@ -185,14 +208,21 @@ class Coordinator:
         self.keeper.start()
         await self._round()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        self.replicas.start()
+
+    def writes_refused_for_replicas(self) -> int:
+        """Writes that ``WAIT`` found short of ``--replicas`` confirmations so far."""
+        return self.keyspace.short_of_replicas
 
     async def stop(self, server: StopsFirst | None = None) -> None:
         """Stop ``server`` first, when given, then hand every partition back (a
         graceful stop: the next owner takes over at once); give up
         ``stop_bound_s`` after the call (see the module docstring)."""
         self._stopping = True  # from now on no round claims or hands back
+        started_s = time.monotonic()
+        await self.replicas.close()
         bound_s = self.stop_bound_s
-        until_s = time.monotonic() + bound_s
+        until_s = started_s + bound_s
         waiting_on = None if server is None else await server.stop(until_s)
         if waiting_on is None:  # the journal is drained: the partitions can go back
             stopping = asyncio.get_running_loop().create_task(self._hand_all_back())
@@ -200,6 +230,12 @@ class Coordinator:
             # swallowed as the round loop's was.
             await asyncio.wait({stopping}, timeout=max(0.0, until_s - time.monotonic()))
             if stopping.done():
+                took_s = time.monotonic() - started_s
+                log.info(
+                    "stopped: handed back %d partitions in %.2f s",
+                    *(self._handed_at_stop, took_s),
+                    extra={"partitions": self._handed_at_stop, "duration_s": round(took_s, 3)},
+                )
                 return
             stopping.cancel()
             waiting_on = self._stop_step
@@ -223,10 +259,15 @@ class Coordinator:
             if task is not None:
                 task.cancel()  # may be swallowed: the loops end on _stopping too
                 await asyncio.wait({task})
+        if self._handing:  # handbacks under way end first (within handoff_wait_s)
+            self._stop_step = "waiting for a handback under way"
+            await asyncio.wait(set(self._handing))
         held = set(self.keeper.held)
+        handoffs = self.counts.handoffs
         if held:
             with contextlib.suppress(Exception):
                 await self._hand_back(held)
+        self._handed_at_stop = self.counts.handoffs - handoffs
         if self._gave_up:
             return
         self._stop_step = "leaving the members"
@@ -278,7 +319,14 @@ class Coordinator:
                 await self._claim(partition, holders.get(partition))
         leaving = {p for p in todo.hand_back if p in held and p not in self._busy}
         if leaving and not self._stopping:
-            await self._hand_back(leaving)
+            # In a task of its own: the rounds go on meanwhile, registering this
+            # node (a handback that waits on attempts in flight or on a failing
+            # write can outlast L, and with the rounds held the node's own
+            # registration lapsed: the others saw it gone, mid-handback).
+            self._busy.update(leaving)  # the next rounds leave them alone
+            handing = asyncio.get_running_loop().create_task(self._hand_back(leaving))
+            self._handing.add(handing)
+            handing.add_done_callback(self._handed)
 
     def _primary_moves(self) -> int:
         return self.keyspace.topology.primary_moves
@@ -333,6 +381,11 @@ class Coordinator:
         finally:
             self._busy.discard(partition)
 
+    def _handed(self, task: asyncio.Task[None]) -> None:
+        self._handing.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.debug("handback failed: %r", exc)  # the keeper's fence timers decide
+
     async def _hand_back(self, partitions: set[int]) -> None:
         """Stop serving, let what is in flight be journaled, then release."""
         self._busy.update(partitions)
@@ -342,17 +395,24 @@ class Coordinator:
             # Nothing fires from here on; attempts in flight stay in the table,
             # so that their outcomes are journaled as they come.
             kept = self.engine.drop_partitions(partitions, keep_delivering=True)
-            # Not the attempts taken over and held to their deadline: waiting
-            # for those held a handoff after a takeover up to handoff_wait_s
-            # (6.3 s in scenario 4), the partition served by no one meanwhile.
-            delivering = self.engine.sent_here(kept)
+            # Only the sends in flight here, until each has ended: not the
+            # attempts taken over and held to their deadline (waiting for those
+            # held a handoff after a takeover up to handoff_wait_s, 6.3 s in
+            # scenario 4), nor an outcome whose write failed (delivering again
+            # with nothing in flight).
+            sending = self.engine.sending(kept)
             deadline_s = time.monotonic() + self.handoff_wait_s
-            while delivering and time.monotonic() < deadline_s:
-                self._stop_step = f"waiting for {len(delivering)} attempts in flight"
+            while sending and time.monotonic() < deadline_s:
+                self._stop_step = f"waiting for {len(sending)} attempts in flight"
                 await asyncio.sleep(0.02)
-                delivering = [t for t in delivering if self.engine.is_delivering(t)]
+                sending = self.engine.sending(sending)
+            # Their outcomes' writes, in these partitions' lanes alone and once
+            # (engine/journal.py, drain): a handback after a Sentinel failover,
+            # writes refused for lack of replicas, waited 13.7 s for every lane
+            # to be idle, a queue of failing WAITs, the partitions served by no
+            # one meanwhile (tests/test_ha_sentinel_one_replica.py).
             self._stop_step = "waiting for the journal to drain"
-            await self.engine.drain()
+            await self.engine.drain(partitions)
             # Only the tasks kept are left of these partitions (requests for them
             # are answered moved): no second pass over the whole table.
             self.engine.drop_partitions(partitions, among=[task.id for task in kept])
@@ -373,7 +433,27 @@ class Coordinator:
     def _lost(self, partition: int, epoch: int, why: str) -> None:
         """The keeper's: the lease is gone or may be (self-fenced)."""
         self.counts.lost += 1
+        self._note_loss(why, partition, epoch)
         self._forget(partition)
+
+    def _note_loss(self, kind: str, partition: int, epoch: int | None) -> None:
+        if not self._losses:
+            asyncio.get_running_loop().call_later(GATHER_LINES_S, self._say_losses)
+        self._losses.setdefault(kind, []).append((partition, epoch))
+
+    def _say_losses(self) -> None:
+        """One warning per kind for the losses gathered (``GATHER_LINES_S``)."""
+        losses, self._losses = self._losses, {}
+        for kind, found in sorted(losses.items()):
+            what, why = _LOSSES.get(kind, (f"{kind} partitions %s, epochs %s", kind))
+            found.sort()
+            partitions = [p for p, _ in found]
+            epochs = [e for _, e in found]
+            shown = (partitions, epochs) if what.count("%s") == 2 else (partitions,)
+            log.warning(
+                f"{what}: %s", *shown, why,
+                extra={"partitions": partitions, "epochs": epochs, "reason": kind},
+            )  # fmt: skip
 
     def _fenced(self, fenced: set[int], holders: Holders) -> None:
         """The keyspace's: a write was refused for ``fenced``, whose new holders
@@ -383,11 +463,7 @@ class Coordinator:
         turn."""
         self.counts.fenced_flushes += 1
         for partition in fenced:
-            log.warning(
-                "partition %d fenced: a write was refused (another node owns it now)",
-                partition,
-                extra={"partition": partition},
-            )
+            self._note_loss("refused", partition, None)
             self.keeper.forget(partition)
             self.sharing.unserve(partition)
             self.keyspace.epochs.pop(partition, None)
@@ -447,7 +523,20 @@ class Coordinator:
         self.engine.drop_partitions(dropping)
 
     def stats(self) -> dict[str, Any]:
-        return {"node": self.sharing.node, "partitions": self.sharing.stats()}
+        return {
+            "node": self.sharing.node,
+            "partitions": self.sharing.stats(),
+            "replicas": self.replicas.stats(self.writes_refused_for_replicas()),
+        }
+
+    def unowned(self) -> int:
+        """Partitions with no owner in this node's last look at the leases."""
+        owners = self.sharing.owners
+        return sum(
+            1
+            for p in range(self.sharing.partitions)
+            if (owner := owners.get(p)) is None or owner.node is None
+        )
 
 
 class NodeRights:

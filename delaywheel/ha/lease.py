@@ -259,7 +259,8 @@ class LeaseKeeper:
         if held is None:
             return
         held.fence.cancel()
-        log.warning("%s partition %d, epoch %d", why, partition, held.epoch)
+        # At DEBUG: the coordinator says it, one line for the partitions lost together.
+        log.debug("%s partition %d, epoch %d", why, partition, held.epoch)
         self._on_lost(partition, held.epoch, why)
 
     async def _renew_forever(self) -> None:

@@ -147,6 +147,11 @@ class Server:
         ownership = self.engine.ownership
         stats["node"] = ownership.node
         stats["partitions"] = ownership.stats()
+        if self.coordinator is not None:  # a node of a keyspace (docs/ha.md)
+            coordinator = self.coordinator
+            stats["replicas"] = coordinator.replicas.stats(
+                coordinator.writes_refused_for_replicas()
+            )
         stats["connections"] = len(self.connections)
         stats["schedules"] = self.engine.schedules.stats()
         stats["tls"] = self.settings.tls_cert is not None

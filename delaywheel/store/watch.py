@@ -63,6 +63,12 @@ class StoreWatch:
     def lost(self) -> bool:
         return self._lost_since_s is not None
 
+    def is_failing(self, lane: int, group: object = None) -> bool:
+        """Whether the last write of ``lane``, or of another lane of its group
+        (the same server), failed with none of the group's written since."""
+        lost = self._lost_lanes
+        return lane in lost or group in lost.values()
+
     def started(self) -> float:
         """A write is submitted: when (for ``written`` and ``failed``)."""
         return self._clock()
@@ -108,7 +114,13 @@ class StoreWatch:
     ) -> None:
         """That write of ``size`` changes of ``lane`` (of ``group``), started at
         ``started_s``, failed with ``error`` (whose text names the store's
-        display URL, never its password)."""
+        display URL, never its password). A write refused because another node
+        owns its partition now (answered ``moved``: ``FencedWrite``) is no
+        outage: the store took the refusal, and the coordinator says it
+        (docs/ha.md); as one, it made a lost/back pair of lines each time."""
+        if getattr(error, "reply_code", None) == "moved":
+            log.debug("store write of %d changes refused: %s", size, error)
+            return
         self.failures += 1
         self._failed_writes += 1
         self._failed_changes += size

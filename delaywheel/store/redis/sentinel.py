@@ -243,6 +243,11 @@ class SentinelTopology(Topology):
             return False
         return self.primary_moves == moves and not self._sentinel.doubtful
 
+    def primary_address(self) -> str:
+        """The primary the Sentinels named last (the master's name until asked)."""
+        found = self._sentinel.primary
+        return self.target.master if found is None else f"{found[0]}:{found[1]}"
+
     def _primary_moved(self, host: str, port: int) -> None:
         """Every connection to the previous primary goes: the write links
         reconnect (resending what was in flight), redis-py's pool is emptied."""

@@ -67,7 +67,12 @@ from delaywheel.store.base import (
     redact_url,
 )
 from delaywheel.store.redis.client import Client, durability_warnings, replicas_warning
-from delaywheel.store.redis.fenced import FencedWriter, FlushOutcome, PartitionWrite
+from delaywheel.store.redis.fenced import (
+    FencedWriter,
+    FlushOutcome,
+    PartitionWrite,
+    TooFewReplicas,
+)
 from delaywheel.store.redis.fenced_cluster import ClusterFencedWriter
 from delaywheel.store.redis.layout import (
     DEFAULT_PARTITIONS,
@@ -167,6 +172,8 @@ class RedisStore(Store):
         # once per change, and a partial saves a Python call each time.
         self.lane_of = partial(partition_of, partitions=partitions)  # type: ignore[method-assign]
         self.replicas = replicas
+        # Writes that WAIT found short of --replicas confirmations (ha/replicas.py).
+        self.short_of_replicas = 0
         self._sole = owner is None
         self.owner: Owner = SoleOwner() if owner is None else owner
         self.epochs = self.owner.epochs  # partition -> epoch this node may write with
@@ -382,6 +389,8 @@ class RedisStore(Store):
     ) -> None:
         """``writes``' outcome (a flush's, or on a Cluster one primary's part of
         it) to ``done``, partition by partition."""
+        if type(outcome.error) is TooFewReplicas:  # counted for the replica watch
+            self.short_of_replicas += 1
         epochs = self.epochs
         if outcome.error is None and not outcome.fenced:  # the commonest: all written
             lost = self._lost_in_flight

@@ -154,6 +154,19 @@ class Topology:
         """redis-py's keywords that send a command about ``key`` where it is served."""
         return {}
 
+    async def replicas_connected(self, keys: Sequence[str]) -> dict[str, int]:
+        """The replicas connected to each primary that serves ``keys`` (INFO
+        replication), by the primary's ``host:port``: one here."""
+        info = await self.client.info("replication")
+        return {self.primary_address(): int(info.get("connected_slaves", 0))}
+
+    def primary_address(self) -> str:
+        """The primary's ``host:port`` (a socket's path) as this topology knows it."""
+        options = self._options
+        if "path" in options:
+            return str(options["path"])
+        return f"{options.get('host', 'localhost')}:{options.get('port', 6379)}"
+
     def writer(self, *, replicas: int, wait_timeout_s: float, held: Held) -> Writer:
         """The journal's fenced writer on a link of its own (fenced.py). With
         ``replicas``, its reply timeout outlasts WAIT's: at least
@@ -263,6 +276,16 @@ class ClusterTopology(Topology):
 
     def route(self, key: str) -> dict[str, Any]:
         return {"target_nodes": self.cluster.get_node_from_key(key)}
+
+    async def replicas_connected(self, keys: Sequence[str]) -> dict[str, int]:
+        """Each primary serving one of ``keys`` (by the slot map), asked once."""
+        nodes = map(self.cluster.get_node_from_key, keys)
+        primaries = {node.name: node for node in nodes if node is not None}
+        found = {}
+        for name, node in sorted(primaries.items()):
+            info = await self.cluster.info("replication", target_nodes=node)
+            found[name] = int(info.get("connected_slaves", 0))
+        return found
 
     def writer(self, *, replicas: int, wait_timeout_s: float, held: Held) -> Writer:
         def link_to(host: str, port: int) -> JournalLink:
