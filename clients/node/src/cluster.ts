@@ -8,7 +8,9 @@
  * - Routing: a call about a task goes to the owner of its id's partition
  *   (`crc32(id) % partitions`, an occurrence `s:{X}:{digits}` hashing `X`); `add` always
  *   sends an id (a random hex one when none is given), so resending it is safe.
- * - `moved`: take the hint, fetch the map, resend, at most 3 times in a row.
+ * - `moved`: take the hint, fetch the map, resend: at once 3 times in a row, then after a
+ *   backoff each time, until `failoverTimeoutS` (a partition moving answers `moved` from
+ *   both nodes for a moment; `Moved` is thrown only when they still disagree then).
  * - `tryagain`, an owner that cannot be reached, or a node that closed saying
  *   `unavailable`: sleep `retry_after_ms` (or back off 50 ms doubling to 1 s), fetch the
  *   map, resend, for up to `failoverTimeoutS` (30 s).
@@ -36,7 +38,7 @@ import {
 import type { ClusterStats } from "./types.js";
 
 export interface ClusterClientOptions extends Omit<ClientOptions, "host" | "port"> {
-  /** How long one call keeps trying while its partition has no reachable owner. Default 30 s. */
+  /** How long one call keeps trying while its partition has no reachable owner, or is moving. Default 30 s. */
   failoverTimeoutS?: number;
   /** A blocking `reserve` waits on one node at a time for at most this long. Default 0.5 s. */
   reserveSliceS?: number;

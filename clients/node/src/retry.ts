@@ -9,7 +9,7 @@ import { isDeepStrictEqual } from "node:util";
 
 import { READ_ONLY_METHODS } from "./commands.js";
 import { ConnectionFailed, DelaywheelError, ServerClosed } from "./errors.js";
-import { FAILOVER_TIMEOUT_S, MAX_MOVED_FOLLOWS, isMap } from "./routing.js";
+import { FAILOVER_TIMEOUT_S, MOVED_AT_ONCE, isMap } from "./routing.js";
 
 /** A call whose outcome is unknown is sent again at most this many times. */
 export const MAX_UNKNOWN_RESENDS = 3;
@@ -30,7 +30,18 @@ export function retryAfterS(error: DelaywheelError, attempt: number): number {
 
 export type Step = { action: "raise" } | { action: "confirm" } | { action: "resend"; waitS: number; hint?: unknown };
 
-/** One call's retry policy: the same rules as the Python client's `Retry` (retry.py). */
+/**
+ * One call's retry policy: the same rules as the Python client's `Retry` (retry.py).
+ *
+ * - `moved`: follow the hint, refresh, resend: at once `MOVED_AT_ONCE` times in a row (a
+ *   call that then gets through starts the count again), then after a backoff each time,
+ *   until the deadline. A partition moving answers `moved` from both nodes for a moment;
+ *   a call throws `Moved` only when the nodes still disagree at its deadline.
+ * - `tryagain`, an owner that cannot be reached, a node that closed saying `unavailable`:
+ *   wait (`retry_after_ms`, or a backoff), refresh, resend, until the deadline.
+ * - Outcome unknown: resend at most `MAX_UNKNOWN_RESENDS` times, reads and adds only.
+ * - `exists` on an add sent more than once: confirm. Anything else: throw.
+ */
 export class Retry {
   resent: boolean;
   private moved = 0;
@@ -70,9 +81,11 @@ export class Retry {
       return error.maybeApplied ? this.outcomeUnknown(error, nowS) : this.wait(error, nowS);
     }
     if (error.code === "moved") {
-      if (this.moved >= MAX_MOVED_FOLLOWS) return { action: "raise" };
+      if (nowS >= this.deadlineS) return { action: "raise" };
       this.moved += 1;
-      return { action: "resend", waitS: 0, hint: error.data };
+      if (this.moved <= MOVED_AT_ONCE) return { action: "resend", waitS: 0, hint: error.data };
+      const waitS = Math.min(retryAfterS(error, this.moved - MOVED_AT_ONCE), this.deadlineS - nowS);
+      return { action: "resend", waitS, hint: error.data };
     }
     if (error.code === "tryagain") return this.wait(error, nowS);
     if (error.code === "unavailable") return this.outcomeUnknown(error, nowS);

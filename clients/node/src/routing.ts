@@ -11,9 +11,14 @@ import { DelaywheelError } from "./errors.js";
 import { partitionOf } from "./partitions.js";
 import type { ClusterMap } from "./types.js";
 
-/** `moved` is followed this many times in a row before the call throws it. */
-export const MAX_MOVED_FOLLOWS = 3;
-/** How long one call keeps trying while its partition has no owner that answers. */
+/**
+ * `moved` is followed at once this many times in a row (each time with a fresh map); past
+ * that the nodes disagree for longer than a refresh (a partition moving: the old owner
+ * names the new one before the new one serves it), and each further follow waits a backoff
+ * first, until the call's deadline.
+ */
+export const MOVED_AT_ONCE = 3;
+/** How long one call keeps trying while its partition has no owner that answers, or is moving. */
 export const FAILOVER_TIMEOUT_S = 30;
 /** A blocking `reserve` waits on one node at a time for at most this long. */
 export const RESERVE_SLICE_S = 0.5;

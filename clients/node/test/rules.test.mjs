@@ -8,9 +8,15 @@ import { PartitionMap, route } from "../dist/routing.js";
 import { ConnectionFailed, ServerClosed, errorFrom } from "../dist/errors.js";
 import { python } from "./servers.mjs";
 
-// Each scenario: a method, whether its first send was already a resend, and the errors
-// it meets in turn: [code, data] for a server error, ["connection", applied] for a lost
-// connection, ["closed", code] for ServerClosed. The deadline is far, or already past.
+// A partition moving between nodes: the old owner names the new one before it serves, so
+// both may answer moved for a while.
+const MOVING = Array.from({ length: 40 }, (_, n) => ["moved", { partition: 3, owner: n % 2 ? "a:1" : "b:1", epoch: 5 }]);
+
+// Each scenario: a method, whether its first send was already a resend, and what it meets
+// in turn: [code, data] for a server error, ["connection", applied] for a lost
+// connection, ["closed", code] for ServerClosed, ["progressed", null] for part of the call
+// getting through (one owner's batch of an add_many). The clock starts at 1000 s and moves
+// on by each wait decided; the deadline is 30 s on, or already past.
 const SCENARIOS = [
   ["get", false, [["moved", { partition: 1, owner: "b:1", epoch: 2 }], ["moved", {}], ["moved", {}], ["moved", {}]]],
   ["ack", false, [["tryagain", { partition: 1, retry_after_ms: 200 }], ["tryagain", { retry_after_ms: 0 }], ["tryagain", {}]]],
@@ -28,6 +34,13 @@ const SCENARIOS = [
   ["ack", false, [["not_found", null]]],
   ["ack", false, [["conflict", null]]],
   ["ack", false, [["moved", {}], ["tryagain", {}], ["moved", {}], ["moved", {}], ["moved", {}]]],
+  // Moved until the deadline: at once 3 times, then backing off to 1 s, then thrown.
+  ["get", false, MOVING],
+  ["ack", false, MOVING.slice(0, 9)],
+  // A batch that got through starts the count again; tryagain's waits are counted apart.
+  ["add_many", false, [...MOVING.slice(0, 5), ["progressed", null], ...MOVING.slice(0, 5), ["tryagain", {}], ["moved", {}]]],
+  ["add", false, [["tryagain", { retry_after_ms: 29_900 }], ...MOVING.slice(0, 6)]],
+  ["add", false, [...MOVING.slice(0, 6), ["exists", null]]],
 ];
 const PAST = "past";
 
@@ -37,13 +50,20 @@ function nodeError([kind, detail]) {
   return errorFrom(kind, "message", detail ?? undefined);
 }
 
+// Each decision as [action, wait in seconds]: the waits are compared as the same doubles.
 function nodeDecisions(deadline) {
   return SCENARIOS.map(([method, resent, errors]) => {
-    const now = 1000;
+    let now = 1000;
     const retry = new Retry(method, deadline === PAST ? now - 1 : now + 30, resent);
-    return errors.map((error) => {
-      const step = retry.after(nodeError(error), now);
-      return [step.action, Math.round((step.waitS ?? 0) * 1e6)];
+    return errors.map(([kind, detail]) => {
+      if (kind === "progressed") {
+        retry.progressed();
+        return ["progressed", 0];
+      }
+      const step = retry.after(nodeError([kind, detail]), now);
+      const waitS = step.action === "resend" ? step.waitS : 0;
+      now += waitS;
+      return [step.action, waitS];
     });
   });
 }
@@ -68,8 +88,13 @@ for method, resent, errors in scenarios:
     retry = Retry(method, now - 1 if past else now + 30, resent)
     steps = []
     for kind, detail in errors:
+        if kind == "progressed":
+            retry.progressed()
+            steps.append(["progressed", 0])
+            continue
         step = retry.after(error(kind, detail), now)
-        steps.append([step.action, round(step.wait_s * 1e6)])
+        now += step.wait_s
+        steps.append([step.action, step.wait_s])
     found.append(steps)
 print(json.dumps(found))`,
     [JSON.stringify(SCENARIOS), deadline],
@@ -83,6 +108,32 @@ test("Retry decides as the Python client's Retry, before and after the deadline"
     const node = nodeDecisions(deadline);
     SCENARIOS.forEach((scenario, n) => assert.deepEqual(node[n], python[n], `${deadline}: ${JSON.stringify(scenario)}`));
   }
+});
+
+test("moved is followed until the deadline: at once 3 times, then after 0.1, 0.2, 0.4, 0.8, 1 s...", () => {
+  const start = 1000;
+  const retry = new Retry("get", start + 30);
+  let now = start;
+  const waits = [];
+  let thrown = false;
+  for (const error of MOVING) {
+    const step = retry.after(nodeError(error), now);
+    if (step.action !== "resend") {
+      assert.equal(step.action, "raise");
+      thrown = true;
+      break;
+    }
+    assert.deepEqual(step.hint, error[1], "the hint is the moved error's data");
+    waits.push(step.waitS);
+    now += step.waitS;
+  }
+  assert.ok(thrown, `still followed after ${MOVING.length} moves`);
+  assert.deepEqual(waits.slice(0, 8), [0, 0, 0, 0.1, 0.2, 0.4, 0.8, 1]);
+  assert.ok(waits.length >= 30, `${waits.length} follows before the deadline`);
+  assert.ok(Math.abs(now - (start + 30)) < 1e-9, `thrown at ${now - start} s, not at the 30 s deadline`);
+  assert.ok(waits.every((waitS) => waitS <= 1), waits.join(", "));
+  const past = new Retry("get", start - 1);
+  assert.equal(past.after(nodeError(MOVING[0]), start).action, "raise", "past the deadline: thrown at once");
 });
 
 test("the waits: tryagain's retry_after_ms, else 50 ms doubling to 1 s", () => {
