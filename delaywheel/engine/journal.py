@@ -224,6 +224,10 @@ class Journal:
         # What the changes recorded since the last ``pending()`` wait on.
         self._wait: Batch | None = None
         self._more: list[Batch] | None = None  # more lanes than one (rare)
+        # Called once after the next store answer has settled its writes: on a
+        # store of lanes a connection waits for that, not on each lane's batch
+        # (a pipeline's replies touch every lane in turn).
+        self._listeners: list[Callable[[bool], None]] = []
         self.flushes = 0
         self.last_batch_size = 0
         self.max_batch_size = 0
@@ -291,6 +295,21 @@ class Journal:
             self._more = [batch]
         elif batch not in self._more:
             self._more.append(batch)
+
+    def on_settled(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(failed)`` once, after the next store answer has settled
+        the writes it carried (``failed``: one of them failed and was rolled
+        back), every waiter on those writes already told."""
+        self._listeners.append(callback)
+
+    def _tell_settled(self, failed: bool) -> None:
+        listeners = self._listeners
+        self._listeners = []
+        for callback in listeners:
+            try:
+                callback(failed)
+            except Exception:  # one broken waiter must not stop the others
+                log.exception("settled callback failed")
 
     def _queue(self, lane: Lane) -> None:
         lane.queued = True
@@ -453,6 +472,8 @@ class Journal:
             except Exception:  # the write is in the store: its replies must still go
                 log.exception("durable hook failed")
             batch.finish(error)
+        if self._listeners:
+            self._tell_settled(error is not None and not isinstance(error, Unconfirmed))
         gathering = lane.gathering
         if (gathering.tasks or gathering.records is not None) and not lane.queued:
             lane.queued = True  # (has_changes, inline: once a write)
@@ -497,9 +518,14 @@ class Journal:
             written.append((batch.tasks, changes, lane.is_pending))
         if written:  # once for the lanes of this answer, before any of their replies
             self._durable(written)
+        rolled_back = False
         for _, batch, _, error in settled:
             if error is None or isinstance(error, Unconfirmed):
                 batch.finish(error)
+            else:
+                rolled_back = True
+        if self._listeners:
+            self._tell_settled(rolled_back)
         turn.left -= len(settled)
         if turn.left == 0 and not turn.failed:
             self.flushes += 1

@@ -35,6 +35,7 @@ import socket
 import time
 from collections import deque
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from delaywheel_client.methods import OPEN_METHODS  # allowed before auth
@@ -88,6 +89,20 @@ MAX_RESERVE_TIMEOUT_S = 86_400.0
 MAX_RESERVE_TOPICS = 1_000
 
 
+class Durable:
+    """What a reply that waits for no write waits for, in a list of waits."""
+
+    __slots__ = ()
+    finished = True
+    error: StoreError | None = None
+
+
+DURABLE = Durable()
+# Read in C over a group's waits (``_flush``), not a line of Python per reply.
+_finished = attrgetter("finished")
+_error = attrgetter("error")
+
+
 class Replies:
     """Replies next to each other in the connection's line: their payloads in
     request order, and each one's msgid and method, which a failed write needs
@@ -108,7 +123,7 @@ class Replies:
 
     def __init__(self, wait: Wait | None) -> None:
         self.wait = wait
-        self.waits: list[Wait | None] | None = None
+        self.waits: list[Wait | Durable] | None = None
         self.size = 0  # bytes of its payloads
         self.payloads: list[bytes] = []
         self.msgids: list[int] = []
@@ -142,7 +157,8 @@ class Connection(asyncio.Protocol):
         # before theirs: no set to look in), and every one whose callback has
         # not run yet, each registered once.
         self.waiting_on: Wait | None = None
-        self.registered: set[Wait] = set()
+        # On a store of lanes: whether we wait to be told of the next store answer.
+        self.listening = False
         # One lane (memory, SQLite): batches only move forward, so a batch
         # other than ``waiting_on`` is always a new one: no set to keep.
         self.lanes = self.journal.lanes > 1
@@ -342,20 +358,21 @@ class Connection(asyncio.Protocol):
             group = replies[-1]
             waits = group.waits
             if waits is not None:
-                waits.append(wait)
+                waits.append(DURABLE if wait is None else wait)
             elif group.wait is not wait:
                 if self.lanes:  # from here on, each reply's own
-                    group.waits = [group.wait] * len(group.payloads)
-                    group.waits.append(wait)
+                    waits = group.waits = [cast(Wait, group.wait)] * len(group.payloads)
+                    waits.append(DURABLE if wait is None else wait)
                 else:  # one lane: the next batch's replies, a group of their own
                     group = Replies(wait)
                     replies.append(group)
-        if wait is not None and wait is not self.waiting_on:
-            self.waiting_on = wait
-            if not self.lanes:
-                wait.add_callback(partial(self._write_done, wait))
-            elif wait not in self.registered:
-                self.registered.add(wait)
+        if wait is not None:
+            if self.lanes:  # told once a store answer has settled writes
+                if not self.listening:
+                    self.listening = True
+                    self.journal.on_settled(self._settled)
+            elif wait is not self.waiting_on:
+                self.waiting_on = wait
                 wait.add_callback(partial(self._write_done, wait))
         group.payloads.append(payload)
         group.msgids.append(msgid)
@@ -366,9 +383,19 @@ class Connection(asyncio.Protocol):
         if self.queued > MAX_QUEUED_REPLIES:
             self._update_reading()
 
+    def _settled(self, failed: bool) -> None:
+        """A store answer has settled writes (a store of lanes): the replies at
+        the head of the line whose writes are done go; if some still wait, we
+        are told again after the next answer."""
+        self.listening = False
+        if failed:  # the rollback may have put back an earlier timer
+            self.server.rearm()
+        self._flush()
+        if self.replies and not self.listening:
+            self.listening = True
+            self.journal.on_settled(self._settled)
+
     def _write_done(self, wait: Wait, error: StoreError | None) -> None:
-        if self.lanes:
-            self.registered.discard(wait)
         if wait is self.waiting_on:
             self.waiting_on = None  # not to keep a finished batch's tasks alive
         if error is not None:  # the rollback may have put back an earlier timer
@@ -393,13 +420,22 @@ class Connection(asyncio.Protocol):
                 self.queued -= len(group.payloads)
                 self.line_bytes -= group.size
                 continue
+            if all(map(_finished, waits)):  # one store answer settles every lane: commonest
+                if any(map(_error, waits)):
+                    for i, each in enumerate(waits):
+                        if each.error is not None:
+                            self._failed(group, i, i + 1, each.error)
+                replies.popleft()
+                ready += group.payloads
+                self.queued -= len(waits)
+                self.line_bytes -= group.size
+                continue
             done = 0
-            for wait in waits:
-                if wait is not None:
-                    if not wait.finished:
-                        break
-                    if wait.error is not None:
-                        self._failed(group, done, done + 1, wait.error)
+            for each in waits:
+                if not each.finished:
+                    break
+                if each.error is not None:
+                    self._failed(group, done, done + 1, each.error)
                 done += 1
             if done == len(waits):
                 replies.popleft()
