@@ -119,6 +119,13 @@ def test_each_live_node_owns_p_over_n_rounded_down_or_up(partitions: int) -> Non
         assert set(_loads(owners, nodes)) <= {low, low + (partitions % count > 0)}, count
 
 
+def test_two_nodes_own_8_each_where_plain_rendezvous_gave_5_and_11() -> None:
+    nodes = ["a", "b"]
+    plain = {p: first_choice(p, nodes) for p in range(16)}
+    assert _loads(plain, nodes) == [5, 11]  # the imbalance the balanced assignment ends
+    assert _loads(assignment(nodes, 16), nodes) == [8, 8]
+
+
 def _moves(assign: Callable[[list[str]], dict[int, str]]) -> tuple[list[int], list[int]]:
     """Partitions moved at each of eight joins (1 -> 9 nodes), then at each of
     eight leaves (the oldest node first)."""

@@ -21,7 +21,9 @@ from helpers import load_all
 
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.brokers import CONNECT_TIMEOUT_S, SEND_TIMEOUT_S
 from delaywheel.delivery.targets import TargetRules
+from delaywheel.engine.attempts import attempt_bound_s
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.record import from_record, read_record, to_record
 from delaywheel.engine.retry import RetryPolicy
@@ -278,6 +280,17 @@ def test_an_attempt_taken_over_is_sent_again_only_after_its_deadline() -> None:
         assert await stored(store, task_id) is None
 
     asyncio.run(main())
+
+
+def test_an_attempts_deadline_is_its_http_timeout_or_a_brokers_15_s() -> None:
+    """What a new owner holds a taken-over attempt to (docs/ha.md, "Takeover"):
+    an HTTP target's ``timeout``; a broker's connect and send timeouts."""
+    assert attempt_bound_s({**HTTP, "timeout": 30}) == 30.0
+    for target in (
+        {"type": "amqp", "broker": "mq", "exchange": "x", "routing_key": "k"},
+        {"type": "nats", "broker": "bus", "subject": "s"},
+    ):
+        assert attempt_bound_s(target) == CONNECT_TIMEOUT_S + SEND_TIMEOUT_S == 15.0
 
 
 def test_a_partition_taken_over_keeps_reservations_and_fires_what_is_overdue() -> None:
