@@ -280,7 +280,7 @@ def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_
     assert variable in result.stdout
 
 
-def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
+def test_a_nodes_name_address_lease_and_partitions_default_and_can_be_given() -> None:
     """--node: host name and port; --advertise: the listen address, or the host
     name for 0.0.0.0; --lease 10 s, --partitions 16; each given one is used."""
     from delaywheel.app import _sharing, shared_store
@@ -307,6 +307,15 @@ def test_the_lease_takes_a_duration_and_names_a_bad_one() -> None:
     result = CliRunner().invoke(main, ["serve", "--store", "memory://", "--lease", "ten"])
     assert result.exit_code == 2
     assert "--lease" in result.output and "'ten'" in result.output
+
+
+@pytest.mark.parametrize(("lease", "named"), [("0.4", "got 0.4"), ("601", "got 601.0")])
+def test_a_lease_outside_half_a_second_to_600_s_is_a_usage_error(lease: str, named: str) -> None:
+    # Refused before the store is opened: nothing listens on port 1.
+    store = "redis://127.0.0.1:1/0"
+    result = CliRunner().invoke(main, ["serve", "--store", store, "--lease", lease])
+    assert result.exit_code == 2, result.output
+    assert "lease must be 0.5 to 600.0 s" in result.output and named in result.output
 
 
 def test_group_help_documents_env_vars_exit_codes_and_bin_wrapper() -> None:
