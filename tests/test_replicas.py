@@ -23,6 +23,7 @@ from conftest import RedisServer, primary_with_replica
 from delaywheel_client import Client
 from delaywheel_client.errors import Exists, Unavailable
 
+from delaywheel.ha.replicas import CHECK_EVERY_S
 from delaywheel.store.redis.layout import Layout
 from delaywheel.store.redis.store import REPLICAS_WAIT_S
 from tests.serverproc import ServerProcess
@@ -201,3 +202,26 @@ class _Reads:
 
     def __repr__(self) -> str:
         return f"{self.answered} reads answered, worst {self.worst_s:.3f} s"
+
+
+def test_stats_show_a_lost_replica_within_a_look_every_2_s(tmp_path: Path) -> None:
+    """``stats``' ``replicas.connected`` is read from the primary every 2 s:
+    a replica gone shows as 0 by the next look (with room for a loaded machine)."""
+    with primary_with_replica(tmp_path) as (primary, replica):
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=primary.url)
+        try:
+            with Client(*node.address, timeout_s=30) as dw:
+                ours = f"127.0.0.1:{primary.port}"
+
+                def connected() -> object:
+                    return dw.stats()["replicas"]["connected"]
+
+                wait_until(lambda: connected() == {ours: 1}, 10, "the replica counted")
+                replica.kill()
+                gone_s = time.monotonic()
+                wait_until(lambda: connected() == {ours: 0}, 10, "the replica gone from stats")
+                took_s = time.monotonic() - gone_s
+        finally:
+            node.stop()
+    print(f"a lost replica showed in stats {took_s:.2f} s after its kill")
+    assert took_s < CHECK_EVERY_S + 3.0, took_s  # one look, and room for a loaded machine
