@@ -501,6 +501,33 @@ def test_a_node_restarted_under_its_name_takes_its_leases_back_at_once(redis_url
     assert back_s < lease_s / 2, back_s  # well before the leases could expire
 
 
+def test_the_cluster_map_is_at_most_one_look_at_the_leases_old(redis_url: str) -> None:
+    """A lease taken from under the node (written by hand for a node "z"):
+    the node's ``cluster`` names z by its next look at the leases, every
+    min(L/3, 0.5 s)."""
+    node = _node(redis_url, "solo")
+    try:
+        wait_until(lambda: len(_served(node)) == PARTITIONS, 15, "the node's partitions")
+        partition = 5
+        with redis.Redis.from_url(redis_url) as store:
+            keys = f"{{delaywheel:p{partition:03d}}}"
+            store.set(f"{keys}:epoch", 99)
+            store.set(f"{keys}:lease", "99 z 10.0.0.9:3450", px=60_000)
+        taken_s = time.monotonic()
+        with Client(*node.address) as dw:
+
+            def named() -> bool:
+                owner = dw.cluster()["owners"][partition]
+                return (owner["node"], owner["epoch"]) == ("z", 99)
+
+            wait_until(named, 10, "the map naming z")
+        took_s = time.monotonic() - taken_s
+    finally:
+        node.kill()
+    print(f"the map named the lease's new holder {took_s:.2f} s after it changed")
+    assert took_s < min(LEASE_S / 3, 0.5) + 1.5, took_s  # one look, and a loaded machine
+
+
 def test_another_partition_count_on_a_keyspace_is_refused(redis_url: str) -> None:
     first = _node(redis_url, "a")
     first.stop()
