@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer, primary_with_replica
+from conftest import RedisCluster, RedisServer, primary_with_replica
 from delaywheel_client import Client
 from delaywheel_client.errors import Exists, Unavailable
 
@@ -225,3 +225,35 @@ def test_stats_show_a_lost_replica_within_a_look_every_2_s(tmp_path: Path) -> No
             node.stop()
     print(f"a lost replica showed in stats {took_s:.2f} s after its kill")
     assert took_s < CHECK_EVERY_S + 3.0, took_s  # one look, and room for a loaded machine
+
+
+def test_on_a_cluster_the_start_up_checks_read_the_primary_holding_meta(
+    redis_cluster: RedisCluster,
+) -> None:
+    """AOF off on another primary: no warning; on the one that holds
+    ``{prefix}:meta``: the warning (docs/ha.md, "Start-up checks")."""
+    prefix = "startchk"
+    home = redis_cluster.owner_of(f"{{{prefix}}}:meta")
+    other = next(node for node in redis_cluster.nodes if node is not home)
+
+    def aof_warnings() -> list[str]:
+        node = ServerProcess(
+            "--lease", LEASE, "--redis-prefix", prefix, store=redis_cluster.nodes[0].url
+        )
+        try:
+            wait_until(lambda: "loaded" in node.log_text(), what="the node to load")
+            return _warnings(node.log_text(), "Redis has AOF off (appendonly no)")
+        finally:
+            node.stop()
+
+    try:
+        with other.client() as client:
+            client.config_set("appendonly", "no")
+        assert aof_warnings() == []
+        with home.client() as client:
+            client.config_set("appendonly", "no")
+        assert len(aof_warnings()) == 1
+    finally:
+        for node in (home, other):
+            with node.client() as client:
+                client.config_set("appendonly", "yes")
