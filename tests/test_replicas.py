@@ -23,12 +23,12 @@ import pytest
 from conftest import RedisCluster, RedisServer, primary_with_replica
 from delaywheel_client import Client
 from delaywheel_client.errors import Exists, Unavailable
+from serverproc import ServerProcess
+from waiting import wait_until
 
 from delaywheel.ha.replicas import CHECK_EVERY_S
 from delaywheel.store.redis.layout import Layout
 from delaywheel.store.redis.store import REPLICAS_WAIT_S
-from tests.serverproc import ServerProcess
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 

@@ -17,10 +17,10 @@ from delaywheel_client import Client, ClusterClient
 from delaywheel_client.partitions import record_key
 from hacheck import Sink
 from schedulenodes import SCHEDULE, assert_each_once, nominal_seconds, schedule_node
+from serverproc import ServerProcess
+from waiting import wait_until
 
 from delaywheel.schedules.state import read_record
-from tests.serverproc import ServerProcess
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
