@@ -474,17 +474,23 @@ class Coordinator:
         which no longer write nor serve a refused partition."""
         while True:
             refused, primary = await self.rights.news()
-            dropping: set[int] = set()
-            for fenced in refused:
-                self.counts.fenced_flushes += 1
-                for partition in fenced:
-                    self._note_loss("refused", partition, None)
-                    self.keeper.forget(partition)
-                dropping |= fenced
-            if dropping:  # a loop turn after the journal rolled their lanes back
-                self.engine.drop_partitions(dropping)
-            if primary is not None:
-                self._primary_changed(*primary)
+            try:
+                self._answer(refused, primary)
+            except Exception:  # logged, and the next news is followed all the same
+                log.exception("following the store's refusals and failovers failed")
+
+    def _answer(self, refused: list[set[int]], primary: tuple[str, int] | None) -> None:
+        dropping: set[int] = set()
+        for fenced in refused:
+            self.counts.fenced_flushes += 1
+            for partition in fenced:
+                self._note_loss("refused", partition, None)
+                self.keeper.forget(partition)
+            dropping |= fenced
+        if dropping:  # a loop turn after the journal rolled their lanes back
+            self.engine.drop_partitions(dropping)
+        if primary is not None:
+            self._primary_changed(*primary)
 
     def _primary_changed(self, host: str, port: int) -> None:
         """The store's news: Sentinel names a new primary. Its epochs are read in a task
