@@ -283,7 +283,7 @@ def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_
 def test_a_nodes_name_address_lease_and_partitions_default_and_can_be_given() -> None:
     """--node: host name and port; --advertise: the listen address, or the host
     name for 0.0.0.0; --lease 10 s, --partitions 16; each given one is used."""
-    from delaywheel.app import _sharing, shared_store
+    from delaywheel.app import shared_store
     from delaywheel.config import Settings
 
     host = socket.gethostname()
@@ -291,8 +291,9 @@ def test_a_nodes_name_address_lease_and_partitions_default_and_can_be_given() ->
 
     def sharing(**given: Any) -> tuple[str, str, float, int]:
         settings = Settings(store_url=url, **given)
-        made = _sharing(settings, shared_store(settings)[1])
-        assert made is not None
+        keyspace = shared_store(settings)[1]
+        assert keyspace is not None
+        made = keyspace.sharing
         return made.node, made.address, made.lease_s, made.partitions
 
     anywhere = sharing(host="0.0.0.0", port=3450, token="t")
