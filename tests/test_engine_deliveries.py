@@ -51,7 +51,7 @@ def send_at_once(engine: Engine, sent: list[Delivery]) -> None:
         if delivery is not None:
             sent.append(delivery)
 
-    engine.start_deliveries(lambda task_id, target: engine.attempts.begin(task_id, ready) and None)
+    engine.start_deliveries(lambda task_id, *_: engine.attempts.begin(task_id, ready) and None)
 
 
 def run(scenario: Callable[[Engine, MemoryStore, list[Delivery]], Awaitable[None]]) -> None:
@@ -317,7 +317,7 @@ def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     task = from_record("old", msgpack.packb(fields, use_bin_type=True))
     assert task.target is None and task.last_error is None and task.topic == "mail"
     new_record = to_record(task)
-    assert msgpack.unpackb(new_record)[0] == 4
+    assert msgpack.unpackb(new_record)[0] == 5
     assert from_record("old", new_record).target is None
 
 
@@ -368,7 +368,7 @@ def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> 
         await store.open()
         engine = make_engine(store)
         queued: list[str] = []
-        engine.start_deliveries(lambda task_id, target: queued.append(task_id))
+        engine.start_deliveries(lambda task_id, *_: queued.append(task_id))
         ids = [engine.add({"topic": "hooks", "target": HTTP}, T0)["id"] for _ in range(3)]
         engine.advance(T0 + 1)
         assert queued == ids  # due, in their lane, no attempt yet

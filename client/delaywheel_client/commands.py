@@ -205,11 +205,14 @@ class Commands:
         ttr: float | None = None,
         max_attempts: int | None = None,
         target: Mapping[str, Any] | None = None,
+        priority: int | None = None,
     ) -> Task:
         """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
-        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue)."""
+        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue,
+        priority 1024; 0 is the most urgent)."""
         return self._send(
-            "add", (task_fields(topic, body, delay, at, id, ttr, max_attempts, target),)
+            "add",
+            (task_fields(topic, body, delay, at, id, ttr, max_attempts, target, priority),),
         )
 
     @command(("tasks",))
@@ -220,8 +223,8 @@ class Commands:
     # **changes could name "self" for the type checker; a task has no such field.
     @command(("id", "changes"), route=by_id)  # type: ignore[arg-type]
     def update(self, id: str, **changes: Any) -> Task:
-        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
-        ``max_attempts``; returns the updated task."""
+        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target``,
+        ``max_attempts`` or ``priority``; returns the updated task."""
         return self._send("update", (id, changes))
 
     @command(("id",), route=by_id)

@@ -53,8 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delaywheel.delivery")
 
-# The dispatcher's queue(task_id, target): a due task for its destination's lane.
-Queue = Callable[[str, dict[str, Any]], None]
+# The dispatcher's queue(task_id, target, priority): a due task for its
+# destination's lane.
+Queue = Callable[[str, dict[str, Any], int], None]
 # Called once per begun attempt: the Delivery to send, or None (not to be sent).
 Ready = Callable[["Delivery | None"], None]
 
@@ -156,7 +157,7 @@ class Attempts:
     def _enqueue(self, task: Task) -> None:
         if self._queue is not None:
             assert task.target is not None
-            self._queue(task.id, task.target)
+            self._queue(task.id, task.target, task.priority)
 
     def begin(self, task_id: str, ready: Ready) -> bool:
         """The destination has room for this task: journal its attempt, and call

@@ -366,7 +366,7 @@ class Engine:
 
     # -- deliveries --------------------------------------------------------------
 
-    def start_deliveries(self, queue: Callable[[str, dict[str, Any]], None]) -> None:
+    def start_deliveries(self, queue: Callable[[str, dict[str, Any], int], None]) -> None:
         """Queue due targeted tasks with the dispatcher (``delaywheel.engine.attempts``)."""
         self.attempts.start(queue)
 

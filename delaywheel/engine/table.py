@@ -204,6 +204,7 @@ class TaskTable:
             max_attempts=new.max_attempts,
             created_s=now_s,
             target=target,
+            priority=new.priority,
         )
         self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.

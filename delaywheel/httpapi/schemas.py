@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from delaywheel.engine import validate
-from delaywheel.engine.task import STATES
+from delaywheel.engine.task import MAX_PRIORITY, STATES
 from delaywheel.httpapi import problems
 from delaywheel.httpapi.values import BODY_ENCODINGS
 from delaywheel.schedules import spec
@@ -52,6 +52,12 @@ _TASK_FIELD_TYPES: dict[str, dict[str, Any]] = {
     "ttr": {"type": "number", "minimum": 0, "description": "seconds to ack a reservation"},
     "target": TARGET,
     "max_attempts": {"type": "integer", "minimum": 1},
+    "priority": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_PRIORITY,
+        "description": "0 is the most urgent; default 1024",
+    },
 }
 
 

@@ -46,6 +46,7 @@ export function taskFields(topic: string, body: unknown, options: AddOptions): T
   if (options.ttr !== undefined) task.ttr = options.ttr;
   if (options.maxAttempts !== undefined) task.max_attempts = options.maxAttempts;
   if (options.target !== undefined) task.target = options.target;
+  if (options.priority !== undefined) task.priority = options.priority;
   return task;
 }
 
@@ -82,7 +83,7 @@ export abstract class Commands<TStats = Stats> {
     return (await this.send("add_many", [tasks.map((task) => ({ ...task }))])) as Added[];
   }
 
-  /** Change `delay`/`at`, `body`, `topic`, `ttr`, `target` or `max_attempts`: the updated task. */
+  /** Change `delay`/`at`, `body`, `topic`, `ttr`, `target`, `max_attempts` or `priority`: the updated task. */
   async update(id: string, changes: TaskChanges): Promise<Task> {
     return (await this.send("update", [id, changes])) as Task;
   }
