@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
+from test_engine import T0, run
 
 from delaywheel.delivery.dispatcher import Dispatcher
 from delaywheel.engine.engine import Engine
@@ -18,19 +19,6 @@ from delaywheel.engine.record import from_record, to_record
 from delaywheel.engine.task import DEFAULT_PRIORITY, MAX_PRIORITY
 from delaywheel.errors import RequestError
 from delaywheel.store.memory import MemoryStore
-
-T0 = 1_800_000_000.0
-
-
-def run(scenario: Callable[[Engine, MemoryStore], Awaitable[None]]) -> None:
-    async def main() -> None:
-        store = MemoryStore("memory://")
-        await store.open()
-        engine = Engine(store, now_s=T0)
-        await scenario(engine, store)
-        await engine.journal.drain()
-
-    asyncio.run(main())
 
 
 def drain_order(engine: Engine, topics: list[str], now_s: float) -> list[str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
-from delaywheel_client.partitions import is_record_key
+from delaywheel_client.partitions import is_record_key, is_settings_key
 
 from delaywheel import checks
 from delaywheel.checks import bad
@@ -34,6 +34,7 @@ from delaywheel.engine.schedules import Hooks, ScheduleTable
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
+from delaywheel.engine.topics import TopicTable
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
@@ -90,6 +91,7 @@ class Engine:
             ),
             tick_s,
         )
+        self.topics = TopicTable(self.journal, self._check_served_key)
 
     # -- requests ------------------------------------------------------------
 
@@ -123,8 +125,11 @@ class Engine:
         """A new task's fields, checked, its target too (``add_many`` checks
         every task before it creates any: all or nothing)."""
         new = validate.new_task(fields, now_s, self.limits)
-        if new.id is not None and is_record_key(new.id):
-            raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
+        if new.id is not None and new.id.startswith("s:"):  # the only cost to other ids
+            if is_record_key(new.id):
+                raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
+            if is_settings_key(new.id):
+                raise bad(f"id {new.id!r} is kept for a topic's settings (s:{{topic}}:000)")
         if new.id is not None and not self.ownership.owns_all:  # no call on one node
             self.ownership.check(new.id)
         if new.target is not None:
@@ -318,6 +323,21 @@ class Engine:
     def _check_served(self, schedule_id: str) -> None:
         self.ownership.check(schedule_id)
 
+    def _check_served_key(self, key: str) -> None:
+        if not self.ownership.owns_all:  # no call on one node
+            self.ownership.check(key)
+
+    # -- topic settings (engine/topics.py) ---------------------------------------
+
+    def topic_get(self, topic: Any, now_s: float) -> dict[str, Any]:
+        return self.topics.get(topic, now_s)
+
+    def topic_set(self, topic: Any, settings: Any, now_s: float) -> dict[str, Any]:
+        return self.topics.set(topic, settings, now_s)
+
+    def topic_list(self, query: Any, now_s: float) -> dict[str, Any]:
+        return self.topics.page(query, now_s)
+
     def _occurrence_of(self, task_id: str) -> Occurrence | None:
         """A schedule's occurrence as its task's map and deliveries show it (the
         table's look-up: each schedule knows its zone)."""
@@ -413,7 +433,13 @@ class Engine:
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and
         skipped. Returns how many loaded (see ``delaywheel.engine.cold``)."""
-        return await self.table.cold.load(self.schedules.split(batches))
+        return await self.table.cold.load(self._split(batches))
+
+    def _split(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]]
+    ) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """The store's records with the schedules' and the topics' taken out."""
+        return self.topics.split(self.schedules.split(batches))
 
     async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Add a partition's tasks, while serving (a takeover): as ``load``, and
@@ -439,7 +465,7 @@ class Engine:
                     if task is not None and task_id not in before:
                         adopted.append(task)
 
-        loaded = await self.table.cold.load(self.schedules.split(noting_adopted()))
+        loaded = await self.table.cold.load(self._split(noting_adopted()))
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded
@@ -464,6 +490,7 @@ class Engine:
         of = self.ownership.partition_of
         leaving = frozenset(partitions)
         self.schedules.drop(lambda key: of(key) in leaving)
+        self.topics.drop(lambda key: of(key) in leaving)
         kept = self.table.drop(lambda task_id: of(task_id) in leaving, keep_delivering, among)
         self.attempts.forget(lambda task_id: of(task_id) in leaving)
         staying = {id(task) for task in kept}

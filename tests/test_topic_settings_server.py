@@ -1,0 +1,58 @@
+"""Topic settings on a real server: kept across a kill -9 on SQLite and Redis,
+shown by stats, and the CLI's `delaywheel topic ...`."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from delaywheel_client import Client
+from helpers import cli, cli_json, unique
+from serverproc import ServerProcess
+
+pytestmark = pytest.mark.process
+
+
+def test_settings_survive_a_kill_9_and_stats_shows_them(durable_store_url: str) -> None:
+    proc = ServerProcess(store=durable_store_url)
+    try:
+        with Client(*proc.address) as dw:
+            dw.add("mail", "one")
+            until = time.time() + 3600
+            dw.topic_set("mail", {"paused_until": until, "rate": 2.5, "burst": 5, "note": "x"})
+            dw.topic_set("hooks", {"concurrency": 3, "retain": 60})
+        proc.kill()
+        proc.start()
+        with Client(*proc.address) as dw:
+            mail = dw.topic_get("mail")
+            assert (mail["paused"], mail["paused_until"], mail["rate"], mail["burst"]) == (
+                True, until, 2.5, 5,
+            )  # fmt: skip
+            assert dw.topic_get("hooks")["concurrency"] == 3
+            assert dw.stats()["topic_settings"]["hooks"]["retain"] == 60
+            assert [t["topic"] for t in dw.topic_list()["topics"]] == ["hooks", "mail"]
+            assert dw.stats()["states"]["ready"] == 1
+    finally:
+        proc.stop()
+
+
+def test_the_cli_pauses_resumes_limits_shows_and_lists(address: str) -> None:
+    topic = unique()
+    paused = cli_json(address, "topic", "pause", topic, "90s", "--note", "deploy")
+    assert paused["paused"] and time.time() + 60 < paused["paused_until"] < time.time() + 120
+    shown = cli(address, "topic", "show", topic)
+    assert shown.exit_code == 0 and "yes, until" in shown.stdout and "deploy" in shown.stdout
+    for_ever = cli_json(address, "topic", "pause", topic)
+    assert for_ever["paused_until"] == 253_402_300_799.0
+    assert "until resumed" in cli(address, "topic", "show", topic).stdout
+    limited = cli_json(address, "topic", "limit", topic, "--rate", "50", "--burst", "10")
+    assert (limited["rate"], limited["burst"], limited["concurrency"]) == (50.0, 10, None)
+    listed = cli(address, "topic", "list", "--paused")
+    assert topic in listed.stdout and "50/s (burst 10)" in listed.stdout
+    assert not cli_json(address, "topic", "resume", topic)["paused"]
+    limited = cli_json(address, "topic", "limit", topic, "--no-rate", "--concurrency", "4")
+    assert (limited["rate"], limited["concurrency"]) == (None, 4)
+    refused = cli(address, "topic", "limit", topic)
+    assert refused.exit_code == 2 and "nothing to change" in refused.stderr
+    refused = cli(address, "topic", "limit", topic, "--rate", "0")
+    assert refused.exit_code == 2 and "0" in refused.stderr
