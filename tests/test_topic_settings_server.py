@@ -3,7 +3,9 @@ shown by stats, and the CLI's `delaywheel topic ...`."""
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
 from delaywheel_client import Client
@@ -56,3 +58,46 @@ def test_the_cli_pauses_resumes_limits_shows_and_lists(address: str) -> None:
     assert refused.exit_code == 2 and "nothing to change" in refused.stderr
     refused = cli(address, "topic", "limit", topic, "--rate", "0")
     assert refused.exit_code == 2 and "0" in refused.stderr
+
+
+def test_a_timed_pause_holds_across_a_kill_9_and_ends_by_itself(durable_store_url: str) -> None:
+    proc = ServerProcess(store=durable_store_url)
+    try:
+        with Client(*proc.address) as dw:
+            task_id = dw.add("held", "x")["id"]
+            dw.topic_set("held", {"paused_until": time.time() + 3})
+            assert dw.reserve("held", 0) is None
+        proc.kill()
+        proc.start()
+        with Client(*proc.address) as dw:
+            assert dw.get(task_id)["state"] == "ready"
+            assert dw.reserve("held", 0) is None
+            started_s = time.monotonic()
+            # A blocked reserve is answered when the pause ends, by itself.
+            got = dw.reserve("held", 30)
+            assert got is not None and got["id"] == task_id and got["attempts"] == 1
+            assert time.monotonic() - started_s < 25
+            assert not dw.topic_get("held")["paused"]
+    finally:
+        proc.stop()
+
+
+def test_a_blocked_reserve_on_a_topic_at_its_concurrency_is_answered_on_an_ack(
+    server: ServerProcess,
+) -> None:
+    topic = unique()
+    answer: list[dict[str, Any] | None] = []
+    with Client(*server.address) as dw, Client(*server.address) as other:
+        dw.topic_set(topic, {"concurrency": 1})
+        dw.add(topic, "a")
+        dw.add(topic, "b")
+        first = dw.reserve(topic, 0)
+        assert first is not None and dw.reserve(topic, 0) is None
+        # Another connection blocks while the one slot is taken.
+        waiting = threading.Thread(target=lambda: answer.append(other.reserve(topic, 20)))
+        waiting.start()
+        time.sleep(0.3)
+        assert answer == []
+        dw.ack(first["id"])
+        waiting.join(20)
+    assert answer and answer[0] is not None and answer[0]["body"] == "b"

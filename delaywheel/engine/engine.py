@@ -34,7 +34,6 @@ from delaywheel.engine.schedules import Hooks, ScheduleTable
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
 from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
-from delaywheel.engine.topics import TopicTable
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
@@ -91,7 +90,7 @@ class Engine:
             ),
             tick_s,
         )
-        self.topics = TopicTable(self.journal, self._check_served_key)
+        self.topics, self.flow = table.topics, table.flow
 
     # -- requests ------------------------------------------------------------
 
@@ -176,6 +175,8 @@ class Engine:
             return False
         self.table.move(task, "delete", GONE)
         self.events.deleted += 1
+        if self.flow.limited:  # a slot freed: a blocked reserve may take it
+            self.table.serve_waiters(self.wheel.now_s)
         return True
 
     def get(self, task_id: Any) -> dict[str, Any] | None:
@@ -199,8 +200,12 @@ class Engine:
         return {"tasks": [self.describe(task) for task in tasks], "next": cursor}
 
     def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
-        """Reserve the oldest ready task of ``topics`` now, or return None."""
-        task = self.queues.oldest_ready(validate.topics(topics))
+        """Reserve the most urgent ready task of ``topics`` now (of those whose
+        gate is open: engine/flow.py), or return None."""
+        names = validate.topics(topics)
+        if self.flow.limited:
+            names = self.flow.open_topics(names, now_s)
+        task = self.queues.oldest_ready(names)
         return None if task is None else self.table.reserve(task, now_s)
 
     def wait_reserve(self, waiter: Waiter) -> None:
@@ -213,6 +218,8 @@ class Engine:
         task = self._find(task_id)
         self.table.move(task, "ack", GONE)
         self.events.acked += 1
+        if self.flow.limited:  # a slot freed: a blocked reserve may take it
+            self.table.serve_waiters(self.wheel.now_s)
         return True
 
     def release(self, task_id: Any, delay_s: Any, now_s: float) -> bool:
@@ -323,17 +330,15 @@ class Engine:
     def _check_served(self, schedule_id: str) -> None:
         self.ownership.check(schedule_id)
 
-    def _check_served_key(self, key: str) -> None:
-        if not self.ownership.owns_all:  # no call on one node
-            self.ownership.check(key)
-
     # -- topic settings (engine/topics.py) ---------------------------------------
 
     def topic_get(self, topic: Any, now_s: float) -> dict[str, Any]:
         return self.topics.get(topic, now_s)
 
     def topic_set(self, topic: Any, settings: Any, now_s: float) -> dict[str, Any]:
-        return self.topics.set(topic, settings, now_s)
+        shown = self.topics.set(topic, settings, now_s)
+        self.table.serve_waiters(now_s)  # a gate may have opened
+        return shown
 
     def topic_list(self, query: Any, now_s: float) -> dict[str, Any]:
         return self.topics.page(query, now_s)
@@ -370,6 +375,8 @@ class Engine:
         """Fire what is due (``delaywheel.engine.firing``) and the schedules due
         (``delaywheel.engine.schedules``); returns how many moved."""
         moved = self.firing.advance(now_s)
+        if self.flow.limited:  # a timed pause's end, a token
+            self.table.serve_waiters(now_s)
         fired = self.schedules.advance(now_s)
         if fired:
             # No reply waits for what a schedule's fire step journaled: the
@@ -378,8 +385,13 @@ class Engine:
         return moved + fired
 
     def next_fire_s(self) -> float | None:
-        """When ``advance`` next has work: a task's timer or a schedule's."""
+        """When ``advance`` next has work: a task's timer or a schedule's, or
+        a topic's gate opening for a blocked reserve (engine/flow.py)."""
         fire_s, schedule_s = self.firing.next_fire_s(), self.schedules.next_fire_s()
+        if self.flow.limited and self.queues.has_waiters():
+            open_s = self.flow.next_open_s(self.wheel.now_s, self.queues.has_ready)
+            if open_s is not None:
+                fire_s = open_s if fire_s is None else min(fire_s, open_s)
         if fire_s is None or schedule_s is None:
             return schedule_s if fire_s is None else fire_s
         return min(fire_s, schedule_s)

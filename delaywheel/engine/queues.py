@@ -216,6 +216,15 @@ class Queues:
         woken, self._woken = self._woken, set()
         return [name for name in woken if name in self._waiters and name in self._ready]
 
+    def wake(self, topic: str) -> None:
+        """Look at ``topic``'s waiters again at the next ``waiting_topics`` (its
+        gate may have opened: engine/flow.py)."""
+        if topic in self._waiters:
+            self._woken.add(topic)
+
+    def has_ready(self, topic: str) -> bool:
+        return topic in self._ready
+
     def next_waiter(self, topic: str) -> Waiter | None:
         """The longest-waiting reserve on ``topic`` (lines never hold cancelled ones)."""
         line = self._waiters.get(topic)

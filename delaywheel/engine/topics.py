@@ -8,7 +8,7 @@ as a schedule's is, loaded by ``split`` from the store's records at a start
 or a takeover, and dropped with its partition. Settings all back to their
 defaults delete the record.
 
-What the settings do to ``reserve`` is ``delaywheel.engine.flow``'s.
+What the settings hold back is ``delaywheel.engine.flow``'s.
 """
 
 from __future__ import annotations
@@ -129,12 +129,17 @@ def read_record(record: bytes) -> TopicSettings:
 class TopicTable:
     """Every topic's settings this node holds (those of the partitions it serves)."""
 
-    def __init__(self, journal: Journal, check_served: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        check_served: Callable[[str], None],
+        changed: Callable[[str, TopicSettings], None],
+    ) -> None:
         self._journal = journal
         self._check_served = check_served  # raises moved/tryagain for another node's key
         self.settings: dict[str, TopicSettings] = {}
-        # Called with a topic whose settings changed (flow control rereads them).
-        self.changed: Callable[[str], None] = lambda topic: None
+        # Called with a topic and its settings each time they change (flow control's).
+        self._changed = changed
 
     def of(self, topic: str) -> TopicSettings:
         return self.settings.get(topic, DEFAULTS)
@@ -190,7 +195,7 @@ class TopicTable:
             self.settings.pop(topic, None)
         else:
             self.settings[topic] = settings
-        self.changed(topic)
+        self._changed(topic, settings or DEFAULTS)
 
     # -- the store -----------------------------------------------------------------
 
