@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from delaywheel_client import Client
+from endpoint import Endpoint
+from endpoint import endpoint as endpoint  # the fixture
 from helpers import cli, cli_json, unique
 from serverproc import ServerProcess
+from waiting import wait_until
 
 pytestmark = pytest.mark.process
 
@@ -101,3 +105,60 @@ def test_a_blocked_reserve_on_a_topic_at_its_concurrency_is_answered_on_an_ack(
         dw.ack(first["id"])
         waiting.join(20)
     assert answer and answer[0] is not None and answer[0]["body"] == "b"
+
+
+@pytest.fixture
+def delivering(durable_store_url: str) -> Iterator[ServerProcess]:
+    proc = ServerProcess("--http-allow", "127.0.0.1", store=durable_store_url, tick="0.02")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def most_in_any_window(arrivals_s: list[float], window_s: float) -> int:
+    arrivals_s = sorted(arrivals_s)
+    most, start = 0, 0
+    for end, at_s in enumerate(arrivals_s):
+        while arrivals_s[start] <= at_s - window_s:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+@pytest.mark.slow
+def test_http_deliveries_keep_to_the_rate_burst_and_concurrency(
+    delivering: ServerProcess, endpoint: Endpoint
+) -> None:
+    rate, burst, concurrency, count = 20.0, 4, 3, 40
+    endpoint.slow_s = 0.05
+    target = {"type": "http", "url": endpoint.url("/slow")}
+    with Client(*delivering.address) as dw:
+        dw.topic_set("hooks", {"rate": rate, "burst": burst, "concurrency": concurrency})
+        dw.add_many([{"topic": "hooks", "body": f"n{n}", "target": target} for n in range(count)])
+        wait_until(lambda: len(endpoint.requests()) == count, 30, "every delivery")
+        wait_until(lambda: dw.stats()["tasks"] == 0, 10, "every delivered task to go")
+    arrivals_s = [seen.at_s for seen in endpoint.requests()]
+    assert endpoint.max_in_flight <= concurrency
+    # No more than rate * t + burst in any window t (one more for the network's
+    # jitter between the server's start of an attempt and its arrival here).
+    for window_s in (0.1, 0.25, 0.5, 1.0):
+        assert most_in_any_window(arrivals_s, window_s) <= rate * window_s + burst + 1
+    took_s = max(arrivals_s) - min(arrivals_s)
+    assert took_s >= (count - burst) / rate - 0.1  # the rate held them back
+    assert len({seen.body for seen in endpoint.requests()}) == count  # each once
+
+
+def test_a_paused_topic_holds_its_deliveries_until_resumed(
+    delivering: ServerProcess, endpoint: Endpoint
+) -> None:
+    target = {"type": "http", "url": endpoint.url("/ok")}
+    with Client(*delivering.address) as dw:
+        dw.topic_set("hooks", {"paused_until": 253_402_300_799.0})
+        task_id = dw.add("hooks", "held", target=target)["id"]
+        time.sleep(0.5)  # many ticks: it fell due, and waits
+        assert endpoint.requests() == []
+        assert dw.get(task_id)["state"] == "delayed" and dw.get(task_id)["attempts"] == 0
+        dw.topic_set("hooks", {"paused_until": None})
+        wait_until(lambda: len(endpoint.requests()) == 1, 10, "the delivery after resume")
+        wait_until(lambda: dw.get(task_id) is None, 10, "the delivered task to go")

@@ -338,6 +338,8 @@ class Engine:
     def topic_set(self, topic: Any, settings: Any, now_s: float) -> dict[str, Any]:
         shown = self.topics.set(topic, settings, now_s)
         self.table.serve_waiters(now_s)  # a gate may have opened
+        if self.attempts.gated:
+            self.attempts.release_gated(now_s)
         return shown
 
     def topic_list(self, query: Any, now_s: float) -> dict[str, Any]:
@@ -377,6 +379,8 @@ class Engine:
         moved = self.firing.advance(now_s)
         if self.flow.limited:  # a timed pause's end, a token
             self.table.serve_waiters(now_s)
+        if self.attempts.gated:
+            self.attempts.release_gated(now_s)
         fired = self.schedules.advance(now_s)
         if fired:
             # No reply waits for what a schedule's fire step journaled: the
@@ -388,8 +392,8 @@ class Engine:
         """When ``advance`` next has work: a task's timer or a schedule's, or
         a topic's gate opening for a blocked reserve (engine/flow.py)."""
         fire_s, schedule_s = self.firing.next_fire_s(), self.schedules.next_fire_s()
-        if self.flow.limited and self.queues.has_waiters():
-            open_s = self.flow.next_open_s(self.wheel.now_s, self.queues.has_ready)
+        if self.flow.limited and (self.queues.has_waiters() or self.attempts.gated):
+            open_s = self.flow.next_open_s(self.wheel.now_s, self._held_back)
             if open_s is not None:
                 fire_s = open_s if fire_s is None else min(fire_s, open_s)
         if fire_s is None or schedule_s is None:
@@ -397,6 +401,10 @@ class Engine:
         return min(fire_s, schedule_s)
 
     # -- deliveries --------------------------------------------------------------
+
+    def _held_back(self, topic: str) -> bool:
+        """Whether ``topic`` has ready tasks or due deliveries behind its gate."""
+        return self.queues.has_ready(topic) or topic in self.attempts.gated
 
     def start_deliveries(self, queue: Callable[[str, dict[str, Any], int], None]) -> None:
         """Queue due targeted tasks with the dispatcher (``delaywheel.engine.attempts``)."""

@@ -33,6 +33,9 @@ class Flow:
         # Topics whose gate may have opened since the last look (a settings
         # change, a slot freed): their waiters are looked at again.
         self.woken: set[str] = set()
+        # Deliveries let through a topic's gate whose attempt has not begun
+        # (engine/attempts.py): in its flight already.
+        self._starting: dict[str, int] = {}
 
     def changed(self, topic: str, settings: TopicSettings) -> None:
         """A topic's settings changed (``TopicTable``): keep them if they hold back."""
@@ -73,9 +76,19 @@ class Flow:
         if settings is not None and settings.rate is not None:
             self._buckets[topic] = (self._tokens(topic, settings, now_s) - 1.0, now_s)
 
+    def starting(self, topic: str, n: int) -> None:
+        """``n`` more (or fewer) deliveries of ``topic`` let through, not begun."""
+        left = self._starting.get(topic, 0) + n
+        if left:
+            self._starting[topic] = left
+        else:
+            self._starting.pop(topic, None)
+
     def in_flight(self, topic: str) -> int:
         counts = self._counts.of_topic(topic)
-        return counts.get(RESERVED, 0) + counts.get(DELIVERING, 0)
+        return (
+            counts.get(RESERVED, 0) + counts.get(DELIVERING, 0) + self._starting.get(topic, 0)
+        )
 
     def _tokens(self, topic: str, settings: TopicSettings, now_s: float) -> float:
         assert settings.rate is not None
