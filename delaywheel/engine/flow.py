@@ -86,9 +86,7 @@ class Flow:
 
     def in_flight(self, topic: str) -> int:
         counts = self._counts.of_topic(topic)
-        return (
-            counts.get(RESERVED, 0) + counts.get(DELIVERING, 0) + self._starting.get(topic, 0)
-        )
+        return counts.get(RESERVED, 0) + counts.get(DELIVERING, 0) + self._starting.get(topic, 0)
 
     def _tokens(self, topic: str, settings: TopicSettings, now_s: float) -> float:
         assert settings.rate is not None
