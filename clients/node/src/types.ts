@@ -143,6 +143,43 @@ export interface SchedulePage {
   next: unknown;
 }
 
+/** What `topicSet` may change (null puts a field back to its default). */
+export interface TopicSettingsChanges {
+  /** Paused until then (Unix s); null: not paused. */
+  paused_until?: number | null;
+  /** Tasks a second handed out; null: no limit. */
+  rate?: number | null;
+  burst?: number | null;
+  /** Reserved or delivering at once; null: no limit. */
+  concurrency?: number | null;
+  /** Seconds a completed task is kept. */
+  retain?: number | null;
+  note?: string | null;
+}
+
+/** A topic's settings as the server returns them. */
+export interface TopicSettings {
+  topic: string;
+  paused: boolean;
+  paused_until: number | null;
+  rate: number | null;
+  burst: number;
+  concurrency: number | null;
+  retain: number;
+  note: string;
+}
+
+export interface TopicPage {
+  topics: TopicSettings[];
+  next: unknown;
+}
+
+export interface TopicQuery {
+  paused?: boolean;
+  limit?: number;
+  cursor?: unknown;
+}
+
 export interface ScheduleTimes {
   times: { utc: number; local: string }[];
   description: string;
