@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from delaywheel_client import Client
+from clusternodes import LEASE_S, PARTITIONS, SETTLE_TIMEOUT_S, address, node, served, settled
+from delaywheel_client import Client, ClusterClient
+from delaywheel_client.partitions import partition_of, settings_key
 from endpoint import Endpoint
 from endpoint import endpoint as endpoint  # the fixture
 from helpers import cli, cli_json, unique
@@ -162,3 +164,37 @@ def test_a_paused_topic_holds_its_deliveries_until_resumed(
         dw.topic_set("hooks", {"paused_until": None})
         wait_until(lambda: len(endpoint.requests()) == 1, 10, "the delivery after resume")
         wait_until(lambda: dw.get(task_id) is None, 10, "the delivered task to go")
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_pause_is_carried_by_a_takeover(redis_url: str) -> None:
+    """Two nodes on a private Redis: a topic paused through a ClusterClient,
+    its settings' owner killed; the survivor loads them with the partition
+    and holds the topic's tasks back until it is resumed."""
+    nodes = [node(redis_url, "a"), node(redis_url, "b")]
+    try:
+        wait_until(lambda: settled(nodes), SETTLE_TIMEOUT_S, "two nodes sharing the partitions")
+        killed, survivor = nodes
+        owned = served(killed)
+        topic = next(
+            name
+            for n in range(10_000)
+            if partition_of(settings_key(name := f"held{n}"), PARTITIONS) in owned
+        )
+        with ClusterClient([address(proc) for proc in nodes]) as dw:
+            dw.topic_set(topic, {"paused_until": 253_402_300_799.0, "note": "incident"})
+        killed.kill()
+        wait_until(lambda: len(served(survivor)) == PARTITIONS, 4 * LEASE_S, "the takeover")
+        with Client(*survivor.address) as dw:
+            settings = dw.topic_get(topic)
+            assert settings["paused"] and settings["note"] == "incident"
+            task_id = dw.add(topic, "held")["id"]
+            assert dw.reserve(topic, 0) is None
+            assert dw.get(task_id)["state"] == "ready"
+            dw.topic_set(topic, {"paused_until": None})
+            got = dw.reserve(topic, 0)
+            assert got is not None and got["id"] == task_id
+    finally:
+        for proc in nodes:
+            proc.stop()
