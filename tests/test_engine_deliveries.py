@@ -391,6 +391,37 @@ def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> 
     asyncio.run(main())
 
 
+def test_a_gated_topics_due_deliveries_wait_and_go_most_urgent_first_within_its_limit() -> None:
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        engine = make_engine(store)
+        queued: list[str] = []
+        engine.start_deliveries(lambda task_id, *_: queued.append(task_id))
+        engine.topic_set("hooks", {"paused_until": T0 + 10, "concurrency": 2}, T0)
+        ids = [
+            engine.add({"topic": "hooks", "target": HTTP, "priority": p}, T0)["id"]
+            for p in (1024, 5, 1024, 0)
+        ]
+        engine.advance(T0 + 1)
+        assert queued == []  # due, behind the pause: still delayed, no attempt
+        assert {engine.get(i)["attempts"] for i in ids} == {0}
+        assert engine.next_fire_s() == T0 + 10  # the pause's end wakes the ticker
+        engine.advance(T0 + 10)
+        assert queued == [ids[3], ids[1]]  # the two most urgent: the concurrency
+        sent: list[Delivery | None] = []
+        assert engine.attempts.begin(ids[3], sent.append)
+        await engine.journal.drain()
+        assert queued == [ids[3], ids[1]]  # begun: still in flight, still 2
+        engine.delivered(ids[3], 1, None, T0 + 11)  # its slot frees
+        assert queued == [ids[3], ids[1], ids[0]]  # the first due of the default priority
+        engine.topic_set("hooks", {"concurrency": None}, T0 + 11)
+        assert queued == [ids[3], ids[1], ids[0], ids[2]]  # no limit: the rest
+        await engine.journal.drain()
+
+    asyncio.run(main())
+
+
 def test_held_attempts_with_equal_deadlines_are_each_sent_once() -> None:
     """Two attempts taken over with the same deadline, one of them adopted
     twice (its partition dropped and taken back while it was held): the

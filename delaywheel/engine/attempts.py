@@ -160,8 +160,8 @@ class Attempts:
         """A due task to its destination's lane, unless its topic's gate is
         shut (engine/flow.py): then it waits in ``gated``, still delayed."""
         flow = self._table.flow
-        if not flow.limited or task.topic not in flow.limited:
-            self._enqueue(task)
+        if self._queue is None or not flow.limited or task.topic not in flow.limited:
+            self._enqueue(task)  # (not started: start() queues every waiting task)
             return
         entry = (task.priority, task.at_s, next(self._gated_count), task)
         heapq.heappush(self.gated.setdefault(task.topic, []), entry)
@@ -177,9 +177,10 @@ class Attempts:
                 task = heapq.heappop(line)[3]
                 if waiting.get(task.id) is not task:
                     continue  # deleted or changed since: not due here any more
-                flow.starting(topic, 1)
+                if task.id not in self._let_through:  # (queued twice: begun once)
+                    flow.starting(topic, 1)
+                    self._let_through[task.id] = topic
                 flow.took(topic, now_s)
-                self._let_through[task.id] = topic
                 self._enqueue(task)
             if not line:
                 del self.gated[topic]
