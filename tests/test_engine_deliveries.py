@@ -362,13 +362,19 @@ def test_an_outcome_the_store_failed_to_take_is_journaled_again_not_sent_again(
     asyncio.run(main())
 
 
+async def queuing_engine() -> tuple[Engine, list[str]]:
+    """An engine on a memory store whose due deliveries are noted, never begun."""
+    store = MemoryStore("memory://")
+    await store.open()
+    engine = make_engine(store)
+    queued: list[str] = []
+    engine.start_deliveries(lambda task_id, *_: queued.append(task_id))
+    return engine, queued
+
+
 def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> None:
     async def main() -> None:
-        store = MemoryStore("memory://")
-        await store.open()
-        engine = make_engine(store)
-        queued: list[str] = []
-        engine.start_deliveries(lambda task_id, *_: queued.append(task_id))
+        engine, queued = await queuing_engine()
         ids = [engine.add({"topic": "hooks", "target": HTTP}, T0)["id"] for _ in range(3)]
         engine.advance(T0 + 1)
         assert queued == ids  # due, in their lane, no attempt yet
@@ -393,11 +399,7 @@ def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> 
 
 def test_a_gated_topics_due_deliveries_wait_and_go_most_urgent_first_within_its_limit() -> None:
     async def main() -> None:
-        store = MemoryStore("memory://")
-        await store.open()
-        engine = make_engine(store)
-        queued: list[str] = []
-        engine.start_deliveries(lambda task_id, *_: queued.append(task_id))
+        engine, queued = await queuing_engine()
         engine.topic_set("hooks", {"paused_until": T0 + 10, "concurrency": 2}, T0)
         ids = [
             engine.add({"topic": "hooks", "target": HTTP, "priority": p}, T0)["id"]
