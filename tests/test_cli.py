@@ -566,11 +566,11 @@ def test_list_table_pages_and_all(address: str) -> None:
     result = cli(address, "list", "--topic", topic)
     assert result.exit_code == 0
     lines = result.stdout.strip().splitlines()
-    assert lines[0].split() == ["ID", "TOPIC", "STATE", "DUE", "ATTEMPTS"]
+    assert lines[0].split() == ["ID", "TOPIC", "STATE", "PRI", "DUE", "ATTEMPTS"]
     rows = [line.split() for line in lines[1:]]
     assert [row[0] for row in rows] == ids
-    assert all(row[1:3] == [topic, "delayed"] and row[4] == "0/5" for row in rows)
-    datetime.fromisoformat(rows[0][3])  # an ISO time
+    assert all(row[1:4] == [topic, "delayed", "1024"] and row[5] == "0/5" for row in rows)
+    datetime.fromisoformat(rows[0][4])  # an ISO time
 
     result = cli(address, "list", "--topic", topic, "--limit", "2")
     assert len(result.stdout.strip().splitlines()) == 3

@@ -105,7 +105,7 @@ class TableMachine(RuleBasedStateMachine):
         self.queued: list[str] = []  # due targeted tasks, as the dispatcher's lanes hold them
         self.sent: list[Delivery] = []  # attempts begun and durable, to report on
         self.served: list[dict[str, Any]] = []
-        self.engine.start_deliveries(lambda task_id, target: self.queued.append(task_id))
+        self.engine.start_deliveries(lambda task_id, *_: self.queued.append(task_id))
 
     def apply(self, change: Any, *args: Any) -> None:
         """One request, its store write (failing when asked), as a turn would."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from delaywheel.engine.task import STATES, Task
+from delaywheel.engine.task import DEFAULT_PRIORITY, STATES, Task
 
 
 def to_record(task: Task) -> bytes:
@@ -40,6 +40,7 @@ def to_record(task: Task) -> bytes:
             task.body_packed,
             task.target,
             task.last_error,
+            task.priority,
         )
     )
 
@@ -70,6 +71,7 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
         body_packed,
         target,
         last_error,
+        priority,
     ) = fields
     task = Task.__new__(Task)
     task._home = None
@@ -88,6 +90,7 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     task.body_packed = body_packed
     task.target = target
     task.last_error = last_error
+    task.priority = priority
     task.seq = 0
     task.queue_seq = -1
     return task
@@ -109,7 +112,9 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
     if len(fields) == 11 and fields[0] == 1:
         fields = _fields_of_v1(task_id, fields)
     if len(fields) == 10 and fields[0] in (2, 3):
-        fields = (*fields, None, None)  # before v4: a queue task, no error
+        fields = (*fields, None, None, DEFAULT_PRIORITY)  # before v4: a queue task, no error
+    elif len(fields) == 12 and fields[0] == 4:
+        fields = (*fields, DEFAULT_PRIORITY)  # before v5: the default priority
     try:
         (
             version,
@@ -124,9 +129,10 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
             body_packed,
             target,
             last_error,
+            priority,
         ) = fields
     except ValueError:
-        raise ValueError(f"a record of {len(fields)} fields, not 12") from None
+        raise ValueError(f"a record of {len(fields)} fields, not 13") from None
     if version not in _READ_VERSIONS or type(state_code) is not int:
         raise ValueError(f"unknown record version {version!r} or state {state_code!r}")
     if not 0 <= state_code < len(STATE_CODE):
@@ -142,6 +148,7 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         and type(created_s) in _NUMBERS
         and (target is None or (type(target) is dict and type(target.get("type")) is str))
         and (last_error is None or type(last_error) is str)
+        and type(priority) is int
     ):
         raise ValueError("a field has the wrong type")
     if not (_isfinite(at_s) and _isfinite(deadline_s)):
@@ -152,6 +159,7 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes,
 # and keep reading the old one.
+#   v5: as v4, then the priority (3 bytes for the default 1024).
 #   v4: as v3, then the target (nil: the ready queue) and the last delivery
 #       error (nil: none); 2 bytes more for a queue task.
 #   v3: as v2; ttr and deadline are ints when whole (a record without a
@@ -162,8 +170,9 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # Version 2 left out the id (the store's key already holds it) and names the
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
-RECORD_VERSION = 4
-_READ_VERSIONS = frozenset({2, 3, 4})  # v2 and v3 read as v4 without its last two fields
+RECORD_VERSION = 5
+# v2 and v3 read as v4 without its last two fields, v4 as v5 without its last.
+_READ_VERSIONS = frozenset({2, 3, 4, 5})
 _INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
 # One Packer for every record: a packb per record builds a Packer each time,
 # which costs more than the packing (docs/performance.md, "Measurements
@@ -191,4 +200,4 @@ def _fields_of_v1(task_id: str, fields: tuple[Any, ...]) -> tuple[Any, ...]:
     code = STATE_CODE.get(state) if type(state) is str else None
     if code is None:
         raise ValueError(f"unknown state {state!r}")
-    return (RECORD_VERSION, topic, code, *rest, None, None)
+    return (RECORD_VERSION, topic, code, *rest, None, None, DEFAULT_PRIORITY)

@@ -38,6 +38,7 @@ from itertools import count
 from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
+from delaywheel.engine.flow import Flow
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
 from delaywheel.engine.queues import Queues
@@ -55,6 +56,7 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
+from delaywheel.engine.topics import TopicTable
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
@@ -112,6 +114,13 @@ class TaskTable:
         # A schedule's occurrence as its deliveries and task maps show it; the
         # engine gives its schedules' look-up, which knows each one's zone.
         self.occurrence_of = occurrence_of
+        # Topic settings and what they hold back (engine/topics.py, engine/flow.py).
+        self.flow = Flow(self.counts)
+        self.topics = TopicTable(self.journal, self._check_served, self.flow.changed)
+
+    def _check_served(self, key: str) -> None:
+        if not self.ownership.owns_all:  # no call on one node
+            self.ownership.check(key)
 
     # -- where a task lives --------------------------------------------------
 
@@ -204,6 +213,7 @@ class TaskTable:
             max_attempts=new.max_attempts,
             created_s=now_s,
             target=target,
+            priority=new.priority,
         )
         self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.
@@ -225,6 +235,8 @@ class TaskTable:
         """The one way a request changes a task: check, unplace, change, place, journal."""
         check_transition(task.id, task.state, event, to)
         before = task.snapshot() if task.state != NEW else None
+        if self.flow.limited:  # the move may free one of the topic's slots
+            self.flow.freed(task.topic)
         self.unplace(task)
         for name, value in fields.items():
             setattr(task, name, value)
@@ -258,6 +270,8 @@ class TaskTable:
                 to = DEAD
                 self.events.deaths += 1
         check_transition(task.id, task.state, event, to)
+        if self.flow.limited:  # an expired reservation frees one of the topic's slots
+            self.flow.freed(task.topic)
         self.unplace(task)
         task.state = to
         self.place(task)
@@ -342,6 +356,8 @@ class TaskTable:
             self.move(task, "reserve", GONE, attempts=attempts)
         else:
             self.move(task, "reserve", RESERVED, attempts=attempts, deadline_s=now_s + task.ttr_s)
+        if self.flow.limited:
+            self.flow.took(task.topic, now_s)
         self.events.reserved += 1
         return self.describe(task, now_s)
 
@@ -361,13 +377,21 @@ class TaskTable:
         return info
 
     def serve_waiters(self, now_s: float) -> None:
-        """Hand ready tasks to blocked reserves, first come first served."""
+        """Hand ready tasks to blocked reserves, first come first served, from
+        the topics whose gate is open (engine/flow.py)."""
         queues = self.queues
         if not queues.has_waiters():
             return
+        flow = self.flow
+        if flow.limited or flow.woken:
+            for topic in flow.opened(now_s, queues.has_ready):
+                queues.wake(topic)
         for topic in queues.waiting_topics():
             while (waiter := queues.next_waiter(topic)) is not None:
-                task = queues.oldest_ready(waiter.topics)
+                topics = (
+                    waiter.topics if not flow.limited else flow.open_topics(waiter.topics, now_s)
+                )
+                task = queues.oldest_ready(topics)
                 if task is None:
                     break
                 queues.cancel_waiter(waiter)

@@ -36,6 +36,11 @@ DELIVERING = "delivering"
 DEAD = "dead"
 GONE = "gone"
 
+# A task's priority (docs/protocol.md): 0 is the most urgent; beanstalkd's
+# range and default, so its users keep their numbers.
+DEFAULT_PRIORITY = 1024
+MAX_PRIORITY = 2**31 - 1
+
 # The order is part of the store format (a record's state code is the index
 # here): add new states at the end, never reorder.
 STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD)
@@ -76,6 +81,7 @@ CHANGEABLE = (
     "deadline_s",
     "target",
     "last_error",
+    "priority",
 )
 _snapshot = attrgetter(*CHANGEABLE)
 
@@ -109,6 +115,7 @@ class Task(Entry):
         "id",
         "last_error",
         "max_attempts",
+        "priority",
         "queue_seq",
         "seq",
         "state",
@@ -131,6 +138,7 @@ class Task(Entry):
         state: str = NEW,
         deadline_s: float = 0.0,
         target: dict[str, Any] | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         # Entry's own fields, set here rather than through super().__init__():
         # this runs once per add, and the call costs as much as the rest.
@@ -147,6 +155,7 @@ class Task(Entry):
         self.state = state
         self.deadline_s = deadline_s
         self.target = target  # None: the ready queue (most tasks; no dict each)
+        self.priority = priority
         self.last_error: str | None = None  # why the last delivery attempt failed
         self.seq = 0  # creation order, for list paging
         self.queue_seq = -1  # ready-queue membership ticket; -1 when not queued
@@ -195,6 +204,7 @@ def describe(task: Task, wheel: TimingWheel) -> dict[str, Any]:
         "ttr": task.ttr_s,
         "max_attempts": task.max_attempts,
         "attempts": task.attempts,
+        "priority": task.priority,
         "created": task.created_s,
         "target": _QUEUE_TARGET if task.target is None else task.target,
         "cycle": cycle,
