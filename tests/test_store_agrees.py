@@ -38,6 +38,10 @@ from delaywheel.engine.task import Task
 from delaywheel.store.redis import RedisStore
 from delaywheel.store.redis.layout import Layout
 
+# A task added just before the replica is stopped is due this long after: time
+# for the add's confirmation (WAIT) on a loaded machine, which must come first.
+DUE_AFTER_S = 2.0
+
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 
 PARTITIONS = 16
@@ -194,19 +198,24 @@ def test_an_attempt_whose_outcome_could_not_be_journaled_is_not_sent_again(
         assert replica.proc is not None
         try:
             with Client(*node.address, timeout_s=30) as dw, primary.client() as admin:
-                # 1. Due while the replica is stopped.
-                dw.add("hooks", {}, id="begun-short", delay=0.5, target=target)
+                # 1. Due while the replica is stopped (stopped before it is due,
+                # however long the add's confirmation took on a loaded machine).
+                sent_s = time.monotonic()
+                dw.add("hooks", {}, id="begun-short", delay=DUE_AFTER_S, target=target)
                 replica.proc.send_signal(signal.SIGSTOP)
+                assert time.monotonic() - sent_s < DUE_AFTER_S, "the add took longer than its delay"
                 try:
-                    time.sleep(3.0)  # due, its attempt's writes short of the replica
+                    time.sleep(DUE_AFTER_S + 2.5)  # due, its attempt's writes short of the replica
                     assert receiver.received() == []
                 finally:
                     replica.proc.send_signal(signal.SIGCONT)
                 wait_until(lambda: dw.get("begun-short") is None, 20, "begun-short done")
-                dw.add("hooks", {}, id="begun-refused", delay=0.5, target=target)
+                sent_s = time.monotonic()
+                dw.add("hooks", {}, id="begun-refused", delay=DUE_AFTER_S, target=target)
                 replica.proc.send_signal(signal.SIGSTOP)
+                assert time.monotonic() - sent_s < DUE_AFTER_S, "the add took longer than its delay"
                 try:
-                    time.sleep(2.0)  # due, its attempt's writes short of the replica
+                    time.sleep(DUE_AFTER_S + 1.5)  # due, its attempt's writes short of the replica
                     admin.config_set("maxmemory", 1)  # and then refused
                     time.sleep(2.0)
                     assert not _arrived(receiver, "begun-refused")
