@@ -71,6 +71,11 @@ _EVENTS = (
         "attempt.",
     ),
     ("kicked", "delaywheel_tasks_kicked_total", "Dead tasks kicked back to life."),
+    (
+        "lapsed",
+        "delaywheel_tasks_lapsed_total",
+        "Done tasks dropped once their retain seconds were over.",
+    ),
 )
 
 

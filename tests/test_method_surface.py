@@ -261,7 +261,8 @@ def test_the_servers_routes_are_the_tables_methods() -> None:
     for name, route in server.routes.items():
         assert route.name == name
         assert route.mutating is (name not in READ_ONLY_METHODS), name
-        assert (route.run is None) is (name == "reserve"), name  # the connection serves it
+        # The connection serves the blocking ones.
+        assert (route.run is None) is (name in ("reserve", "wait")), name
 
 
 def _arity_message(method: str) -> str:

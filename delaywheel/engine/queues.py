@@ -11,6 +11,9 @@ reserve (docs/performance.md). Removing a task from the middle (delete, update) 
 lazy: the task's ``queue_seq`` no longer matches its entry, which is dropped
 when it surfaces; a queue with more stale entries than live ones is rebuilt.
 
+Watches are blocked ``wait`` calls, one line per task id (the task table
+keeps them: a task's every move passes there).
+
 Waiters are blocked ``reserve`` calls. Each topic keeps its waiters in arrival
 order, and a waiter on several topics sits in each of those lines; the first
 live waiter of a topic gets that topic's next ready task (fair FIFO).
@@ -81,6 +84,17 @@ class Waiter:
 
     def __init__(self, topics: list[str], deliver: Callable[[dict[str, Any]], None]) -> None:
         self.topics = topics
+        self.deliver = deliver
+
+
+class Watch:
+    """A blocked ``wait`` on one task. ``deliver`` is called once, with the
+    task's map when it is done, dead or gone."""
+
+    __slots__ = ("deliver", "task_id")
+
+    def __init__(self, task_id: str, deliver: Callable[[dict[str, Any]], None]) -> None:
+        self.task_id = task_id
         self.deliver = deliver
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from delaywheel.engine.task import STATES, Task
+from delaywheel.engine.task import STATES, Completion, Task
 
 
 def to_record(task: Task) -> bytes:
@@ -26,20 +26,32 @@ def to_record(task: Task) -> bytes:
     # 60 packs in 1 byte, 60.0 in 9 (and a huge whole float stays a float).
     if type(ttr_s) is float and ttr_s.is_integer() and -_INT_TTR_S < ttr_s < _INT_TTR_S:
         ttr_s = int(ttr_s)
+    fields = (
+        V4,
+        task.topic,
+        STATE_CODE[task.state],
+        task.at_s,
+        task.created_s,
+        task.attempts,
+        ttr_s,
+        task.max_attempts,
+        task.deadline_s or 0,  # no reservation: 1 byte, not 9
+        task.body_packed,
+        task.target,
+        task.last_error,
+    )
+    done = task.completion
+    if done is None:
+        return _pack_record(fields)  # type: ignore[no-any-return]
+    # v5: v4's fields and the completion's.
     return _pack_record(  # type: ignore[no-any-return]
         (
             RECORD_VERSION,
-            task.topic,
-            STATE_CODE[task.state],
-            task.at_s,
-            task.created_s,
-            task.attempts,
-            ttr_s,
-            task.max_attempts,
-            task.deadline_s or 0,  # no reservation: 1 byte, not 9
-            task.body_packed,
-            task.target,
-            task.last_error,
+            *fields[1:],
+            done.retain_s,
+            done.completed_s or 0,
+            done.outcome,
+            done.result_packed,
         )
     )
 
@@ -57,6 +69,11 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     tasks), so it builds the object directly instead of through
     ``__init__``.
     """
+    if len(fields) == _V5_FIELDS:
+        task = from_fields(task_id, fields[:_V4_FIELDS])
+        retain_s, completed_s, outcome, result_packed = fields[_V4_FIELDS:]
+        task.completion = Completion(retain_s, completed_s, outcome, result_packed)
+        return task
     (
         _,
         topic,
@@ -88,6 +105,7 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     task.body_packed = body_packed
     task.target = target
     task.last_error = last_error
+    task.completion = None
     task.seq = 0
     task.queue_seq = -1
     return task
@@ -110,6 +128,10 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         fields = _fields_of_v1(task_id, fields)
     if len(fields) == 10 and fields[0] in (2, 3):
         fields = (*fields, None, None)  # before v4: a queue task, no error
+    completion: tuple[Any, ...] | None = None
+    if len(fields) == _V5_FIELDS and fields[0] == RECORD_VERSION:
+        completion = _checked_completion(fields[_V4_FIELDS:])
+        fields = fields[:_V4_FIELDS]
     try:
         (
             version,
@@ -146,12 +168,30 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         raise ValueError("a field has the wrong type")
     if not (_isfinite(at_s) and _isfinite(deadline_s)):
         raise ValueError(f"a time is not finite: at {at_s!r}, deadline {deadline_s!r}")
+    return fields if completion is None else fields + completion
+
+
+def _checked_completion(fields: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A v5 record's completion fields (retain, completed, outcome, result), checked."""
+    retain_s, completed_s, outcome, result_packed = fields
+    if not (
+        (retain_s is None or (type(retain_s) in _NUMBERS and _isfinite(retain_s)))
+        and type(completed_s) in _NUMBERS
+        and _isfinite(completed_s)
+        and (outcome is None or type(outcome) is str)
+        and (result_packed is None or type(result_packed) is bytes)
+    ):
+        raise ValueError("a completion field has the wrong type")
     return fields
 
 
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes,
 # and keep reading the old one.
+#   v5: as v4, then the completion: retain (nil: the topic's), completed
+#       (0: not yet), outcome (nil: not yet) and the result (packed, or nil).
+#       Written only for a task that has one (a retain, or completed and
+#       kept): any other task is still written as v4, not 4 bytes longer.
 #   v4: as v3, then the target (nil: the ready queue) and the last delivery
 #       error (nil: none); 2 bytes more for a queue task.
 #   v3: as v2; ttr and deadline are ints when whole (a record without a
@@ -162,8 +202,10 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # Version 2 left out the id (the store's key already holds it) and names the
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
-RECORD_VERSION = 4
-_READ_VERSIONS = frozenset({2, 3, 4})  # v2 and v3 read as v4 without its last two fields
+RECORD_VERSION = 5
+V4 = 4  # the layout of a task without a completion (v5 with none)
+_READ_VERSIONS = frozenset({2, 3, 4, 5})  # v2 and v3 read as v4 without its last two fields
+_V4_FIELDS, _V5_FIELDS = 12, 16
 _INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
 # One Packer for every record: a packb per record builds a Packer each time,
 # which costs more than the packing (docs/performance.md, "Measurements
@@ -191,4 +233,4 @@ def _fields_of_v1(task_id: str, fields: tuple[Any, ...]) -> tuple[Any, ...]:
     code = STATE_CODE.get(state) if type(state) is str else None
     if code is None:
         raise ValueError(f"unknown state {state!r}")
-    return (RECORD_VERSION, topic, code, *rest, None, None)
+    return (V4, topic, code, *rest, None, None)

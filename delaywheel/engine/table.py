@@ -40,17 +40,20 @@ from typing import Any
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
-from delaywheel.engine.queues import Queues
+from delaywheel.engine.queues import Queues, Watch
 from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
     DELIVERING,
+    DONE,
+    FINAL,
     GONE,
     IN_WHEEL,
     NEW,
     READY,
     RESERVED,
+    Completion,
     Task,
     check_transition,
     describe,
@@ -69,6 +72,10 @@ def _occurrence_in_utc(task_id: str) -> Occurrence | None:
     return occurrence(task_id, None)
 
 
+def _retain_nothing(topic: str) -> float:
+    return 0.0
+
+
 class TaskTable:
     def __init__(
         self,
@@ -80,6 +87,8 @@ class TaskTable:
         ownership: Ownership | None = None,
         occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc,
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
+        topic_retain_s: Callable[[str], float] = _retain_nothing,
+        dead_retention_s: float | None = None,
     ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
@@ -112,6 +121,15 @@ class TaskTable:
         # A schedule's occurrence as its deliveries and task maps show it; the
         # engine gives its schedules' look-up, which knows each one's zone.
         self.occurrence_of = occurrence_of
+        # How long a completed task of a topic is kept when it names no
+        # ``retain`` of its own (the engine's ``topic_retain_s``).
+        self.topic_retain_s = topic_retain_s
+        # How long a dead task is kept after it died (its ``deadline_s``, 0:
+        # not known), in the wheel at the time it goes; None: for ever.
+        self.dead_retention_s = dead_retention_s
+        # Blocked ``wait`` calls by task id, answered when the task reaches
+        # a state in FINAL (``_answer_watches``).
+        self.watches: dict[str, list[Watch]] = {}
 
     # -- where a task lives --------------------------------------------------
 
@@ -128,6 +146,8 @@ class TaskTable:
             self.queues.push_ready(task)
         elif state == DEAD:
             self.queues.push_dead(task)
+            if self.dead_retention_s is not None and task.deadline_s:
+                self.wheel.insert(task, task.deadline_s + self.dead_retention_s)
         elif state == DELIVERING:
             self.delivering[task.id] = task
         else:
@@ -145,6 +165,8 @@ class TaskTable:
             self.queues.drop_ready(task)
         elif state == DEAD:
             self.queues.drop_dead(task)
+            if task.scheduled:  # kept for --dead-retention
+                self.wheel.remove(task)
         elif state == DELIVERING:
             del self.delivering[task.id]
         else:
@@ -204,6 +226,7 @@ class TaskTable:
             max_attempts=new.max_attempts,
             created_s=now_s,
             target=target,
+            completion=None if new.retain_s is None else Completion(new.retain_s),
         )
         self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.
@@ -231,6 +254,49 @@ class TaskTable:
         task.state = to
         self._keep(task)
         self.journal.record(task, before)
+        if self.watches and to in FINAL:  # one dict's truth on most moves
+            self._answer_watches(task)
+
+    def complete(
+        self, task: Task, event: str, outcome: str, result_packed: bytes | None, now_s: float
+    ) -> None:
+        """An ack or a delivery: ``done`` and kept for the task's ``retain``
+        seconds (its own, else its topic's), else ``gone``. A gone task keeps
+        its completion in memory for the ``wait`` calls it answers."""
+        own_s = None if task.completion is None else task.completion.retain_s
+        retain_s = self.retain_of(task)
+        completion = Completion(own_s, now_s, outcome, result_packed)
+        if retain_s > 0:
+            self.move(task, event, DONE, completion=completion, deadline_s=now_s + retain_s)
+        else:
+            self.move(task, event, GONE, completion=completion)
+
+    def retain_of(self, task: Task) -> float:
+        """How long ``task`` is kept once done: its own ``retain``, else its topic's."""
+        done = task.completion
+        own_s = None if done is None else done.retain_s
+        return self.topic_retain_s(task.topic) if own_s is None else own_s
+
+    # -- blocked waits -------------------------------------------------------
+
+    def watch(self, watch: Watch) -> None:
+        self.watches.setdefault(watch.task_id, []).append(watch)
+
+    def cancel_watch(self, watch: Watch) -> None:
+        """A timed-out or disconnected ``wait``: out of its task's line."""
+        line = self.watches.get(watch.task_id)
+        if line is not None and watch in line:
+            line.remove(watch)
+            if not line:
+                del self.watches[watch.task_id]
+
+    def _answer_watches(self, task: Task) -> None:
+        """The task is done, dead or gone: every ``wait`` on it gets its map."""
+        line = self.watches.pop(task.id, None)
+        if line is not None:
+            final = self.describe(task)
+            for watch in line:
+                watch.deliver(final)
 
     def _keep(self, task: Task) -> None:
         """Keep a task just changed (``move``, ``create``) where its new state says."""
@@ -249,6 +315,10 @@ class TaskTable:
         """A task whose timer the wheel fired (it has unscheduled it already),
         but a targeted delayed one (``Attempts.due``): ``move`` without the
         journal (see the module docstring)."""
+        if task.state == DONE or task.state == DEAD:  # kept long enough: journaled
+            self.move(task, "lapse", GONE)
+            self.events.lapsed += 1
+            return
         if task.state == DELAYED:
             event, to = "due", READY
         else:  # a reservation's TTR ran out
@@ -261,6 +331,8 @@ class TaskTable:
         self.unplace(task)
         task.state = to
         self.place(task)
+        if to == DEAD and self.watches:
+            self._answer_watches(task)
 
     def wait_for_lane(self, task: Task) -> None:
         """A targeted task the wheel fired: it stays delayed, out of the wheel,

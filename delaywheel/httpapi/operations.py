@@ -600,5 +600,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
-# Methods no operation stands for: auth is the Authorization header.
-NOT_OPERATIONS = frozenset({"auth"})
+# Methods no operation stands for: auth is the Authorization header; wait
+# blocks on the native protocol only (a request held open per waiter is what
+# the HTTP API's request cap is there to refuse): poll GET /tasks/{id}.
+NOT_OPERATIONS = frozenset({"auth", "wait"})
