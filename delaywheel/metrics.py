@@ -241,6 +241,11 @@ class ServerCollector:
             "Blocked reserves waiting for a task.",
             value=snapshot.waiting_reserves,
         )
+        yield GaugeMetricFamily(
+            "delaywheel_blocked_waits",
+            "Blocked waits on a task to be done, dead or gone.",
+            value=snapshot.blocked_waits,
+        )
 
     def _events(self, snapshot: Snapshot) -> Iterator[Metric]:
         events = snapshot.events
