@@ -6,6 +6,7 @@ a done task goes when its retain is over, also across a ``kill -9``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -364,4 +365,28 @@ def test_dead_retention_removes_dead_tasks(tmp_path: Path) -> None:
             _until(lambda: dw.get("dies") is None, "the dead task gone")
             assert time.time() >= died_s + 1 - 0.1
     finally:
+        proc.stop()
+
+
+def test_the_http_api_shows_a_done_tasks_result(tmp_path: Path) -> None:
+    from apicalls import Api, api_url
+
+    proc = ServerProcess("--api-port", "0", store=f"sqlite:///{tmp_path / 'dw.db'}")
+    api = Api(api_url(proc))
+    try:
+        added = api.request("POST", "/tasks", {"topic": "api", "retain": 60})
+        assert added.status == 201, added.text
+        task_id = added.data["id"]
+        with Client(*proc.address) as dw:
+            assert dw.reserve("api", 5) is not None
+            dw.ack(task_id, b"\x00\xff raw")
+        got = api.request("GET", f"/tasks/{task_id}")
+        assert got.status == 200, got.text
+        assert got.data["state"] == "done" and got.data["outcome"] == "acked"
+        assert got.data["result_encoding"] == "base64"
+        assert base64.b64decode(got.data["result"]) == b"\x00\xff raw"
+        listed = api.request("GET", "/tasks?state=done")
+        assert [t["id"] for t in listed.data["tasks"]] == [task_id]
+    finally:
+        api.close()
         proc.stop()

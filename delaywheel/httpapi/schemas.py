@@ -52,6 +52,7 @@ _TASK_FIELD_TYPES: dict[str, dict[str, Any]] = {
     "ttr": {"type": "number", "minimum": 0, "description": "seconds to ack a reservation"},
     "target": TARGET,
     "max_attempts": {"type": "integer", "minimum": 1},
+    "retain": {"type": "number", "minimum": 0, "description": "seconds kept done once completed"},
 }
 
 
@@ -110,6 +111,10 @@ TASK: dict[str, Any] = {
         "last_error": STRING,
         "cycle": {"type": ["integer", "null"]},
         "slot": {"type": ["integer", "null"]},
+        "completed": TIME,
+        "outcome": {"type": "string", "description": "acked, HTTP 200, published"},
+        "result": {"description": "what ack sent, or an HTTP target's answer (result_encoding)"},
+        "result_encoding": BODY_ENCODING,
     },
     "example": {
         "id": "k3vq7a2m1a",
