@@ -224,7 +224,7 @@ class Engine:
         if now_s is None:
             now_s = self.wheel.now_s
         task = self._find(task_id)
-        result_packed = validate.packed_result(result, self.limits)
+        result_packed = None if result is None else validate.packed_result(result, self.limits)
         if task.state != RESERVED:  # before complete() picks done or gone
             raise TransitionError(task.id, task.state, "ack")
         self.table.complete(task, "ack", "acked", result_packed, now_s)

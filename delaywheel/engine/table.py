@@ -263,8 +263,11 @@ class TaskTable:
         """An ack or a delivery: ``done`` and kept for the task's ``retain``
         seconds (its own, else its topic's), else ``gone``. A gone task keeps
         its completion in memory for the ``wait`` calls it answers."""
-        own_s = None if task.completion is None else task.completion.retain_s
         retain_s = self.retain_of(task)
+        if retain_s <= 0 and not (self.watches and task.id in self.watches):
+            self.move(task, event, GONE)  # most tasks: as before, nothing more to keep
+            return
+        own_s = None if task.completion is None else task.completion.retain_s
         completion = Completion(own_s, now_s, outcome, result_packed)
         if retain_s > 0:
             self.move(task, event, DONE, completion=completion, deadline_s=now_s + retain_s)
