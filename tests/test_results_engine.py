@@ -169,3 +169,30 @@ def test_dead_retention_drops_dead_tasks_after_it_and_keeps_them_without() -> No
         assert engine.kick("t", 1, T0 + 10_000) == 1
 
     run(kept)
+
+
+def test_an_ack_the_store_refuses_leaves_the_task_reserved_without_a_completion() -> None:
+    from test_table import FailingStore
+
+    async def main() -> None:
+        store = FailingStore()
+        await store.open()
+        engine = Engine(store, now_s=T0)
+        engine.add({"id": "r", "topic": "t", "retain": 60}, T0)
+        assert engine.try_reserve("t", T0) is not None
+        await engine.journal.drain()
+        answers: list[dict[str, Any]] = []
+        engine.watch(Watch("r", answers.append))
+        store.fail_next = True
+        engine.ack("r", "lost", T0)
+        assert [a["state"] for a in answers] == ["done"]  # the connection sends it once durable
+        await engine.journal.drain()
+        task = engine.get("r")
+        assert task is not None and task["state"] == "reserved"
+        assert "completed" not in task and "result" not in task and task["retain"] == 60
+        assert engine.stats(T0)["states"]["done"] == 0
+        assert engine.ack("r", "kept", T0 + 1)
+        await engine.journal.drain()
+        assert engine.get("r")["result"] == "kept"  # type: ignore[index]
+
+    asyncio.run(main())
