@@ -196,3 +196,19 @@ def test_an_ack_the_store_refuses_leaves_the_task_reserved_without_a_completion(
         assert engine.get("r")["result"] == "kept"  # type: ignore[index]
 
     asyncio.run(main())
+
+
+def test_a_wait_on_a_task_whose_partition_leaves_is_told_so() -> None:
+    answers: list[Any] = []
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "moving", "topic": "t", "delay": 60}, T0)
+        engine.add({"id": "staying", "topic": "t", "delay": 60}, T0)
+        await durable(engine)
+        engine.watch(Watch("moving", answers.append))
+        engine.watch(Watch("staying", answers.append))
+        engine.table.drop(lambda task_id: task_id == "moving")  # as a handoff drops it
+        assert answers == [None]  # the connection answers tryagain: ask the new owner
+        assert list(engine.table.watches) == ["staying"]
+
+    run(scenario)

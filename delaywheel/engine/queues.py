@@ -89,11 +89,12 @@ class Waiter:
 
 class Watch:
     """A blocked ``wait`` on one task. ``deliver`` is called once, with the
-    task's map when it is done, dead or gone."""
+    task's map when it is done, dead or gone, or with None when its
+    partition leaves this node (the wait is to be sent to its new owner)."""
 
     __slots__ = ("deliver", "task_id")
 
-    def __init__(self, task_id: str, deliver: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, task_id: str, deliver: Callable[[dict[str, Any] | None], None]) -> None:
         self.task_id = task_id
         self.deliver = deliver
 

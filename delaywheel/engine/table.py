@@ -406,6 +406,10 @@ class TaskTable:
                 continue
             self.unplace(found)
             self.index.remove(found)
+        if self.watches:  # their tasks are another node's now: told to ask it
+            for task_id in [task_id for task_id in self.watches if leaving(task_id)]:
+                for watch in self.watches.pop(task_id):
+                    watch.deliver(None)
         return delivering
 
     # -- handing tasks out -----------------------------------------------------

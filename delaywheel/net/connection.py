@@ -83,6 +83,8 @@ MAX_REQUESTS_PER_TURN = 256
 UNAUTHENTICATED_MAX_MESSAGE_BYTES = 16 * 1024
 # A reserve may block for at most a day; longer waits are a client bug.
 MAX_RESERVE_TIMEOUT_S = 86_400.0
+# A blocked wait whose task's partition left this node: when to send it again.
+WAIT_MOVED_RETRY_MS = 100
 # Topics one reserve may name. A blocked reserve waits in a line per topic
 # (about 0.6 kB each), so 100,000 topics (1.2 MB sent) held 90 MB; a worker
 # that watches more than this many topics is better served by fewer.
@@ -595,11 +597,17 @@ class Connection(asyncio.Protocol):
         self.watches[watch] = (timer, msgid)
         self.engine.watch(watch)
 
-    def _waited(self, watch: Watch, msgid: int, task: dict[str, Any]) -> None:
+    def _waited(self, watch: Watch, msgid: int, task: dict[str, Any] | None) -> None:
         blocked = self.watches.pop(watch, None)
         if blocked is None:
             return
         blocked[0].cancel()
+        if task is None:  # its partition left this node: a cluster client asks the new owner
+            self.server.routes["wait"].failed("tryagain")
+            message = f"task {watch.task_id!r} is no longer served here: send wait again"
+            data = {"partition": None, "retry_after_ms": WAIT_MOVED_RETRY_MS}
+            self._send(self.encoder.error_response(msgid, "tryagain", message, data))
+            return
         self._answer_once_durable(msgid, task, "wait")
 
     def _wait_timed_out(self, watch: Watch, msgid: int) -> None:
