@@ -212,3 +212,15 @@ def test_a_wait_on_a_task_whose_partition_leaves_is_told_so() -> None:
         assert list(engine.table.watches) == ["staying"]
 
     run(scenario)
+
+
+def test_a_done_occurrence_is_not_in_flight_for_its_schedule() -> None:
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.add({"id": "occ", "topic": "t", "retain": 60}, T0)
+        assert engine._in_flight("occ")
+        assert engine.try_reserve("t", T0) is not None
+        engine.ack("occ", None, T0)
+        assert engine.get("occ")["state"] == "done"  # type: ignore[index]
+        assert not engine._in_flight("occ")  # overlap: skip does not wait for it
+
+    run(scenario)

@@ -353,7 +353,7 @@ class Engine:
 
     def _in_flight(self, task_id: str) -> bool:
         task = self._tasks.get(task_id)
-        return task is not None and task.state not in (DEAD, GONE)
+        return task is not None and task.state not in (DEAD, DONE, GONE)  # done: kept, not running
 
     def _check_served(self, schedule_id: str) -> None:
         self.ownership.check(schedule_id)
