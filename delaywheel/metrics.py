@@ -74,7 +74,8 @@ _EVENTS = (
     (
         "lapsed",
         "delaywheel_tasks_lapsed_total",
-        "Done tasks dropped once their retain seconds were over.",
+        "Done tasks dropped once their retain seconds were over, and dead ones once "
+        "--dead-retention was.",
     ),
 )
 

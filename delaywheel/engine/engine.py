@@ -41,7 +41,6 @@ from delaywheel.engine.task import (
     READY,
     RESERVED,
     Task,
-    TransitionError,
     place_of,
 )
 from delaywheel.engine.validate import Limits
@@ -225,8 +224,6 @@ class Engine:
             now_s = self.wheel.now_s
         task = self._find(task_id)
         result_packed = None if result is None else validate.packed_result(result, self.limits)
-        if task.state != RESERVED:  # before complete() picks done or gone
-            raise TransitionError(task.id, task.state, "ack")
         self.table.complete(task, "ack", "acked", result_packed, now_s)
         self.events.acked += 1
         return True
