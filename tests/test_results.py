@@ -385,8 +385,16 @@ def test_the_http_api_shows_a_done_tasks_result(tmp_path: Path) -> None:
         assert got.data["state"] == "done" and got.data["outcome"] == "acked"
         assert got.data["result_encoding"] == "base64"
         assert base64.b64decode(got.data["result"]) == b"\x00\xff raw"
+        # Acked over HTTP, with a result.
+        second = api.request("POST", "/tasks", {"topic": "api", "retain": 60}).data["id"]
+        assert api.request("POST", "/topics/api/reserve").data["id"] == second
+        bad = api.request("POST", f"/tasks/{second}/ack", {"outcome": "x"})
+        assert bad.status == 400 and "ack takes" in bad.text
+        acked = api.request("POST", f"/tasks/{second}/ack", {"result": {"rows": 3}})
+        assert acked.status == 200 and acked.data == {"acked": True}, acked.text
+        assert api.request("GET", f"/tasks/{second}").data["result"] == {"rows": 3}
         listed = api.request("GET", "/tasks?state=done")
-        assert [t["id"] for t in listed.data["tasks"]] == [task_id]
+        assert {t["id"] for t in listed.data["tasks"]} == {task_id, second}
     finally:
         api.close()
         proc.stop()

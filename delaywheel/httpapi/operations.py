@@ -203,6 +203,16 @@ def _by_id(method: str) -> Callable[[Inputs], tuple[str, list[Any]]]:
     return build
 
 
+def _ack(inputs: Inputs) -> tuple[str, list[Any]]:
+    """``ack``, with the optional body ``{"result": value}`` as its result."""
+    if inputs.body is None:
+        return "ack", [_id(inputs)]
+    body = _object(inputs.body, '{"result": value}')
+    if set(body) != {"result"}:
+        raise BadInput(f'ack takes {{"result": value}} alone, got keys {sorted(body)}')
+    return "ack", [_id(inputs), body["result"]]
+
+
 def _update(inputs: Inputs) -> tuple[str, list[Any]]:
     return "update", [_id(inputs), body_in(_object(inputs.body, "the changes"))]
 
@@ -348,10 +358,12 @@ OPERATIONS: tuple[Operation, ...] = (
         "POST",
         "/tasks/{id}/ack",
         "ack",
-        _by_id("ack"),
+        _ack,
         _wrapped("acked"),
         schemas.one_field("acked", {"type": "boolean"}),
         params=(TASK_ID,),
+        body=schemas.ACK,
+        body_required=False,
     ),
     Operation(
         "releaseTask",

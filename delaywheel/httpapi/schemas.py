@@ -125,6 +125,14 @@ TASK: dict[str, Any] = {
         "deadline": 1767225660.0,
     },
 }
+ACK: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "result": {"description": "kept with a task that has retain (at most --max-result)"}
+    },
+    "additionalProperties": False,
+    "example": {"result": {"rows": 1200}},
+}
 TASK_PAGE: dict[str, Any] = {
     "type": "object",
     "required": ["tasks", "next"],
