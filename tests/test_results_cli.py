@@ -4,6 +4,9 @@ module's real server."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from helpers import cli, cli_json, unique
 
 from delaywheel.cli.tasks import STATES as CLI_STATES
@@ -43,3 +46,12 @@ def test_wait_times_out_and_bad_results_are_refused(address: str) -> None:
     assert bad.exit_code == 2 and "'--result': not JSON" in bad.output
     missing = cli(address, "wait", unique("none"))
     assert missing.exit_code == 1 and "not found" in missing.output
+
+
+def test_import_takes_retain_as_a_duration(address: str, tmp_path: Path) -> None:
+    topic = unique("cli")
+    lines = tmp_path / "tasks.jsonl"
+    lines.write_text(json.dumps({"topic": topic, "id": f"{topic}-i", "retain": "2h"}) + "\n")
+    imported = cli(address, "import", str(lines))
+    assert imported.exit_code == 0, imported.output
+    assert cli_json(address, "get", f"{topic}-i")["retain"] == 7200
