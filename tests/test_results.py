@@ -395,6 +395,29 @@ def test_the_http_api_shows_a_done_tasks_result(tmp_path: Path) -> None:
         assert api.request("GET", f"/tasks/{second}").data["result"] == {"rows": 3}
         listed = api.request("GET", "/tasks?state=done")
         assert {t["id"] for t in listed.data["tasks"]} == {task_id, second}
+        # wait: a long poll, answered once the task is done; 204 on timeout.
+        assert api.request("GET", f"/tasks/{second}/wait").data["result"] == {"rows": 3}
+        third = api.request("POST", "/tasks", {"topic": "api", "retain": 60}).data["id"]
+        assert api.request("GET", f"/tasks/{third}/wait?timeout=0.2").status == 204
+        waited: dict[str, Any] = {}
+
+        def long_poll() -> None:
+            poller = Api(api_url(proc))
+            try:
+                waited["reply"] = poller.request("GET", f"/tasks/{third}/wait?timeout=30")
+            finally:
+                poller.close()
+
+        thread = threading.Thread(target=long_poll, daemon=True)
+        thread.start()
+        with Client(*proc.address) as dw:
+            _blocked(dw)
+            assert dw.reserve("api", 5) is not None
+            dw.ack(third, "over http")
+        thread.join(30)
+        reply = waited["reply"]
+        assert reply.status == 200 and reply.data["state"] == "done", reply.text
+        assert reply.data["result"] == "over http"
     finally:
         api.close()
         proc.stop()

@@ -163,7 +163,7 @@ def _page(key: str) -> Callable[[Any, Inputs], tuple[int, Any]]:
     return answer
 
 
-def _reserved(result: Any, inputs: Inputs) -> tuple[int, Any]:
+def _task_or_no_content(result: Any, inputs: Inputs) -> tuple[int, Any]:
     return (204, None) if result is None else (200, body_out(result))
 
 
@@ -219,6 +219,11 @@ def _update(inputs: Inputs) -> tuple[str, list[Any]]:
 
 def _release(inputs: Inputs) -> tuple[str, list[Any]]:
     return "release", _optional([_id(inputs), query_number("delay", inputs.query.get("delay"))])
+
+
+def _wait(inputs: Inputs) -> tuple[str, list[Any]]:
+    timeout = query_number("timeout", inputs.query.get("timeout"))
+    return "wait", [_id(inputs), 0 if timeout is None else timeout]
 
 
 def _reserve(inputs: Inputs) -> tuple[str, list[Any]]:
@@ -394,6 +399,27 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(TASK_ID,),
     ),
     Operation(
+        "waitTask",
+        "GET",
+        "/tasks/{id}/wait",
+        "wait",
+        _wait,
+        _task_or_no_content,
+        schemas.ref("Task"),
+        params=(
+            TASK_ID,
+            Param(
+                "timeout",
+                "query",
+                {"type": "number", "minimum": 0, "maximum": MAX_RESERVE_TIMEOUT_S},
+                "seconds to wait for the task to be done, dead or gone (default 0); "
+                "still running then: 204",
+            ),
+        ),
+        long_poll=True,
+        extra_statuses=(204,),
+    ),
+    Operation(
         "kickTask",
         "POST",
         "/tasks/{id}/kick",
@@ -409,7 +435,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/topics/{topic}/reserve",
         "reserve",
         _reserve,
-        _reserved,
+        _task_or_no_content,
         schemas.ref("Task"),
         params=(
             TOPIC,
@@ -612,7 +638,5 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
-# Methods no operation stands for: auth is the Authorization header; wait
-# blocks on the native protocol only (a request held open per waiter is what
-# the HTTP API's request cap is there to refuse): poll GET /tasks/{id}.
-NOT_OPERATIONS = frozenset({"auth", "wait"})
+# Methods no operation stands for: auth is the Authorization header.
+NOT_OPERATIONS = frozenset({"auth"})
