@@ -81,7 +81,8 @@ def check_places(table: TaskTable) -> None:
         else:
             assert not waiting, task.id
             # A done task waits for its lapse; a dead one for --dead-retention's.
-            kept_dead = task.state == DEAD and bool(table.dead_retention_s and task.deadline_s)
+            kept_for = table.topic_dead_retain_s(task.topic)
+            kept_dead = task.state == DEAD and kept_for is not None and bool(task.deadline_s)
             assert in_wheel == (task.state in (RESERVED, DONE) or kept_dead), task.id
         if task.state == READY:
             ready_live[task.topic] += 1

@@ -71,6 +71,7 @@ class Engine:
         dead_retention_s: float | None = None,
     ) -> None:
         self.store = store
+        self.dead_retention_s = dead_retention_s  # --dead-retention: None, for ever
         # Which ids this node serves (ha/ownership.py): all of them unless given.
         self.ownership = own = WholeKeyspace() if ownership is None else ownership
         self.limits = limits or Limits()
@@ -84,7 +85,7 @@ class Engine:
             occurrence_of=self._occurrence_of,
             slow_flush_s=slow_flush_s,
             topic_retain_s=self.topic_retain_s,
-            dead_retention_s=dead_retention_s,
+            topic_dead_retain_s=self.topic_dead_retain_s,
         )
         # The table's parts the verbs use (and the server reads).
         self.wheel, self.queues, self.journal = table.wheel, table.queues, table.journal
@@ -232,6 +233,11 @@ class Engine:
         """How long a completed task of ``topic`` that names no ``retain`` of its
         own is kept: the topic's ``retain`` setting, else 0 (dropped at once)."""
         return 0.0
+
+    def topic_dead_retain_s(self, topic: str) -> float | None:
+        """How long a dead task of ``topic`` is kept after it died: the topic's
+        ``dead_retain`` setting, else ``--dead-retention``; None: for ever."""
+        return self.dead_retention_s
 
     def wait_now(self, task_id: Any) -> dict[str, Any] | None:
         """``wait``'s answer now: the task's map when it is done or dead, None

@@ -76,6 +76,10 @@ def _retain_nothing(topic: str) -> float:
     return 0.0
 
 
+def _dead_kept_for_ever(topic: str) -> float | None:
+    return None
+
+
 class TaskTable:
     def __init__(
         self,
@@ -88,7 +92,7 @@ class TaskTable:
         occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc,
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
         topic_retain_s: Callable[[str], float] = _retain_nothing,
-        dead_retention_s: float | None = None,
+        topic_dead_retain_s: Callable[[str], float | None] = _dead_kept_for_ever,
     ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
@@ -124,9 +128,10 @@ class TaskTable:
         # How long a completed task of a topic is kept when it names no
         # ``retain`` of its own (the engine's ``topic_retain_s``).
         self.topic_retain_s = topic_retain_s
-        # How long a dead task is kept after it died (its ``deadline_s``, 0:
-        # not known), in the wheel at the time it goes; None: for ever.
-        self.dead_retention_s = dead_retention_s
+        # How long a dead task of a topic is kept after it died (its
+        # ``deadline_s``, 0: not known), in the wheel at the time it goes;
+        # None: for ever (the engine's ``topic_dead_retain_s``).
+        self.topic_dead_retain_s = topic_dead_retain_s
         # Blocked ``wait`` calls by task id, answered when the task reaches
         # a state in FINAL (``_answer_watches``).
         self.watches: dict[str, list[Watch]] = {}
@@ -146,8 +151,10 @@ class TaskTable:
             self.queues.push_ready(task)
         elif state == DEAD:
             self.queues.push_dead(task)
-            if self.dead_retention_s is not None and task.deadline_s:
-                self.wheel.insert(task, task.deadline_s + self.dead_retention_s)
+            if task.deadline_s:
+                kept_s = self.topic_dead_retain_s(task.topic)
+                if kept_s is not None:
+                    self.wheel.insert(task, task.deadline_s + kept_s)
         elif state == DELIVERING:
             self.delivering[task.id] = task
         else:
