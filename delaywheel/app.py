@@ -25,7 +25,8 @@ from delaywheel.config import DEFAULT_LEASE_S, Settings
 from delaywheel.delivery.service import Deliveries, target_rules
 from delaywheel.engine.attempts import RetryPolicy
 from delaywheel.engine.engine import Engine
-from delaywheel.ha.coordinator import Coordinator, NodeRights
+from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Sharing
 from delaywheel.logs import shown_settings, start_line
 from delaywheel.net.limits import raise_open_files_limit
@@ -104,7 +105,7 @@ def _assemble(
         store_url=settings.store_url,  # store.url hides the password
         store_prefix=settings.redis_prefix,
     )
-    sharing = _sharing(settings, keyspace)
+    sharing = None if keyspace is None else keyspace.sharing
     engine = Engine(
         store,
         now_s=time.time(),
@@ -190,10 +191,12 @@ async def _listen_until_stopped(
 
 
 class Keyspace(NamedTuple):
-    """The Redis store, a keyspace nodes share, and this node's rights in it."""
+    """The Redis store, a keyspace nodes share, and this node's rights in it and
+    partitions it serves."""
 
     store: RedisStore
     rights: NodeRights
+    sharing: Sharing
 
 
 def shared_store(settings: Settings) -> tuple[Store, Keyspace | None]:
@@ -201,16 +204,17 @@ def shared_store(settings: Settings) -> tuple[Store, Keyspace | None]:
     partitions this node writes as its coordinator lets it (store/redis/owner.py)."""
     if not is_redis_url(settings.store_url):
         return open_store(settings.store_url), None
-    rights = NodeRights()
+    partitions = settings.partitions or DEFAULT_PARTITIONS
+    rights = NodeRights(_sharing(settings, partitions))
     store = RedisStore(
         settings.store_url,
         prefix=settings.redis_prefix,
-        partitions=settings.partitions or DEFAULT_PARTITIONS,
+        partitions=partitions,
         replicas=settings.replicas or 0,
         owner=rights,
         node_name=_node_name(settings),
     )
-    return store, Keyspace(store, rights)
+    return store, Keyspace(store, rights, rights.sharing)
 
 
 def _node_name(settings: Settings) -> str:
@@ -221,9 +225,7 @@ def _node_name(settings: Settings) -> str:
     return settings.node or f"{socket.gethostname()}:{settings.port}"
 
 
-def _sharing(settings: Settings, keyspace: Keyspace | None) -> Sharing | None:
-    if keyspace is None:
-        return None
+def _sharing(settings: Settings, partitions: int) -> Sharing:
     host = socket.gethostname()
     node = _node_name(settings)
     listen = settings.host if settings.host not in ("", "0.0.0.0", "::") else host
@@ -231,7 +233,7 @@ def _sharing(settings: Settings, keyspace: Keyspace | None) -> Sharing | None:
     return Sharing(
         node=node,
         address=address,
-        partitions=keyspace.store.partitions,
+        partitions=partitions,
         lease_s=settings.lease_s or DEFAULT_LEASE_S,
     )
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -96,7 +97,36 @@ class ServerCollector:
         yield from self._requests()
         yield from self._deliveries()
         yield from self._schedules()
+        yield from self._topic_settings()
         yield from self._cluster()
+
+    def _topic_settings(self) -> Iterator[Metric]:
+        """The topics with settings this node holds (docs/protocol.md, "Topic
+        settings"): whether each is paused, and its limits."""
+        held = self._server.engine.topics.settings
+        now_s = time.time()
+        paused = GaugeMetricFamily(
+            "delaywheel_topic_paused", "1 while the topic is paused.", labels=["topic"]
+        )
+        rate = GaugeMetricFamily(
+            "delaywheel_topic_rate_limit",
+            "The topic's rate limit, tasks a second handed out (topics with one).",
+            labels=["topic"],
+        )
+        concurrency = GaugeMetricFamily(
+            "delaywheel_topic_concurrency_limit",
+            "The topic's concurrency limit: reserved or delivering at once (topics with one).",
+            labels=["topic"],
+        )
+        for name, settings in sorted(held.items())[: self._topics]:
+            paused.add_metric([name], 1 if settings.paused(now_s) else 0)
+            if settings.rate is not None:
+                rate.add_metric([name], settings.rate)
+            if settings.concurrency is not None:
+                concurrency.add_metric([name], settings.concurrency)
+        yield paused
+        yield rate
+        yield concurrency
 
     def _schedules(self) -> Iterator[Metric]:
         """Recurring schedules (docs/schedules.md): those this node serves, and

@@ -345,3 +345,16 @@ def topic(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def module_redis_url(redis_server: RedisServer) -> str:
     return _fresh_database_url(redis_server)
+
+
+# -- a durable store, SQLite and then Redis (owner: priority) -------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file of the test's own, then a Redis database of its own: for a
+    test that kills its server and starts it again on the same store."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tasks.db'}"
+    url: str = request.getfixturevalue("redis_url")
+    return url

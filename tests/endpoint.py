@@ -33,6 +33,7 @@ class Endpoint:
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: int = 0
+    max_in_flight: int = 0  # the most requests it held at once
     slow_s: float = 1.0
 
     def url(self, path: str) -> str:
@@ -57,6 +58,7 @@ def endpoint() -> Iterator[Endpoint]:
                 )
                 earlier = sum(1 for seen in state.seen if seen.path == self.path)
                 state.in_flight += 1
+                state.max_in_flight = max(state.max_in_flight, state.in_flight)
             try:
                 if self.path == "/slow":
                     time.sleep(state.slow_s)

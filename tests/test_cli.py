@@ -280,10 +280,10 @@ def test_cluster_options_by_flag_or_variable_on_a_single_node_store_are_a_usage_
     assert variable in result.stdout
 
 
-def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
+def test_a_nodes_name_address_lease_and_partitions_default_and_can_be_given() -> None:
     """--node: host name and port; --advertise: the listen address, or the host
     name for 0.0.0.0; --lease 10 s, --partitions 16; each given one is used."""
-    from delaywheel.app import _sharing, shared_store
+    from delaywheel.app import shared_store
     from delaywheel.config import Settings
 
     host = socket.gethostname()
@@ -291,8 +291,9 @@ def test_a_nodes_name_address_and_lease_default_as_issue_16_says() -> None:
 
     def sharing(**given: Any) -> tuple[str, str, float, int]:
         settings = Settings(store_url=url, **given)
-        made = _sharing(settings, shared_store(settings)[1])
-        assert made is not None
+        keyspace = shared_store(settings)[1]
+        assert keyspace is not None
+        made = keyspace.sharing
         return made.node, made.address, made.lease_s, made.partitions
 
     anywhere = sharing(host="0.0.0.0", port=3450, token="t")
@@ -307,6 +308,15 @@ def test_the_lease_takes_a_duration_and_names_a_bad_one() -> None:
     result = CliRunner().invoke(main, ["serve", "--store", "memory://", "--lease", "ten"])
     assert result.exit_code == 2
     assert "--lease" in result.output and "'ten'" in result.output
+
+
+@pytest.mark.parametrize(("lease", "named"), [("0.4", "got 0.4"), ("601", "got 601.0")])
+def test_a_lease_outside_half_a_second_to_600_s_is_a_usage_error(lease: str, named: str) -> None:
+    # Refused before the store is opened: nothing listens on port 1.
+    store = "redis://127.0.0.1:1/0"
+    result = CliRunner().invoke(main, ["serve", "--store", store, "--lease", lease])
+    assert result.exit_code == 2, result.output
+    assert "lease must be 0.5 to 600.0 s" in result.output and named in result.output
 
 
 def test_group_help_documents_env_vars_exit_codes_and_bin_wrapper() -> None:
@@ -556,11 +566,11 @@ def test_list_table_pages_and_all(address: str) -> None:
     result = cli(address, "list", "--topic", topic)
     assert result.exit_code == 0
     lines = result.stdout.strip().splitlines()
-    assert lines[0].split() == ["ID", "TOPIC", "STATE", "DUE", "ATTEMPTS"]
+    assert lines[0].split() == ["ID", "TOPIC", "STATE", "PRI", "DUE", "ATTEMPTS"]
     rows = [line.split() for line in lines[1:]]
     assert [row[0] for row in rows] == ids
-    assert all(row[1:3] == [topic, "delayed"] and row[4] == "0/5" for row in rows)
-    datetime.fromisoformat(rows[0][3])  # an ISO time
+    assert all(row[1:4] == [topic, "delayed", "1024"] and row[5] == "0/5" for row in rows)
+    datetime.fromisoformat(rows[0][4])  # an ISO time
 
     result = cli(address, "list", "--topic", topic, "--limit", "2")
     assert len(result.stdout.strip().splitlines()) == 3

@@ -224,7 +224,7 @@ def test_dead_targeted_task_is_listed_and_kicked(address: str) -> None:
     assert added["id"] in table.stdout and " dead " in table.stdout
     # The README says "with last_error": the table has the column, the error's start.
     header, row = table.stdout.splitlines()
-    assert header.split() == ["ID", "TOPIC", "STATE", "DUE", "ATTEMPTS", "LAST", "ERROR"]
+    assert header.split() == ["ID", "TOPIC", "STATE", "PRI", "DUE", "ATTEMPTS", "LAST", "ERROR"]
     assert " ".join(task["last_error"].split())[:40] in row
     shown = run(address, "get", added["id"])
     assert shown.exit_code == 0 and "last_error:" in shown.stdout

@@ -84,6 +84,14 @@ def test_seeds_parse_from_a_list_or_a_comma_separated_string() -> None:
         parse_seeds("a:1,h:port")
 
 
+def test_a_failover_is_waited_out_for_30_s_unless_told_otherwise() -> None:
+    # No connection is made until a call: port 1 has nothing listening.
+    with ClusterClient("127.0.0.1:1") as dw:
+        assert dw.failover_timeout_s == 30.0  # README, "The Python client"
+    with ClusterClient("127.0.0.1:1", failover_timeout_s=5) as dw:
+        assert dw.failover_timeout_s == 5
+
+
 def test_the_map_from_cluster_and_the_moved_hint() -> None:
     result = {
         "node": "n1",

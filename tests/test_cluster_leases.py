@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
 import time
@@ -156,6 +157,26 @@ def test_the_keeper_renews_while_redis_answers(redis_url: str) -> None:
             assert await client.exists("{delaywheel:p002}:lease") == 0  # released
 
     run(scenario)
+
+
+def test_the_lease_scripts_own_lines_are_at_debug(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An acquire and a release say so at DEBUG only: the node's own lines
+    (serving, handed back) are the ones an operator reads (docs/ha.md)."""
+
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url, socket_timeout=2) as client:
+            keeper = LeaseKeeper(Leases(client, LAYOUT, "a", "h:1"), 5.0, lambda *_: None)
+            assert await keeper.acquire(3) == 1
+            await keeper.close()
+
+    with caplog.at_level(logging.DEBUG, logger="delaywheel.cluster"):
+        run(scenario)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "delaywheel.cluster"]
+    assert (logging.DEBUG, "acquired partition 3, epoch 1") in said, said
+    assert (logging.DEBUG, "released partition 3, epoch 1") in said, said
+    assert all(level == logging.DEBUG for level, _ in said), said
 
 
 @pytest.mark.redis

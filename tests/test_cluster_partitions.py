@@ -4,6 +4,8 @@ over nodes."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 from collections.abc import Callable
 
@@ -119,42 +121,92 @@ def test_each_live_node_owns_p_over_n_rounded_down_or_up(partitions: int) -> Non
         assert set(_loads(owners, nodes)) <= {low, low + (partitions % count > 0)}, count
 
 
-def _moves(assign: Callable[[list[str]], dict[int, str]]) -> tuple[list[int], list[int]]:
-    """Partitions moved at each of eight joins (1 -> 9 nodes), then at each of
-    eight leaves (the oldest node first)."""
-    nodes: list[str] = []
-    owners: dict[int, str] = {}
-    joins, leaves = [], []
-    for count in range(1, 10):
-        nodes.append(f"node-{count}")
-        after = assign(nodes)
-        if owners:
-            joins.append(sum(after[p] != owners[p] for p in owners))
-        owners = after
-    while len(nodes) > 1:
-        nodes.pop(0)
-        after = assign(nodes)
-        leaves.append(sum(after[p] != owners[p] for p in owners))
-        owners = after
-    return joins, leaves
+def test_two_nodes_own_8_each_where_plain_rendezvous_gave_5_and_11() -> None:
+    nodes = ["a", "b"]
+    plain = {p: first_choice(p, nodes) for p in range(16)}
+    assert _loads(plain, nodes) == [5, 11]  # the imbalance the balanced assignment ends
+    assert _loads(assignment(nodes, 16), nodes) == [8, 8]
 
 
-@pytest.mark.parametrize(
-    ("partitions", "balanced", "plain"),
-    [(16, (36, 43), (26, 33)), (64, (136, 146), (108, 123))],
-)
-def test_the_balance_costs_a_few_moves_more_than_plain_rendezvous(
-    partitions: int, balanced: tuple[int, int], plain: tuple[int, int]
-) -> None:
-    """What a join or a leave moves, measured: the fewest a balanced assignment
-    can move at a join is the joiner's share (27 and 115 over the eight
-    joins), at a leave the leaver's own; plain rendezvous moved fewer in some
-    steps because it did not balance. Balanced: 1.2 to 1.4 times plain."""
-    joins, leaves = _moves(lambda nodes: assignment(nodes, partitions))
-    assert (sum(joins), sum(leaves)) == balanced
-    rendezvous = _moves(lambda nodes: {p: first_choice(p, nodes) for p in range(partitions)})
-    assert tuple(map(sum, rendezvous)) == plain
-    assert sum(joins) + sum(leaves) <= 1.4 * sum(plain)
+Members = list[str]
+
+
+def _grow_then_shrink(prefix: str) -> list[Members]:
+    """Eight joins (1 -> 9 nodes), then eight leaves, the oldest node first."""
+    nodes = [f"{prefix}-{i}" for i in range(1, 10)]
+    return [nodes[:count] for count in range(1, 10)] + [nodes[gone:] for gone in range(1, 9)]
+
+
+def _churn(seed: int, steps: int = 16, most: int = 8) -> list[Members]:
+    """Random joins and leaves (of any member) between 1 and ``most`` nodes."""
+    rng = random.Random(seed)
+    live: Members = []
+    made, sequence = 0, []
+    for _ in range(steps):
+        if len(live) <= 1 or (len(live) < most and rng.random() < 0.5):
+            made += 1
+            live = [*live, f"s{seed}-{made}"]
+        else:
+            gone = rng.choice(live)
+            live = [node for node in live if node != gone]
+        sequence.append(live)
+    return sequence
+
+
+SEQUENCES = [_grow_then_shrink("node"), _grow_then_shrink("n")] + [_churn(s) for s in range(8)]
+
+
+def _rendezvous(nodes: Members, partitions: int) -> dict[int, str]:
+    return {p: str(first_choice(p, nodes)) for p in range(partitions)}
+
+
+def _moves(assign: Callable[[Members, int], dict[int, str]], partitions: int) -> int:
+    """Partitions that changed node over every step of every sequence."""
+    moved = 0
+    for sequence in SEQUENCES:
+        owners = assign(sequence[0], partitions)
+        for nodes in sequence[1:]:
+            after = assign(nodes, partitions)
+            moved += sum(after[p] != owners[p] for p in range(partitions))
+            owners = after
+    return moved
+
+
+def _fewest_balanced(partitions: int) -> int:
+    """A lower bound for any balanced assignment: a joiner takes at least
+    P // N, a leaver gives at least P // N (of N before it left)."""
+    fewest = 0
+    for sequence in SEQUENCES:
+        for before, after in itertools.pairwise(sequence):
+            fewest += partitions // max(len(before), len(after))
+    return fewest
+
+
+# Measured over SEQUENCES (10 sequences of 16 joins and leaves, N <= 9):
+# balanced / plain rendezvous / the fewest any balanced assignment can move.
+MOVES = {16: (1.15, 836, 729, 690), 64: (1.10, 3153, 2873, 2841), 256: (1.07, 12063, 11336, 11486)}
+
+
+@pytest.mark.parametrize("partitions", sorted(MOVES))
+def test_the_balance_costs_a_few_moves_more_than_plain_rendezvous(partitions: int) -> None:
+    """Each step balanced, at 6 % (P 256) to 15 % (P 16) more moves than plain
+    rendezvous. Not as few: no balanced assignment that is a function of the
+    member list alone can match rendezvous in general (docs/ha.md, "Which
+    node owns which partitions"), and at P 256 the balance alone costs more
+    here than rendezvous moved, whoever owns what."""
+    ratio, balanced, plain, fewest = MOVES[partitions]
+    for sequence in SEQUENCES:
+        for nodes in sequence:
+            owners = assignment(nodes, partitions)
+            low = partitions // len(nodes)
+            assert set(_loads(owners, nodes)) <= {low, low + 1}
+            assert sorted(owners) == list(range(partitions))
+    moved = _moves(assignment, partitions)
+    rendezvous = _moves(_rendezvous, partitions)
+    assert (moved, rendezvous, _fewest_balanced(partitions)) == (balanced, plain, fewest)
+    assert fewest <= moved <= ratio * rendezvous
+    if partitions == 256:  # plain rendezvous's luck: under the fewest balanced moves
+        assert rendezvous < fewest
 
 
 def test_the_assignment_is_the_same_whatever_the_order() -> None:

@@ -552,6 +552,7 @@ def test_the_ha_compose_sample_is_valid_and_wires_sentinel() -> None:
     for name in HA_SENTINELS:
         script = " ".join(services[name]["command"])
         assert "sentinel monitor dwmaster redis-primary 6379 2" in script
+        assert "sentinel down-after-milliseconds dwmaster 5000" in script
         assert "--sentinel" in script
     volumes = {_volume(services[name]["volumes"][0])[0] for name in (*HA_REDIS, *HA_SENTINELS)}
     assert len(volumes) == len(HA_REDIS) + len(HA_SENTINELS)
@@ -566,6 +567,9 @@ def test_the_ha_compose_sample_is_valid_and_wires_sentinel() -> None:
         assert environment["DELAYWHEEL_NODE"] == name
         assert environment["DELAYWHEEL_ADVERTISE"] == f"127.0.0.1:345{number}"
         assert environment["DELAYWHEEL_REPLICAS"] == "1"
+        # A lease below the Sentinels' down-after (5 s): every node self-fences
+        # on a frozen primary before the Sentinels replace it (docs/ha.md).
+        assert float(environment["DELAYWHEEL_LEASE"]) < 5.0
         waits = services[name]["depends_on"]
         assert set(waits) == {"redis-primary", *HA_SENTINELS}
         assert {wait["condition"] for wait in waits.values()} == {"service_healthy"}

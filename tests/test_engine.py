@@ -339,7 +339,7 @@ def test_a_record_holds_a_whole_ttr_and_no_deadline_as_ints() -> None:
     task = Task("id-1", "t", T0 + 10, body_packed=b"\xc0", ttr_s=60.0, max_attempts=3, created_s=T0)
     task.state = "delayed"
     fields = msgpack.unpackb(to_record(task))
-    assert fields[0] == 4
+    assert fields[0] == 5
     assert (fields[6], fields[8]) == (60, 0)
     assert (type(fields[6]), type(fields[8])) == (int, int)
     task.ttr_s, task.deadline_s = 2.5, T0 + 5

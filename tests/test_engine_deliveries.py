@@ -21,7 +21,9 @@ from helpers import load_all
 
 from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.brokers import CONNECT_TIMEOUT_S, SEND_TIMEOUT_S
 from delaywheel.delivery.targets import TargetRules
+from delaywheel.engine.attempts import attempt_bound_s
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.record import from_record, read_record, to_record
 from delaywheel.engine.retry import RetryPolicy
@@ -51,7 +53,7 @@ def send_at_once(engine: Engine, sent: list[Delivery]) -> None:
         if delivery is not None:
             sent.append(delivery)
 
-    engine.start_deliveries(lambda task_id, target: engine.attempts.begin(task_id, ready) and None)
+    engine.start_deliveries(lambda task_id, *_: engine.attempts.begin(task_id, ready) and None)
 
 
 def run(scenario: Callable[[Engine, MemoryStore, list[Delivery]], Awaitable[None]]) -> None:
@@ -280,6 +282,17 @@ def test_an_attempt_taken_over_is_sent_again_only_after_its_deadline() -> None:
     asyncio.run(main())
 
 
+def test_an_attempts_deadline_is_its_http_timeout_or_a_brokers_15_s() -> None:
+    """What a new owner holds a taken-over attempt to (docs/ha.md, "Takeover"):
+    an HTTP target's ``timeout``; a broker's connect and send timeouts."""
+    assert attempt_bound_s({**HTTP, "timeout": 30}) == 30.0
+    for target in (
+        {"type": "amqp", "broker": "mq", "exchange": "x", "routing_key": "k"},
+        {"type": "nats", "broker": "bus", "subject": "s"},
+    ):
+        assert attempt_bound_s(target) == CONNECT_TIMEOUT_S + SEND_TIMEOUT_S == 15.0
+
+
 def test_a_partition_taken_over_keeps_reservations_and_fires_what_is_overdue() -> None:
     """Issue 16, takeover: after the new owner's ``load_partition`` an overdue
     task is ready at the next tick, and it keeps a reserved task's TTR deadline: it comes
@@ -317,7 +330,7 @@ def test_a_record_of_version_3_loads_as_a_queue_task() -> None:
     task = from_record("old", msgpack.packb(fields, use_bin_type=True))
     assert task.target is None and task.last_error is None and task.topic == "mail"
     new_record = to_record(task)
-    assert msgpack.unpackb(new_record)[0] == 4
+    assert msgpack.unpackb(new_record)[0] == 5
     assert from_record("old", new_record).target is None
 
 
@@ -362,13 +375,19 @@ def test_an_outcome_the_store_failed_to_take_is_journaled_again_not_sent_again(
     asyncio.run(main())
 
 
+async def queuing_engine() -> tuple[Engine, list[str]]:
+    """An engine on a memory store whose due deliveries are noted, never begun."""
+    store = MemoryStore("memory://")
+    await store.open()
+    engine = make_engine(store)
+    queued: list[str] = []
+    engine.start_deliveries(lambda task_id, *_: queued.append(task_id))
+    return engine, queued
+
+
 def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> None:
     async def main() -> None:
-        store = MemoryStore("memory://")
-        await store.open()
-        engine = make_engine(store)
-        queued: list[str] = []
-        engine.start_deliveries(lambda task_id, target: queued.append(task_id))
+        engine, queued = await queuing_engine()
         ids = [engine.add({"topic": "hooks", "target": HTTP}, T0)["id"] for _ in range(3)]
         engine.advance(T0 + 1)
         assert queued == ids  # due, in their lane, no attempt yet
@@ -387,6 +406,33 @@ def test_due_tasks_wait_for_their_lane_and_only_begun_attempts_are_counted() -> 
         assert updated["state"] == "delayed" and not engine.attempts.begin(ids[2], sent.append)
         stats = engine.stats(T0 + 1)["states"]
         assert (stats["delayed"], stats["delivering"]) == (1, 1)
+
+    asyncio.run(main())
+
+
+def test_a_gated_topics_due_deliveries_wait_and_go_most_urgent_first_within_its_limit() -> None:
+    async def main() -> None:
+        engine, queued = await queuing_engine()
+        engine.topic_set("hooks", {"paused_until": T0 + 10, "concurrency": 2}, T0)
+        ids = [
+            engine.add({"topic": "hooks", "target": HTTP, "priority": p}, T0)["id"]
+            for p in (1024, 5, 1024, 0)
+        ]
+        engine.advance(T0 + 1)
+        assert queued == []  # due, behind the pause: still delayed, no attempt
+        assert {engine.get(i)["attempts"] for i in ids} == {0}
+        assert engine.next_fire_s() == T0 + 10  # the pause's end wakes the ticker
+        engine.advance(T0 + 10)
+        assert queued == [ids[3], ids[1]]  # the two most urgent: the concurrency
+        sent: list[Delivery | None] = []
+        assert engine.attempts.begin(ids[3], sent.append)
+        await engine.journal.drain()
+        assert queued == [ids[3], ids[1]]  # begun: still in flight, still 2
+        engine.delivered(ids[3], 1, None, T0 + 11)  # its slot frees
+        assert queued == [ids[3], ids[1], ids[0]]  # the first due of the default priority
+        engine.topic_set("hooks", {"concurrency": None}, T0 + 11)
+        assert queued == [ids[3], ids[1], ids[0], ids[2]]  # no limit: the rest
+        await engine.journal.drain()
 
     asyncio.run(main())
 

@@ -34,7 +34,7 @@ def part(p: int, epoch: int, changes: Changes) -> PartitionWrite:
 
 async def flush(writer: FencedWriter, *writes: PartitionWrite) -> FlushOutcome:
     finished: asyncio.Future[FlushOutcome] = asyncio.get_running_loop().create_future()
-    writer.submit(writes, finished.set_result)
+    writer.submit(writes, lambda _writes, outcome: finished.set_result(outcome))
     return await finished
 
 

@@ -65,3 +65,23 @@ def test_user_docs_speak_of_no_project_history() -> None:
         if HISTORY.search(line)
     ]
     assert found == []
+
+
+# A test a page names as the measure of a claim: `test_...` (not a module's
+# `test_....py`).
+NAMED_TEST = re.compile(r"\b(test_\w+)\b(?!\.py)")
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    defined = {
+        found
+        for module in (ROOT / "tests").glob("*.py")
+        for found in re.findall(r"^(?:async )?def (test_\w+)", module.read_text(), re.M)
+    }
+    named = {
+        f"{page.relative_to(ROOT)}: {name}"
+        for page in USER_PAGES
+        for name in NAMED_TEST.findall(page.read_text())
+        if name not in defined
+    }
+    assert named == set()

@@ -247,7 +247,9 @@ def test_scenario_2_sigstop_of_an_owner_for_3_leases_is_fenced(
     # each other (one line each was 3 to 5 lines), and so do the self-fences.
     self_fenced = [line for line in paused.log if "no lease renewal for 0.8 L" in line]
     assert len(fenced) <= 2 and len(self_fenced) <= 2, paused.log_text()
-    assert _metrics(paused)["delaywheel_fenced_flushes_total"] >= 1
+    fenced_flushes = _metrics(paused)["delaywheel_fenced_flushes_total"]
+    print(f"{fenced_flushes:g} flushes fenced after SIGCONT, in {len(fenced)} line(s)")
+    assert fenced_flushes >= 1
     assert task_id not in {d.task_id for d in run.sink.received()}
     _assert_clean(report, graceful=False)
     _assert_took_over(report, serving_s)
@@ -306,6 +308,10 @@ def test_scenario_5_every_lease_key_deleted_mid_run(
     named = [int(p) for _, found in losses for p in found.group(1).split(",")]
     assert sorted(named) == list(range(PARTITIONS)), losses
     assert len(losses) <= 2 * len(two_nodes), [found.group(0) for _, found in losses]
+    # And counted once each (delaywheel_partitions_lost_total).
+    assert sum(_metrics(node)["delaywheel_partitions_lost_total"] for node in two_nodes) == (
+        PARTITIONS
+    )
     _assert_clean(report, graceful=False)
 
 
@@ -423,6 +429,12 @@ def test_scenario_7_rolling_sigterm_of_every_node(redis_url: str) -> None:
     assert all(m["delaywheel_fenced_flushes_total"] == 0 for m in metrics)
     assert all("delaywheel_lease_renewals_failed_total" in m for m in metrics)
     assert all(m["delaywheel_takeover_seconds_total"] > 0 for m in metrics)
+    # a's process handed b's share back when b came back; b's handed nothing.
+    assert [m["delaywheel_handoffs_total"] for m in metrics] == [
+        metrics[1]["delaywheel_partitions_owned"],
+        0,
+    ]
+    assert all(m["delaywheel_partitions_unowned"] == 0 for m in metrics)
 
 
 def test_scenario_8_scale_2_to_3_to_2(redis_url: str, two_nodes: list[ServerProcess]) -> None:
@@ -465,6 +477,55 @@ def test_scenario_9_two_nodes_with_no_ha_options_on_one_redis(redis_url: str) ->
                 node.kill()
     assert len(names) == 2, names
     _assert_clean(report, graceful=True)
+
+
+def test_a_node_restarted_under_its_name_takes_its_leases_back_at_once(redis_url: str) -> None:
+    """kill -9 of a lone node, then the same ``--node`` started again: the
+    leases still name it, and it takes them back with a new epoch instead of
+    waiting out the lease (20 s here)."""
+    lease_s = 20.0
+    node = _node(redis_url, "solo", lease_s=lease_s)
+    try:
+        wait_until(lambda: len(_served(node)) == PARTITIONS, 15, "the node's partitions")
+        node.kill()
+        started = time.monotonic()
+        node.start()
+        wait_until(lambda: len(_served(node)) == PARTITIONS, lease_s, "the partitions back")
+        back_s = time.monotonic() - started
+        with Client(*node.address) as dw:
+            epochs = {entry["epoch"] for entry in dw.stats()["partitions"]}
+    finally:
+        node.kill()
+    print(f"restarted under its name: serving all {back_s:.2f} s after the start")
+    assert epochs == {2}, epochs  # acquired anew, not the dead process's epoch 1
+    assert back_s < lease_s / 2, back_s  # well before the leases could expire
+
+
+def test_the_cluster_map_is_at_most_one_look_at_the_leases_old(redis_url: str) -> None:
+    """A lease taken from under the node (written by hand for a node "z"):
+    the node's ``cluster`` names z by its next look at the leases, every
+    min(L/3, 0.5 s)."""
+    node = _node(redis_url, "solo")
+    try:
+        wait_until(lambda: len(_served(node)) == PARTITIONS, 15, "the node's partitions")
+        partition = 5
+        with redis.Redis.from_url(redis_url) as store:
+            keys = f"{{delaywheel:p{partition:03d}}}"
+            store.set(f"{keys}:epoch", 99)
+            store.set(f"{keys}:lease", "99 z 10.0.0.9:3450", px=60_000)
+        taken_s = time.monotonic()
+        with Client(*node.address) as dw:
+
+            def named() -> bool:
+                owner = dw.cluster()["owners"][partition]
+                return (owner["node"], owner["epoch"]) == ("z", 99)
+
+            wait_until(named, 10, "the map naming z")
+        took_s = time.monotonic() - taken_s
+    finally:
+        node.kill()
+    print(f"the map named the lease's new holder {took_s:.2f} s after it changed")
+    assert took_s < min(LEASE_S / 3, 0.5) + 1.5, took_s  # one look, and a loaded machine
 
 
 def test_another_partition_count_on_a_keyspace_is_refused(redis_url: str) -> None:

@@ -41,11 +41,7 @@ from clusternodes import metrics_of as _metrics
 from conftest import RedisServer, primary_with_replica
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import DelaywheelError
-
-from delaywheel.ha.failover import stale_partitions
-from delaywheel.store.redis.layout import Layout
-from delaywheel.store.redis.sentinel import SentinelTopology
-from tests.hacheck import (
+from hacheck import (
     Delivery,
     Fault,
     LoadGenerator,
@@ -56,8 +52,12 @@ from tests.hacheck import (
     check,
     sink,
 )
-from tests.serverproc import ServerProcess, free_port
-from tests.waiting import wait_until
+from serverproc import ServerProcess, free_port
+from waiting import wait_until
+
+from delaywheel.ha.failover import stale_partitions
+from delaywheel.store.redis.layout import Layout
+from delaywheel.store.redis.sentinel import SentinelTopology
 
 if TYPE_CHECKING:
     from redisfarm import SentinelFarm

@@ -31,7 +31,8 @@ from serverproc import ServerProcess
 from waiting import wait_until
 
 from delaywheel.engine.engine import Engine
-from delaywheel.ha.coordinator import Coordinator, NodeRights
+from delaywheel.ha.coordinator import Coordinator
+from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Sharing
 from delaywheel.store.redis import RedisStore
 
@@ -62,13 +63,11 @@ async def _stop_in_mid_round(url: str, after_s: float) -> tuple[bool, bool, int]
     Returns (stop ended in time, round loop ended, lease keys left)."""
     async with Redis.from_url(url) as client:
         await client.flushdb()
-    rights = NodeRights()
+    sharing = Sharing(node="a", address="127.0.0.1:7001", partitions=PARTITIONS, lease_s=LEASE_S)
+    rights = NodeRights(sharing)
     keyspace = RedisStore(url, partitions=PARTITIONS, owner=rights)
     await keyspace.open()
     try:
-        sharing = Sharing(
-            node="a", address="127.0.0.1:7001", partitions=PARTITIONS, lease_s=LEASE_S
-        )
         engine = Engine(keyspace, now_s=time.time(), ownership=sharing)
         coordinator = Coordinator(engine, keyspace, sharing, rights, handoff_wait_s=0.5)
         await coordinator.start()

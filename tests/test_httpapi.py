@@ -188,6 +188,19 @@ def test_a_long_poll_that_gets_nothing_is_204(api: Api, topic: str) -> None:
 # -- schedules, stats, cluster, ping, the document -------------------------------------------
 
 
+def test_topic_settings_and_priority(api: Api, topic: str) -> None:
+    assert api.request("GET", f"/topics/{topic}").data["paused"] is False
+    changed = api.request("PATCH", f"/topics/{topic}", {"concurrency": 2, "rate": 5})
+    assert changed.status == 200 and (changed.data["concurrency"], changed.data["rate"]) == (2, 5)
+    problem_of(api.request("PATCH", f"/topics/{topic}", {"burst": 0}), 422, "bad_request")
+    listed = api.request("GET", "/topics?paused=false&limit=1000")
+    assert topic in [t["topic"] for t in listed.data["topics"]]
+    urgent = api.request("POST", "/tasks", {"topic": topic, "priority": 0, "body": "u"})
+    assert api.request("GET", f"/tasks/{urgent.data['id']}").data["priority"] == 0
+    back = api.request("PATCH", f"/topics/{topic}", {"concurrency": None, "rate": None})
+    assert back.data["concurrency"] is None and back.data["rate"] is None
+
+
 def test_schedules(api: Api, topic: str) -> None:
     sid = f"{topic}-every"
     spec = {"id": sid, "every": 3600, "topic": topic, "body": "tick"}

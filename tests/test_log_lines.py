@@ -292,7 +292,7 @@ def test_a_death_is_logged_once_the_store_has_it(caplog: pytest.LogCaptureFixtur
         )
         # Every due task's attempt begun at once, nothing sent: the outcomes come below.
         engine.start_deliveries(
-            lambda task_id, target: engine.attempts.begin(task_id, lambda delivery: None) and None
+            lambda task_id, *_: engine.attempts.begin(task_id, lambda delivery: None) and None
         )
         task_id = engine.add(
             {"topic": "t", "body": MARKER, "target": target, "max_attempts": 1}, t0

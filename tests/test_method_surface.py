@@ -149,6 +149,9 @@ def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         ("schedule_trigger", (first,), {}),
         ("schedule_backfill", (first, 0, 7200), {}),
         ("schedule_delete", (first,), {}),
+        ("topic_set", (topic, {"concurrency": 4}), {}),
+        ("topic_get", (topic,), {}),
+        ("topic_list", (), {"paused": False, "limit": 10}),
         ("cluster", (), {}),
         ("call", ("get", first), {}),
     ]

@@ -616,6 +616,26 @@ def test_schedule_metrics_count_fired_skipped_missed_and_lateness() -> None:
     asyncio.run(main())
 
 
+def test_topic_settings_metrics_show_pauses_and_limits() -> None:
+    async def main() -> None:
+        store = MemoryStore("memory://")
+        await store.open()
+        now_s = time.time()
+        engine = Engine(store, now_s=now_s)
+        server = Server(Settings(store_url="memory://"), engine)
+        engine.topic_set("held", {"paused_until": now_s + 3600}, now_s)
+        engine.topic_set("hooks", {"rate": 2.5, "concurrency": 4}, now_s)
+        got = Scrape(generate_latest(registry_for(server, topics=20)).decode())
+        assert got("delaywheel_topic_paused", topic="held") == 1
+        assert got("delaywheel_topic_paused", topic="hooks") == 0
+        assert got("delaywheel_topic_rate_limit", topic="hooks") == 2.5
+        assert got("delaywheel_topic_concurrency_limit", topic="hooks") == 4
+        assert server.stats(now_s)["topic_settings"]["hooks"]["rate"] == 2.5
+        await engine.journal.drain()
+
+    asyncio.run(main())
+
+
 @pytest.mark.process
 @pytest.mark.slow
 def test_a_servers_schedule_metrics_match_the_schedules_counts() -> None:

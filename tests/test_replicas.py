@@ -16,17 +16,19 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer, primary_with_replica
+from conftest import RedisCluster, RedisServer, primary_with_replica
 from delaywheel_client import Client
 from delaywheel_client.errors import Exists, Unavailable
+from serverproc import ServerProcess
+from waiting import wait_until
 
+from delaywheel.ha.replicas import CHECK_EVERY_S
 from delaywheel.store.redis.layout import Layout
 from delaywheel.store.redis.store import REPLICAS_WAIT_S
-from tests.serverproc import ServerProcess
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 
@@ -201,3 +203,114 @@ class _Reads:
 
     def __repr__(self) -> str:
         return f"{self.answered} reads answered, worst {self.worst_s:.3f} s"
+
+
+def test_stats_show_a_lost_replica_within_a_look_every_2_s(tmp_path: Path) -> None:
+    """``stats``' ``replicas.connected`` is read from the primary every 2 s:
+    a replica gone shows as 0 by the next look (with room for a loaded machine)."""
+    with primary_with_replica(tmp_path) as (primary, replica):
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=primary.url)
+        try:
+            with Client(*node.address, timeout_s=30) as dw:
+                ours = f"127.0.0.1:{primary.port}"
+
+                def connected() -> object:
+                    return dw.stats()["replicas"]["connected"]
+
+                wait_until(lambda: connected() == {ours: 1}, 10, "the replica counted")
+                replica.kill()
+                gone_s = time.monotonic()
+                wait_until(lambda: connected() == {ours: 0}, 10, "the replica gone from stats")
+                took_s = time.monotonic() - gone_s
+        finally:
+            node.stop()
+    print(f"a lost replica showed in stats {took_s:.2f} s after its kill")
+    assert took_s < CHECK_EVERY_S + 3.0, took_s  # one look, and room for a loaded machine
+
+
+def test_on_a_cluster_the_start_up_checks_read_the_primary_holding_meta(
+    redis_cluster: RedisCluster,
+) -> None:
+    """AOF off on another primary: no warning; on the one that holds
+    ``{prefix}:meta``: the warning (docs/ha.md, "Start-up checks")."""
+    prefix = "startchk"
+    home = redis_cluster.owner_of(f"{{{prefix}}}:meta")
+    other = next(node for node in redis_cluster.nodes if node is not home)
+
+    def aof_warnings() -> list[str]:
+        node = ServerProcess(
+            "--lease", LEASE, "--redis-prefix", prefix, store=redis_cluster.nodes[0].url
+        )
+        try:
+            wait_until(lambda: "loaded" in node.log_text(), what="the node to load")
+            return _warnings(node.log_text(), "Redis has AOF off (appendonly no)")
+        finally:
+            node.stop()
+
+    try:
+        with other.client() as client:
+            client.config_set("appendonly", "no")
+        assert aof_warnings() == []
+        with home.client() as client:
+            client.config_set("appendonly", "no")
+        assert len(aof_warnings()) == 1
+    finally:
+        for node in (home, other):
+            with node.client() as client:
+                client.config_set("appendonly", "yes")
+
+
+def test_without_its_replica_a_partition_is_written_about_once_a_second(tmp_path: Path) -> None:
+    """Four clients adding to one partition while the replica is stopped: the
+    journal keeps one write of the partition in flight, each waits out WAIT's
+    second and carries every add gathered meanwhile, so the primary sees about
+    one WAIT a second and every add is answered unavailable (docs/ha.md)."""
+    ids = [i for i in (f"w{n}" for n in range(20_000)) if zlib.crc32(i.encode()) % PARTITIONS == 0]
+    window_s, clients = 4.0, 4
+    refused: list[int] = []
+    accepted: list[str] = []
+
+    def adding(first: int, until_s: float, address: tuple[str, int]) -> None:
+        count = 0
+        with Client(*address, timeout_s=30) as dw:
+            for task_id in ids[first::clients]:
+                if time.monotonic() >= until_s:
+                    break
+                try:
+                    dw.add("t", {}, id=task_id, delay=3600)
+                    accepted.append(task_id)
+                except Unavailable:
+                    count += 1
+        refused.append(count)
+
+    with primary_with_replica(tmp_path) as (primary, replica):
+        node = ServerProcess("--replicas", "1", "--lease", LEASE, store=primary.url)
+        try:
+            with Client(*node.address, timeout_s=30) as dw:
+                dw.add("t", {}, id=ids[0], delay=3600)  # the partition's link is up
+            assert replica.proc is not None
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                with primary.client() as client:
+                    client.config_resetstat()
+                until_s = time.monotonic() + window_s
+                threads = [
+                    threading.Thread(target=adding, args=(1 + k, until_s, node.address))
+                    for k in range(clients)
+                ]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                with primary.client() as client:
+                    waits = client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+        finally:
+            node.stop()
+    print(f"replica stopped {window_s:g} s: {waits} WAITs, adds refused {refused}")
+    assert accepted == []
+    # One a second, give or take the one in flight at each end; fewer on a
+    # loaded machine, never one per add.
+    assert 2 <= waits <= window_s + 2, waits
+    assert sum(refused) > waits, (refused, waits)  # a write carries several adds

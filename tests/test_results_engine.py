@@ -17,18 +17,18 @@ from delaywheel.engine.validate import Limits
 from delaywheel.store.memory import MemoryStore
 
 
-def test_a_done_tasks_record_keeps_its_completion_and_others_stay_v4() -> None:
+def test_a_done_tasks_record_keeps_its_completion_and_others_stay_v5() -> None:
     async def scenario(engine: Engine, store: MemoryStore) -> None:
         engine.add({"id": "kept", "topic": "t", "retain": 30}, T0)
         engine.add({"id": "plain", "topic": "t"}, T0)
         plain = engine._tasks.get("plain")
-        assert plain is not None and msgpack.unpackb(to_record(plain))[0] == 4  # as before
+        assert plain is not None and msgpack.unpackb(to_record(plain))[0] == 5  # as before
         assert engine.try_reserve("t", T0) is not None
         assert engine.ack("kept", {"rows": 3}, T0 + 2) is True
         task = engine._tasks.get("kept")
         assert task is not None
         record = to_record(task)
-        assert msgpack.unpackb(record)[0] == 5
+        assert msgpack.unpackb(record)[0] == 6
         back = from_record("kept", record)
         assert engine.describe(back) == engine.describe(task)
         got = engine.get("kept")
@@ -74,16 +74,8 @@ def test_a_done_task_lapses_at_completed_plus_retain_and_after_a_load() -> None:
 
 
 def test_the_topic_retain_applies_when_a_task_names_none() -> None:
-    class Retaining(Engine):
-        """As the topic settings give it: 5 s for topic "kept"."""
-
-        def topic_retain_s(self, topic: str) -> float:
-            return 5.0 if topic == "kept" else 0.0
-
-    async def main() -> None:
-        store = MemoryStore("memory://")
-        await store.open()
-        engine = Retaining(store, now_s=T0)
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        engine.topic_set("kept", {"retain": 5}, T0)
         for topic in ("kept", "other"):
             engine.add({"id": topic, "topic": topic}, T0)
             assert engine.try_reserve(topic, T0) is not None
@@ -95,9 +87,8 @@ def test_the_topic_retain_applies_when_a_task_names_none() -> None:
         assert engine.get("other") is None and engine.get("own") is None
         engine.advance(T0 + 5)
         assert engine.get("kept") is None
-        await engine.journal.drain()
 
-    asyncio.run(main())
+    run(scenario)
 
 
 def test_waits_get_the_final_map_on_done_dead_and_gone() -> None:

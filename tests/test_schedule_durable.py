@@ -17,10 +17,10 @@ from delaywheel_client import Client, ClusterClient
 from delaywheel_client.partitions import record_key
 from hacheck import Sink
 from schedulenodes import SCHEDULE, assert_each_once, nominal_seconds, schedule_node
+from serverproc import ServerProcess
+from waiting import wait_until
 
 from delaywheel.schedules.state import read_record
-from tests.serverproc import ServerProcess
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -51,16 +51,8 @@ def _drain_fired(address: tuple[str, int], schedule_id: str, got: list[str]) -> 
     return int(state["counts"]["fired"])
 
 
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'tasks.db'}"
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
-def test_kill_9_and_restart_lose_no_occurrence_and_double_none(store_url: str) -> None:
-    proc = ServerProcess(store=store_url)
+def test_kill_9_and_restart_lose_no_occurrence_and_double_none(durable_store_url: str) -> None:
+    proc = ServerProcess(store=durable_store_url)
     try:
         with Client(*proc.address) as dw:
             dw.schedule_add({"id": "beat", **SCHEDULE})
@@ -80,8 +72,8 @@ def test_kill_9_and_restart_lose_no_occurrence_and_double_none(store_url: str) -
     assert_each_once(got, "beat", fired)
 
 
-def test_a_restart_loads_the_schedule_and_its_state(store_url: str) -> None:
-    proc = ServerProcess(store=store_url)
+def test_a_restart_loads_the_schedule_and_its_state(durable_store_url: str) -> None:
+    proc = ServerProcess(store=durable_store_url)
     try:
         with Client(*proc.address) as dw:
             dw.schedule_add({"id": "kept", "every": 3600, "topic": "t", "jitter": 30})
@@ -190,7 +182,7 @@ def _delivered(sink: Sink) -> set[str]:
 
 
 def test_kill_9_before_during_and_after_the_fire_step_loses_and_doubles_none(
-    store_url: str, tmp_path: Path
+    durable_store_url: str, tmp_path: Path
 ) -> None:
     """A schedule every second with an HTTP target, on a real server at a 10 ms
     tick. It is killed with SIGKILL three times, each at a chosen point of an
@@ -216,7 +208,7 @@ def test_kill_9_before_during_and_after_the_fire_step_loses_and_doubles_none(
         "overlap": "allow",
         "target": {"type": "http", "url": sink.url},
     }
-    proc = ServerProcess("--http-allow", "127.0.0.1", store=store_url, tick="0.01")
+    proc = ServerProcess("--http-allow", "127.0.0.1", store=durable_store_url, tick="0.01")
     points: dict[str, int] = {}
     try:
         with Client(*proc.address) as dw:
@@ -243,7 +235,7 @@ def test_kill_9_before_during_and_after_the_fire_step_loses_and_doubles_none(
         with Client(*proc.address) as dw:
             pending_s = int(dw.schedule_get("beat")["next"])  # type: ignore[index]
             time.sleep(max(0.0, pending_s - 0.3 - time.time()))
-            held = HeldWrites(store_url)
+            held = HeldWrites(durable_store_url)
             try:
                 wait_until(
                     lambda: dw.schedule_get("beat")["last_fired"] == pending_s,  # type: ignore[index]

@@ -22,11 +22,11 @@ from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import DelaywheelError
 from delaywheel_client.partitions import occurrence_id, partition_of
 from schedulenodes import SCHEDULE, assert_each_once, nominal_seconds, schedule_node
+from serverproc import ServerProcess
+from waiting import wait_until
 
 from delaywheel.engine.engine import Engine
 from delaywheel.store.memory import MemoryStore
-from tests.serverproc import ServerProcess
-from tests.waiting import wait_until
 
 
 def _ids(dw: Client, topic: str) -> list[str]:

@@ -120,7 +120,7 @@ class TableMachine(RuleBasedStateMachine):
         self.sent: list[Delivery] = []  # attempts begun and durable, to report on
         self.served: list[dict[str, Any]] = []
         self.watched: list[dict[str, Any]] = []  # what blocked waits were answered
-        self.engine.start_deliveries(lambda task_id, target: self.queued.append(task_id))
+        self.engine.start_deliveries(lambda task_id, *_: self.queued.append(task_id))
 
     def apply(self, change: Any, *args: Any) -> None:
         """One request, its store write (failing when asked), as a turn would."""

@@ -30,6 +30,8 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import redis
 from delaywheel_client import Client
+from endpoint import Endpoint
+from endpoint import endpoint as endpoint  # the fixture
 from hacheck import Sink, sink
 from serverproc import ServerProcess, free_port
 from waiting import wait_until
@@ -189,3 +191,48 @@ def _record_of(receiver: Sink, task_id: str, state: str, at_s: float, deadline_s
     """``_record`` of another id."""
     task = from_record(task_id, _record(receiver, state, at_s, deadline_s))
     return to_record(task)
+
+
+def test_a_node_stays_registered_through_a_handback_longer_than_its_lease(
+    redis_url: str, node: ServerProcess, endpoint: Endpoint
+) -> None:
+    """A node joins while the partition it is due is sending an attempt that
+    lasts 4 L: the handback waits for it, and meanwhile the handing node's
+    rounds go on, so its registration never lapses (held, it lapsed: the
+    others saw the node gone mid-handback)."""
+    endpoint.slow_s = 4 * LEASE_S
+    name = "joining-0"
+    partition = next(
+        p for p, owner in assignment(["solo", name], PARTITIONS).items() if owner == name
+    )
+    task_id = next(i for i in (f"slow-{n}" for n in range(2000)) if _partition(i) == partition)
+    target = {"type": "http", "url": endpoint.url("/slow"), "timeout": 30}
+    with Client(*node.address) as dw:
+        dw.add("hooks", {}, id=task_id, target=target)
+    wait_until(lambda: endpoint.in_flight == 1, 10, "the slow attempt under way")
+    members = Layout("delaywheel", PARTITIONS).members
+    lapsed: list[float] = []
+    other = ServerProcess(
+        *("--port", str(free_port()), "--node", name, "--lease", str(LEASE_S)),
+        *("--partitions", str(PARTITIONS), "--http-allow", "127.0.0.1"),
+        store=redis_url,
+    )
+    try:
+        joined_s = time.monotonic()
+        handed_back = f"handed back partition {partition}"
+        with redis.Redis.from_url(redis_url) as store:
+            while handed_back not in node.log_text():
+                assert time.monotonic() - joined_s < 30, node.log_text()
+                seconds, micros = store.time()
+                expires_ms = store.zscore(members, "solo")
+                if expires_ms is None or expires_ms <= seconds * 1000 + micros // 1000:
+                    lapsed.append(time.monotonic() - joined_s)
+                time.sleep(0.05)  # a look every 50 ms (time passing is the test)
+        took_s = time.monotonic() - joined_s
+        wait_until(lambda: _served(other) == PARTITIONS // 2, 10, "the joiner's share")
+    finally:
+        other.stop()
+    print(f"handback of partition {partition}: {took_s:.2f} s, lapsed at {lapsed[:3]}")
+    assert took_s > LEASE_S, took_s  # a handback longer than the lease, as meant
+    assert lapsed == []
+    assert len(endpoint.requests("/slow")) == 1  # sent once: the attempt ended here

@@ -116,7 +116,8 @@ def test_a_viewer_gets_403_on_every_mutating_route_and_sees_no_buttons() -> None
         assert (await d.login(VIEWER_TOKEN)).status == 303
         csrf = await d.csrf()
         routes = mutating_routes(d.dashboard.app)
-        assert len(routes) == 9  # four task actions, two bulk ones, three of schedules
+        # four task actions, two bulk ones, three of schedules, two of topics
+        assert len(routes) == 11
         for path in routes:
             reply = await d.post(path, {"csrf": csrf, "topic": "t", "confirm": "1"})
             assert reply.status == 403, path
@@ -315,6 +316,36 @@ def test_the_schedules_page_lists_them_and_its_actions_go_through_the_engine() -
     run(scenario)
 
 
+def test_the_topics_page_shows_settings_and_pauses_and_resumes_a_topic() -> None:
+    async def scenario(d: Dash) -> None:
+        now_s = time.time()
+        d.engine.add({"topic": "mail", "body": "x"}, now_s)
+        d.engine.topic_set("hooks", {"rate": 50, "burst": 10, "concurrency": 8}, now_s)
+        await d.login()
+        html = await (await d.client.get("/topics")).text()
+        hooks = html[html.index(">hooks<") :]
+        assert "50.0/s (burst 10)" in hooks and "8 at once" in hooks  # settings, no task
+        csrf = await d.csrf("/topics")
+        paused = await d.post("/topics/mail/pause", {"csrf": csrf})
+        assert (paused.status, paused.headers["Location"]) == (303, "/topics")
+        assert d.engine.topic_get("mail", now_s)["paused"]
+        assert d.engine.journal.pending() is None  # answered once durable
+        html = await (await d.client.get("/topics")).text()
+        assert "Paused topic &#39;mail&#39;." in html and 'data-action="resume"' in html
+        assert d.engine.try_reserve("mail", time.time()) is None
+        await d.post("/topics/mail/resume", {"csrf": csrf})
+        assert not d.engine.topic_get("mail", time.time())["paused"]
+        assert d.engine.try_reserve("mail", time.time())["body"] == "x"
+        # A task's priority on its page and in the list.
+        urgent = d.engine.add({"topic": "urgent", "priority": 3}, now_s)["id"]
+        html = await (await d.client.get(f"/tasks/{urgent}")).text()
+        assert '<td id="task-priority">3</td>' in html
+        html = await (await d.client.get("/tasks?topic=urgent")).text()
+        assert '<th class="num">priority</th>' in html and '<td class="num">3</td>' in html
+
+    run(scenario)
+
+
 def test_schedules_page_in_pages_of_100_by_cursor() -> None:
     async def scenario(d: Dash) -> None:
         for n in range(105):
@@ -412,7 +443,13 @@ def test_every_action_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
         task_id = d.add()
         with caplog.at_level(logging.INFO, logger="delaywheel.web"):
             await d.post(f"/tasks/{task_id}/delete", {"csrf": csrf})
-        [line] = [r.getMessage() for r in caplog.records if "delete" in r.getMessage()]
+        # The dashboard's own lines (aiohttp's access log, when another test
+        # left it at INFO, is not the dashboard's).
+        [line] = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "delaywheel.web" and "delete" in r.getMessage()
+        ]
         assert re.fullmatch(rf"web admin:\S+: delete '{task_id}', 1 task", line)
 
     run(scenario)

@@ -29,6 +29,7 @@ def task_fields(
     ttr: float | None,
     max_attempts: int | None,
     target: Mapping[str, Any] | None,
+    priority: int | None = None,
     retain: float | None = None,
 ) -> dict[str, Any]:
     """The task map for ``add``: only the keys that were given."""
@@ -47,6 +48,8 @@ def task_fields(
         task["max_attempts"] = max_attempts
     if target is not None:
         task["target"] = dict(target)
+    if priority is not None:
+        task["priority"] = priority
     if retain is not None:
         task["retain"] = retain
     return task

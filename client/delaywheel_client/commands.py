@@ -61,6 +61,7 @@ from delaywheel_client.calls import (
     task_fields,
     topic_list,
 )
+from delaywheel_client.partitions import settings_key
 
 if TYPE_CHECKING:
     from typing import Concatenate, ParamSpec
@@ -81,6 +82,12 @@ def by_id(params: Sequence[Any]) -> str | None:
     """The first param, a task (or schedule) id."""
     first = params[0] if params else None
     return first if isinstance(first, str) else None
+
+
+def by_topic(params: Sequence[Any]) -> str | None:
+    """The first param, a topic: its settings' key (the partition they live in)."""
+    first = params[0] if params else None
+    return settings_key(first) if isinstance(first, str) else None
 
 
 def by_id_field(params: Sequence[Any]) -> str | None:
@@ -205,13 +212,16 @@ class Commands:
         ttr: float | None = None,
         max_attempts: int | None = None,
         target: Mapping[str, Any] | None = None,
+        priority: int | None = None,
         retain: float | None = None,
     ) -> Task:
         """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
-        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue, kept
-        once done for the topic's retain, else not at all)."""
+        (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue,
+        priority 1024 (0 is the most urgent), kept once done for the topic's retain, else
+        not at all)."""
         return self._send(
-            "add", (task_fields(topic, body, delay, at, id, ttr, max_attempts, target, retain),)
+            "add",
+            (task_fields(topic, body, delay, at, id, ttr, max_attempts, target, priority, retain),),
         )
 
     @command(("tasks",))
@@ -222,8 +232,8 @@ class Commands:
     # **changes could name "self" for the type checker; a task has no such field.
     @command(("id", "changes"), route=by_id)  # type: ignore[arg-type]
     def update(self, id: str, **changes: Any) -> Task:
-        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target`` or
-        ``max_attempts``; returns the updated task."""
+        """Change ``delay``/``at``, ``body``, ``topic``, ``ttr``, ``target``,
+        ``max_attempts`` or ``priority``; returns the updated task."""
         return self._send("update", (id, changes))
 
     @command(("id",), route=by_id)
@@ -368,6 +378,29 @@ class Commands:
         """Fire the occurrences in [start, min(end, now)] under their own ids (Unix s):
         ``{"ids": [...put], "existing": n}``."""
         return self._send("schedule_backfill", (schedule_id, start, end))
+
+    @command(("topic",), read_only=True, route=by_topic)
+    def topic_get(self, topic: str) -> dict[str, Any]:
+        """A topic's settings: ``topic``, ``paused`` (now), ``paused_until``, ``rate``,
+        ``burst``, ``concurrency``, ``retain``, ``note`` (the defaults when never set)."""
+        return self._send("topic_get", (topic,))
+
+    @command(("topic", "settings"), route=by_topic)
+    def topic_set(self, topic: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Change a topic's settings (only the fields given; nil puts one back to its
+        default); returns them all, as ``topic_get``."""
+        return self._send("topic_set", (topic, dict(settings)))
+
+    @command(("query",), optional=1, read_only=True)
+    def topic_list(
+        self, *, paused: bool | None = None, limit: int | None = None, cursor: Any = None
+    ) -> dict[str, Any]:
+        """One page of the topics that have settings: ``{"topics": [...], "next": cursor or
+        None}`` (limit <= 1000)."""
+        given = {"paused": paused, "limit": limit, "cursor": cursor}
+        return self._send(
+            "topic_list", ({name: value for name, value in given.items() if value is not None},)
+        )
 
 
 # -- the flavours: what each kind of client adds, and how it gets the methods -------------------

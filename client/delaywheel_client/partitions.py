@@ -6,7 +6,9 @@ id, ``{seconds}`` its nominal time in UTC epoch seconds, ASCII digits with
 ``parse_occurrence`` reads one back). The schedule's own record is stored
 under ``s:{X}:00`` (``record_key``), a form no occurrence takes, since
 ``occurrence_id`` writes the epoch as ``0``. ``s:`` ids are the schedules'
-namespace.
+namespace. A topic's settings are stored under ``s:{topic}:000``
+(``settings_key``), another form no occurrence takes, so they live in the
+partition ``{topic}`` hashes to.
 
 A task's partition is ``zlib.crc32(key as UTF-8) % partitions``, where the key
 is the whole id, except for an id of the occurrence form ``s:{X}:{digits}``
@@ -28,6 +30,7 @@ import zlib
 
 OCCURRENCE_PREFIX = "s:"
 RECORD_SUFFIX = ":00"
+SETTINGS_SUFFIX = ":000"
 # The longest nominal time an occurrence id may name, 9998-12-31T23:59:59.999Z:
 # near year 9999 a datetime in a zone east of UTC overflows, so an id naming a
 # later time (a caller's own "s:x:99999999999") is no occurrence.
@@ -90,6 +93,21 @@ def record_key(schedule_id: str) -> str:
 def is_record_key(key: str) -> bool:
     """Whether ``key`` is ``record_key`` of some schedule id."""
     return key.startswith(OCCURRENCE_PREFIX) and key.endswith(RECORD_SUFFIX) and len(key) > 5
+
+
+def settings_key(topic: str) -> str:
+    """The store key of a topic's settings (in the partition its name hashes to)."""
+    return f"{OCCURRENCE_PREFIX}{topic}{SETTINGS_SUFFIX}"
+
+
+def is_settings_key(key: str) -> bool:
+    """Whether ``key`` is ``settings_key`` of some topic."""
+    return key.startswith(OCCURRENCE_PREFIX) and key.endswith(SETTINGS_SUFFIX) and len(key) > 6
+
+
+def topic_of_settings_key(key: str) -> str:
+    """The topic whose ``settings_key`` ``key`` is."""
+    return key[len(OCCURRENCE_PREFIX) : -len(SETTINGS_SUFFIX)]
 
 
 def partition_key(task_id: str) -> str:

@@ -254,8 +254,8 @@ def kick_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Pla
 
 
 def pages_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Plan:
-    """``list`` or ``schedule_list``: one node's page, the nodes one after the other (the
-    cursor is ``[address, that node's cursor]``)."""
+    """``list``, ``schedule_list`` or ``topic_list``: one node's page, the nodes one after
+    the other (the cursor is ``[address, that node's cursor]``)."""
     query = dict(params[0])
     pmap: PartitionMap = yield FETCH_MAP
     nodes = base._all_nodes(pmap)
@@ -265,7 +265,11 @@ def pages_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Pl
     page = yield Send(address, method, (query,))
     if isinstance(page, DelaywheelError):
         raise page
-    return list_page(nodes, address, page, "tasks" if method == "list" else "schedules")
+    return list_page(nodes, address, page, _PAGED[method])
+
+
+# What each paged method's page holds its items under.
+_PAGED = {"list": "tasks", "schedule_list": "schedules", "topic_list": "topics"}
 
 
 def map_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Plan:
@@ -280,6 +284,7 @@ FAN_OUT: dict[str, Callable[[ClusterBase[Any], str, Sequence[Any]], Plan]] = {
     "kick": kick_plan,
     "list": pages_plan,
     "schedule_list": pages_plan,
+    "topic_list": pages_plan,
     "cluster": map_plan,
 }
 

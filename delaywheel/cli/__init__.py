@@ -34,7 +34,7 @@ from typing import Any
 import click
 
 from delaywheel import __version__
-from delaywheel.cli import backup, cluster, consume, importer, schedules, serve, tasks
+from delaywheel.cli import backup, cluster, consume, importer, schedules, serve, tasks, topics
 from delaywheel.cli.env import DEFAULT_TIMEOUT_S, Env
 from delaywheel.cli.errors import EXIT_FAILED
 from delaywheel.cli.params import DURATION, EnvOption, ServerList
@@ -221,5 +221,6 @@ for _command in (
     importer.import_,
     backup.backup,
     schedules.schedule,
+    topics.topic,
 ):
     main.add_command(_command)

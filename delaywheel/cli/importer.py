@@ -157,8 +157,9 @@ def import_(env: Env, file: IO[bytes], batch_size: int) -> None:
     """Add the tasks in FILE ('-' for stdin): JSON lines, one task map per line.
 
     Each line holds the task fields of the protocol (topic, id, delay, at, body, ttr,
-    target, max_attempts, retain). delay, ttr and retain may also be durations ("90s",
-    "2h"), at an ISO 8601 time, and {"$bin": "<base64>"} is a bytes value. Blank lines are skipped.
+    target, max_attempts, priority, retain). delay, ttr and retain may also be durations
+    ("90s", "2h"), at an ISO 8601 time, and {"$bin": "<base64>"} is a bytes value. Blank
+    lines are skipped.
 
     Tasks go to the server in batches of --batch-size with add_many, and each batch
     is all or nothing. When a line is bad (locally, or refused by the server) the

@@ -217,14 +217,15 @@ LAST_ERROR_CHARS = 60
 
 
 def task_table(tasks: list[dict[str, Any]]) -> str:
-    """id, topic, state, due and attempts; and the last error, when a task has one
-    (a dead task's, or one waiting to be tried again)."""
-    header: tuple[str, ...] = ("ID", "TOPIC", "STATE", "DUE", "ATTEMPTS")
+    """id, topic, state, priority, due and attempts; and the last error, when a
+    task has one (a dead task's, or one waiting to be tried again)."""
+    header: tuple[str, ...] = ("ID", "TOPIC", "STATE", "PRI", "DUE", "ATTEMPTS")
     rows: list[tuple[str, ...]] = [
         (
             str(t.get("id")),
             str(t.get("topic")),
             str(t.get("state")),
+            str(t.get("priority", "-")),
             when_text(t.get("at")),
             f"{t.get('attempts', 0)}/{t.get('max_attempts', '?')}",
         )

@@ -37,7 +37,7 @@ OVERLAP_POLICIES = ("skip", "buffer_one", "allow")
 # The fields ``update --unset`` may remove, as the options spell them.
 OPTIONAL_FIELDS = (
     "tz", "anchor", "start-at", "end-at", "max-runs", "jitter", "catchup",
-    "catchup-window", "overlap", "body", "ttr", "max-attempts", "target",
+    "catchup-window", "overlap", "body", "ttr", "max-attempts", "target", "priority",
 )  # fmt: skip
 
 schedule_id_argument = click.argument("schedule_id", metavar="ID")
@@ -121,7 +121,7 @@ def _as_fields(func: Callable[..., None]) -> Callable[..., None]:
 
 _FIELD_OPTIONS = (
     "cron", "tz", "every", "anchor", "start_at", "end_at", "max_runs", "jitter",
-    "catchup", "catchup_window", "overlap", "ttr", "max_attempts", "target",
+    "catchup", "catchup_window", "overlap", "ttr", "max_attempts", "target", "priority",
 )  # fmt: skip
 
 

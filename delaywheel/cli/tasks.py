@@ -61,6 +61,11 @@ def _body_options(func: F) -> F:
 def _task_options(func: F) -> F:
     func = target_options(func)
     func = click.option(
+        "--priority",
+        type=click.IntRange(0, 2**31 - 1),
+        help="0 is the most urgent; the server's default is 1024.",
+    )(func)
+    func = click.option(
         "--max-attempts", type=click.IntRange(min=1), help="Deliveries before the task is dead."
     )(func)
     return click.option(
@@ -97,6 +102,7 @@ def _changes(
     ttr: float | None,
     max_attempts: int | None,
     target: dict[str, Any] | None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
@@ -113,6 +119,8 @@ def _changes(
         fields["max_attempts"] = max_attempts
     if target is not None:
         fields["target"] = target
+    if priority is not None:
+        fields["priority"] = priority
     return fields
 
 
@@ -130,9 +138,11 @@ def _as_changes(func: Callable[..., None]) -> Callable[..., None]:
         ttr: float | None,
         max_attempts: int | None,
         target: dict[str, Any] | None,
+        priority: int | None,
         **kwargs: Any,
     ) -> None:
-        changes = _changes(delay, at, _body(body, body_file, json_body), ttr, max_attempts, target)
+        body_value = _body(body, body_file, json_body)
+        changes = _changes(delay, at, body_value, ttr, max_attempts, target, priority)
         func(*args, changes=changes, **kwargs)
 
     return wrapper

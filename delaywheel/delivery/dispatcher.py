@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from itertools import count
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,13 +57,39 @@ Begin = Callable[[str, Callable[[Delivery | None], None]], bool]
 SenderFor = Callable[[dict[str, Any]], Sender]
 
 
+# The task priority most tasks have (the engine's DEFAULT_PRIORITY; delivery
+# sits below the engine and cannot import it).
+DEFAULT_PRIORITY = 1024
+
+
 class _Lane:
-    __slots__ = ("limit", "running", "waiting")
+    """A destination's line. Tasks of the default priority wait in
+    ``waiting`` in the order they fell due; others in ``ranked``, a heap of
+    (priority, arrival, task id): the next to start is the most urgent, the
+    first due of that priority. A lane of default-priority tasks alone never
+    touches the heap."""
+
+    __slots__ = ("limit", "ranked", "running", "waiting")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.running = 0
         self.waiting: deque[str] = deque()  # task ids
+        self.ranked: list[tuple[int, int, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.ranked)
+
+    def next_id(self) -> str:
+        """The next task id to start (the lane is not empty)."""
+        ranked = self.ranked
+        if ranked and (ranked[0][0] < DEFAULT_PRIORITY or not self.waiting):
+            return heapq.heappop(ranked)[2]
+        return self.waiting.popleft()
+
+    def clear(self) -> None:
+        self.waiting.clear()
+        self.ranked.clear()
 
 
 def lane_of(target: dict[str, Any]) -> str:
@@ -96,6 +124,7 @@ class Dispatcher:
         self._changed = changed  # the wheel may have a new next fire time
         self._http_lane_limit = http_lane_limit
         self._lanes: dict[str, _Lane] = {}
+        self._arrivals = count()  # orders a lane's ranked tasks of one priority
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
         self.attempts = AttemptLog()  # the last few of each task lately attempted: the dashboard's
@@ -104,15 +133,19 @@ class Dispatcher:
         # How long attempts took, by (target type, "delivered" or "failed"): for metrics.
         self.durations: dict[tuple[str, str], Histogram] = {}
 
-    def queue(self, task_id: str, target: dict[str, Any]) -> None:
-        """A targeted task is due: it waits for a place in its destination's lane."""
+    def queue(self, task_id: str, target: dict[str, Any], priority: int) -> None:
+        """A targeted task is due: it waits for a place in its destination's
+        lane, before those of a less urgent ``priority``."""
         if self._closed:
             return  # shutting down: it stays in the store as it is, for the restart
         key = lane_of(target)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane(self._lane_limit(target["type"]))
-        lane.waiting.append(task_id)
+        if priority == DEFAULT_PRIORITY:
+            lane.waiting.append(task_id)
+        else:
+            heapq.heappush(lane.ranked, (priority, next(self._arrivals), task_id))
         self._pump(key, lane)
 
     def _lane_limit(self, target_type: str) -> int:
@@ -121,11 +154,11 @@ class Dispatcher:
         return REDIS_LANE_LIMIT if target_type == "redis" else BROKER_LANE_LIMIT
 
     def _pump(self, key: str, lane: _Lane) -> None:
-        while lane.running < lane.limit and lane.waiting and not self._closed:
+        while lane.running < lane.limit and (lane.waiting or lane.ranked) and not self._closed:
             lane.running += 1  # before begin(): it may call back at once
-            if not self._begin(lane.waiting.popleft(), partial(self._ready, key, lane)):
+            if not self._begin(lane.next_id(), partial(self._ready, key, lane)):
                 lane.running -= 1  # deleted or changed since it was queued
-        if not lane.running and not lane.waiting and self._lanes.get(key) is lane:
+        if not (lane.running or lane.waiting or lane.ranked) and self._lanes.get(key) is lane:
             del self._lanes[key]  # lanes come and go with their destinations
 
     def _ready(self, key: str, lane: _Lane, delivery: Delivery | None) -> None:
@@ -181,7 +214,7 @@ class Dispatcher:
     def stats(self) -> dict[str, Any]:
         return {
             "in_flight": len(self._running),
-            "waiting": sum(len(lane.waiting) for lane in self._lanes.values()),
+            "waiting": sum(len(lane) for lane in self._lanes.values()),
             "delivered": self.delivered,
             "failed": self.failed,
         }
@@ -190,7 +223,7 @@ class Dispatcher:
         """Let deliveries in flight finish for up to ``grace_s``; start no more.
         Returns how many were cut off (they are tried again after a restart)."""
         for lane in self._lanes.values():
-            lane.waiting.clear()
+            lane.clear()
         if self._running:
             await asyncio.wait(set(self._running), timeout=grace_s)
         self._closed = True

@@ -53,8 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delaywheel.delivery")
 
-# The dispatcher's queue(task_id, target): a due task for its destination's lane.
-Queue = Callable[[str, dict[str, Any]], None]
+# The dispatcher's queue(task_id, target, priority): a due task for its
+# destination's lane.
+Queue = Callable[[str, dict[str, Any], int], None]
 # Called once per begun attempt: the Delivery to send, or None (not to be sent).
 Ready = Callable[["Delivery | None"], None]
 # A delivered attempt's answer: its outcome (``HTTP 200``, ``published``) and
@@ -87,6 +88,13 @@ class Attempts:
         # for their outcomes' writes, which may fail for as long as the store does.
         self._sending: dict[str, Task] = {}
         self.deaths = 0  # tasks dead after their last attempt, once durable (for metrics)
+        # Due tasks of topics whose gate is shut (engine/flow.py), by topic: a
+        # heap of (priority, due time, n, task), most urgent first. And the
+        # tasks let through the gate to the dispatcher whose attempt has not
+        # begun: counted in their topic's flight meanwhile.
+        self.gated: dict[str, list[tuple[int, float, int, Task]]] = {}
+        self._let_through: dict[str, str] = {}  # task id: topic
+        self._gated_count = itertools.count()
 
     def start(self, queue: Queue) -> None:
         """Queue every due task with ``queue(task_id, target)`` from now on,
@@ -96,7 +104,7 @@ class Attempts:
         for task in list(self._table.delivering.values()):
             self._resend(task)
         for task in list(self._table.waiting.values()):
-            self._enqueue(task)
+            self._through_gate(task)
 
     def adopt(self, tasks: list[Task], now_s: float) -> None:
         """Delivering tasks loaded while serving (a partition taken over): their
@@ -151,7 +159,36 @@ class Attempts:
     def due(self, task: Task) -> None:
         """The wheel fired a targeted task: it waits for its destination's turn."""
         self._table.wait_for_lane(task)
-        self._enqueue(task)
+        self._through_gate(task)
+
+    def _through_gate(self, task: Task) -> None:
+        """A due task to its destination's lane, unless its topic's gate is
+        shut (engine/flow.py): then it waits in ``gated``, still delayed."""
+        flow = self._table.flow
+        if self._queue is None or not flow.limited or task.topic not in flow.limited:
+            self._enqueue(task)  # (not started: start() queues every waiting task)
+            return
+        entry = (task.priority, task.at_s, next(self._gated_count), task)
+        heapq.heappush(self.gated.setdefault(task.topic, []), entry)
+        self.release_gated(self._table.wheel.now_s)
+
+    def release_gated(self, now_s: float) -> None:
+        """Let through the gated tasks whose topic's gate is open, most urgent
+        first, each taking its topic's slot and token."""
+        flow, waiting = self._table.flow, self._table.waiting
+        for topic in list(self.gated):
+            line = self.gated[topic]
+            while line and flow.is_open(topic, now_s):
+                task = heapq.heappop(line)[3]
+                if waiting.get(task.id) is not task:
+                    continue  # deleted or changed since: not due here any more
+                if task.id not in self._let_through:  # (queued twice: begun once)
+                    flow.starting(topic, 1)
+                    self._let_through[task.id] = topic
+                flow.took(topic, now_s)
+                self._enqueue(task)
+            if not line:
+                del self.gated[topic]
 
     def _resend(self, task: Task) -> None:
         """A loaded attempt, in the store already: to be sent again as it is."""
@@ -161,7 +198,7 @@ class Attempts:
     def _enqueue(self, task: Task) -> None:
         if self._queue is not None:
             assert task.target is not None
-            self._queue(task.id, task.target)
+            self._queue(task.id, task.target, task.priority)
 
     def begin(self, task_id: str, ready: Ready) -> bool:
         """The destination has room for this task: journal its attempt, and call
@@ -169,6 +206,9 @@ class Attempts:
         task is not to be sent after all: deleted meanwhile, or the write
         failed). False, and no call, when it is no longer waiting (deleted,
         changed or begun since it was queued)."""
+        through = self._let_through.pop(task_id, None)
+        if through is not None:  # its topic's flight counts it as delivering from here on
+            self._table.flow.starting(through, -1)
         resumed = self._resume.pop(task_id, None)
         if resumed is not None and self._table.delivering.get(task_id) is resumed:
             self._sending[task_id] = resumed
@@ -267,6 +307,8 @@ class Attempts:
             retry_at_s = now_s + self.retry.delay_s(task.attempts)
             table.move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error, deadline_s=0.0)
         self._wait_for_journal(partial(self._outcome_written, task, attempt, error, answer))
+        if self.gated:  # its slot freed: a gated task may go
+            self.release_gated(now_s)
 
     def _outcome_written(
         self,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
-from delaywheel_client.partitions import is_record_key
+from delaywheel_client.partitions import is_record_key, is_settings_key
 
 from delaywheel import checks
 from delaywheel.checks import bad
@@ -103,6 +103,7 @@ class Engine:
             ),
             tick_s,
         )
+        self.topics, self.flow = table.topics, table.flow
 
     # -- requests ------------------------------------------------------------
 
@@ -136,8 +137,11 @@ class Engine:
         """A new task's fields, checked, its target too (``add_many`` checks
         every task before it creates any: all or nothing)."""
         new = validate.new_task(fields, now_s, self.limits)
-        if new.id is not None and is_record_key(new.id):
-            raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
+        if new.id is not None and new.id.startswith("s:"):  # the only cost to other ids
+            if is_record_key(new.id):
+                raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
+            if is_settings_key(new.id):
+                raise bad(f"id {new.id!r} is kept for a topic's settings (s:{{topic}}:000)")
         if new.id is not None and not self.ownership.owns_all:  # no call on one node
             self.ownership.check(new.id)
         if new.target is not None:
@@ -184,6 +188,8 @@ class Engine:
             return False
         self.table.move(task, "delete", GONE)
         self.events.deleted += 1
+        if self.flow.limited:  # a slot freed: a blocked reserve may take it
+            self.table.serve_waiters(self.wheel.now_s)
         return True
 
     def get(self, task_id: Any) -> dict[str, Any] | None:
@@ -207,8 +213,12 @@ class Engine:
         return {"tasks": [self.describe(task) for task in tasks], "next": cursor}
 
     def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
-        """Reserve the oldest ready task of ``topics`` now, or return None."""
-        task = self.queues.oldest_ready(validate.topics(topics))
+        """Reserve the most urgent ready task of ``topics`` now (of those whose
+        gate is open: engine/flow.py), or return None."""
+        names = validate.topics(topics)
+        if self.flow.limited:
+            names = self.flow.open_topics(names, now_s)
+        task = self.queues.oldest_ready(names)
         return None if task is None else self.table.reserve(task, now_s)
 
     def wait_reserve(self, waiter: Waiter) -> None:
@@ -227,12 +237,14 @@ class Engine:
         result_packed = None if result is None else validate.packed_result(result, self.limits)
         self.table.complete(task, "ack", "acked", result_packed, now_s)
         self.events.acked += 1
+        if self.flow.limited:  # a slot freed: a blocked reserve may take it
+            self.table.serve_waiters(self.wheel.now_s)
         return True
 
     def topic_retain_s(self, topic: str) -> float:
         """How long a completed task of ``topic`` that names no ``retain`` of its
-        own is kept: the topic's ``retain`` setting, else 0 (dropped at once)."""
-        return 0.0
+        own is kept: the topic's ``retain`` setting (0 unless set: dropped at once)."""
+        return self.topics.of(topic).retain
 
     def topic_dead_retain_s(self, topic: str) -> float | None:
         """How long a dead task of ``topic`` is kept after it died: the topic's
@@ -361,6 +373,21 @@ class Engine:
     def _check_served(self, schedule_id: str) -> None:
         self.ownership.check(schedule_id)
 
+    # -- topic settings (engine/topics.py) ---------------------------------------
+
+    def topic_get(self, topic: Any, now_s: float) -> dict[str, Any]:
+        return self.topics.get(topic, now_s)
+
+    def topic_set(self, topic: Any, settings: Any, now_s: float) -> dict[str, Any]:
+        shown = self.topics.set(topic, settings, now_s)
+        self.table.serve_waiters(now_s)  # a gate may have opened
+        if self.attempts.gated:
+            self.attempts.release_gated(now_s)
+        return shown
+
+    def topic_list(self, query: Any, now_s: float) -> dict[str, Any]:
+        return self.topics.page(query, now_s)
+
     def _occurrence_of(self, task_id: str) -> Occurrence | None:
         """A schedule's occurrence as its task's map and deliveries show it (the
         table's look-up: each schedule knows its zone)."""
@@ -394,6 +421,10 @@ class Engine:
         (``delaywheel.engine.schedules``); returns how many moved."""
         lapsed = self.events.lapsed
         moved = self.firing.advance(now_s)
+        if self.flow.limited:  # a timed pause's end, a token
+            self.table.serve_waiters(now_s)
+        if self.attempts.gated:
+            self.attempts.release_gated(now_s)
         fired = self.schedules.advance(now_s)
         if fired or self.events.lapsed != lapsed:
             # No reply waits for what a schedule's fire step (or a kept
@@ -403,15 +434,24 @@ class Engine:
         return moved + fired
 
     def next_fire_s(self) -> float | None:
-        """When ``advance`` next has work: a task's timer or a schedule's."""
+        """When ``advance`` next has work: a task's timer or a schedule's, or
+        a topic's gate opening for a blocked reserve (engine/flow.py)."""
         fire_s, schedule_s = self.firing.next_fire_s(), self.schedules.next_fire_s()
+        if self.flow.limited and (self.queues.has_waiters() or self.attempts.gated):
+            open_s = self.flow.next_open_s(self.wheel.now_s, self._held_back)
+            if open_s is not None:
+                fire_s = open_s if fire_s is None else min(fire_s, open_s)
         if fire_s is None or schedule_s is None:
             return schedule_s if fire_s is None else fire_s
         return min(fire_s, schedule_s)
 
     # -- deliveries --------------------------------------------------------------
 
-    def start_deliveries(self, queue: Callable[[str, dict[str, Any]], None]) -> None:
+    def _held_back(self, topic: str) -> bool:
+        """Whether ``topic`` has ready tasks or due deliveries behind its gate."""
+        return self.queues.has_ready(topic) or topic in self.attempts.gated
+
+    def start_deliveries(self, queue: Callable[[str, dict[str, Any], int], None]) -> None:
         """Queue due targeted tasks with the dispatcher (``delaywheel.engine.attempts``)."""
         self.attempts.start(queue)
 
@@ -469,7 +509,13 @@ class Engine:
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and
         skipped. Returns how many loaded (see ``delaywheel.engine.cold``)."""
-        return await self.table.cold.load(self.schedules.split(batches))
+        return await self.table.cold.load(self._split(batches))
+
+    def _split(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]]
+    ) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """The store's records with the schedules' and the topics' taken out."""
+        return self.topics.split(self.schedules.split(batches))
 
     async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Add a partition's tasks, while serving (a takeover): as ``load``, and
@@ -495,7 +541,7 @@ class Engine:
                     if task is not None and task_id not in before:
                         adopted.append(task)
 
-        loaded = await self.table.cold.load(self.schedules.split(noting_adopted()))
+        loaded = await self.table.cold.load(self._split(noting_adopted()))
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded
@@ -520,6 +566,7 @@ class Engine:
         of = self.ownership.partition_of
         leaving = frozenset(partitions)
         self.schedules.drop(lambda key: of(key) in leaving)
+        self.topics.drop(lambda key: of(key) in leaving)
         kept = self.table.drop(lambda task_id: of(task_id) in leaving, keep_delivering, among)
         self.attempts.forget(lambda task_id: of(task_id) in leaving)
         staying = {id(task) for task in kept}

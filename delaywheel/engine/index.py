@@ -174,6 +174,10 @@ class TaskCounts:
         for topic, n in Counter(topics).items():
             self.add(topic, state, n)
 
+    def of_topic(self, topic: str) -> dict[str, int]:
+        """``topic``'s counts by state (states with none left out): read, never change."""
+        return self._topics.get(topic, _NONE)
+
     def by_state(self) -> dict[str, int]:
         return {state: self._states[state] for state in STATES}
 
@@ -202,3 +206,6 @@ class TaskCounts:
             topic: {state: n for state, n in counts.items() if n}
             for topic, counts in self._topics.items()
         }
+
+
+_NONE: dict[str, int] = {}  # of_topic's answer for a topic with no task

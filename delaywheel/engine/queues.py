@@ -11,6 +11,13 @@ reserve (docs/performance.md). Removing a task from the middle (delete, update) 
 lazy: the task's ``queue_seq`` no longer matches its entry, which is dropped
 when it surfaces; a queue with more stale entries than live ones is rebuilt.
 
+Priority comes first (0 is the most urgent), then that order. Tasks of the
+default priority (1024, most of them) stay in the run and the heap above,
+which know nothing of priority, so a topic that never uses it pays one
+comparison per push and one per head. A task of another priority goes to
+``ranked``, a heap of ``(priority, at_s, queue_seq, task)``; the head is the
+more urgent of its front and the default ones' head.
+
 Watches are blocked ``wait`` calls, one line per task id (the task table
 keeps them: a task's every move passes there).
 
@@ -28,9 +35,11 @@ from contextlib import suppress
 from itertools import count
 from typing import Any
 
-from delaywheel.engine.task import READY, Task
+from delaywheel.engine.task import DEFAULT_PRIORITY, READY, Task
 
 Entry = tuple[float, int, Task]
+# A task of another priority than the default: (priority, at_s, queue_seq, task).
+Ranked = tuple[int, float, int, Task]
 
 
 def _is_live(entry: Entry) -> bool:
@@ -38,17 +47,26 @@ def _is_live(entry: Entry) -> bool:
     return task.queue_seq == entry[1] and task.state == READY
 
 
+def _is_live_ranked(entry: Ranked) -> bool:
+    task = entry[3]
+    return task.queue_seq == entry[2] and task.state == READY
+
+
 class ReadyQueue:
-    __slots__ = ("heap", "live", "run")
+    __slots__ = ("heap", "live", "ranked", "run")
 
     def __init__(self) -> None:
         self.run: deque[Entry] = deque()  # in (at_s, queue_seq) order
         self.heap: list[Entry] = []  # the entries that came out of order
+        self.ranked: list[Ranked] = []  # tasks of another priority than the default
         self.live = 0
 
     def __len__(self) -> int:
         """Entries held, stale ones included."""
-        return len(self.run) + len(self.heap)
+        return len(self.run) + len(self.heap) + len(self.ranked)
+
+    def push_ranked(self, entry: Ranked) -> None:
+        heapq.heappush(self.ranked, entry)
 
     def push(self, entry: Entry) -> None:
         run = self.run
@@ -59,6 +77,12 @@ class ReadyQueue:
             heapq.heappush(self.heap, entry)
 
     def head(self) -> Task | None:
+        if self.ranked:
+            return self._ranked_head()
+        return self._default_head()
+
+    def _default_head(self) -> Task | None:
+        """The head among the tasks of the default priority."""
         run, heap = self.run, self.heap
         while run and not _is_live(run[0]):
             run.popleft()
@@ -70,11 +94,26 @@ class ReadyQueue:
             return run[0][2]
         return heap[0][2]
 
+    def _ranked_head(self) -> Task | None:
+        """The head when some tasks have another priority than the default."""
+        ranked = self.ranked
+        while ranked and not _is_live_ranked(ranked[0]):
+            heapq.heappop(ranked)
+        task = self._default_head()
+        if not ranked:
+            return task
+        front = ranked[0]
+        if task is None or front[:3] < (DEFAULT_PRIORITY, task.at_s, task.queue_seq):
+            return front[3]
+        return task
+
     def compact(self) -> None:
-        """Drop every stale entry (both keep their order)."""
+        """Drop every stale entry (each keeps its order)."""
         self.run = deque(entry for entry in self.run if entry[2].queue_seq == entry[1])
         self.heap = [entry for entry in self.heap if entry[2].queue_seq == entry[1]]
         heapq.heapify(self.heap)
+        self.ranked = [entry for entry in self.ranked if entry[3].queue_seq == entry[2]]
+        heapq.heapify(self.ranked)
 
 
 class Waiter:
@@ -114,7 +153,10 @@ class Queues:
         if queue is None:
             queue = self._ready[task.topic] = ReadyQueue()
         task.queue_seq = seq = next(self._seq)
-        queue.push((task.at_s, seq, task))
+        if task.priority == DEFAULT_PRIORITY:
+            queue.push((task.at_s, seq, task))
+        else:
+            queue.push_ranked((task.priority, task.at_s, seq, task))
         queue.live += 1
         if task.topic in self._waiters:
             self._woken.add(task.topic)
@@ -129,7 +171,8 @@ class Queues:
             queue.compact()
 
     def oldest_ready(self, topics: Iterable[str]) -> Task | None:
-        """The oldest due ready task among ``topics`` (it stays queued)."""
+        """The most urgent ready task among ``topics``, the oldest due of
+        those (it stays queued)."""
         best: Task | None = None
         for name in topics:
             queue = self._ready.get(name)
@@ -137,7 +180,9 @@ class Queues:
                 continue
             task = queue.head()
             if task is not None and (
-                best is None or (task.at_s, task.queue_seq) < (best.at_s, best.queue_seq)
+                best is None
+                or (task.priority, task.at_s, task.queue_seq)
+                < (best.priority, best.at_s, best.queue_seq)
             ):
                 best = task
         return best
@@ -185,6 +230,15 @@ class Queues:
         consumers.)"""
         woken, self._woken = self._woken, set()
         return [name for name in woken if name in self._waiters and name in self._ready]
+
+    def wake(self, topic: str) -> None:
+        """Look at ``topic``'s waiters again at the next ``waiting_topics`` (its
+        gate may have opened: engine/flow.py)."""
+        if topic in self._waiters:
+            self._woken.add(topic)
+
+    def has_ready(self, topic: str) -> bool:
+        return topic in self._ready
 
     def next_waiter(self, topic: str) -> Waiter | None:
         """The longest-waiting reserve on ``topic`` (lines never hold cancelled ones)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from delaywheel.engine.task import STATES, Completion, Task
+from delaywheel.engine.task import DEFAULT_PRIORITY, STATES, Completion, Task
 
 
 def to_record(task: Task) -> bytes:
@@ -27,7 +27,7 @@ def to_record(task: Task) -> bytes:
     if type(ttr_s) is float and ttr_s.is_integer() and -_INT_TTR_S < ttr_s < _INT_TTR_S:
         ttr_s = int(ttr_s)
     fields = (
-        V4,
+        V5,
         task.topic,
         STATE_CODE[task.state],
         task.at_s,
@@ -39,11 +39,12 @@ def to_record(task: Task) -> bytes:
         task.body_packed,
         task.target,
         task.last_error,
+        task.priority,
     )
     done = task.completion
     if done is None:
         return _pack_record(fields)  # type: ignore[no-any-return]
-    # v5: v4's fields and the completion's.
+    # v6: v5's fields and the completion's.
     return _pack_record(  # type: ignore[no-any-return]
         (
             RECORD_VERSION,
@@ -69,9 +70,9 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     tasks), so it builds the object directly instead of through
     ``__init__``.
     """
-    if len(fields) == _V5_FIELDS:
-        task = from_fields(task_id, fields[:_V4_FIELDS])
-        retain_s, completed_s, outcome, result_packed = fields[_V4_FIELDS:]
+    if len(fields) == _V6_FIELDS:
+        task = from_fields(task_id, fields[:_V5_FIELDS])
+        retain_s, completed_s, outcome, result_packed = fields[_V5_FIELDS:]
         task.completion = Completion(retain_s, completed_s, outcome, result_packed)
         return task
     (
@@ -87,6 +88,7 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
         body_packed,
         target,
         last_error,
+        priority,
     ) = fields
     task = Task.__new__(Task)
     task._home = None
@@ -105,6 +107,7 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     task.body_packed = body_packed
     task.target = target
     task.last_error = last_error
+    task.priority = priority
     task.completion = None
     task.seq = 0
     task.queue_seq = -1
@@ -127,11 +130,13 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
     if len(fields) == 11 and fields[0] == 1:
         fields = _fields_of_v1(task_id, fields)
     if len(fields) == 10 and fields[0] in (2, 3):
-        fields = (*fields, None, None)  # before v4: a queue task, no error
+        fields = (*fields, None, None, DEFAULT_PRIORITY)  # before v4: a queue task, no error
+    elif len(fields) == 12 and fields[0] == 4:
+        fields = (*fields, DEFAULT_PRIORITY)  # before v5: the default priority
     completion: tuple[Any, ...] | None = None
-    if len(fields) == _V5_FIELDS and fields[0] == RECORD_VERSION:
-        completion = _checked_completion(fields[_V4_FIELDS:])
-        fields = fields[:_V4_FIELDS]
+    if len(fields) == _V6_FIELDS and fields[0] == RECORD_VERSION:
+        completion = _checked_completion(fields[_V5_FIELDS:])
+        fields = fields[:_V5_FIELDS]
     try:
         (
             version,
@@ -146,9 +151,10 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
             body_packed,
             target,
             last_error,
+            priority,
         ) = fields
     except ValueError:
-        raise ValueError(f"a record of {len(fields)} fields, not 12") from None
+        raise ValueError(f"a record of {len(fields)} fields, not 13") from None
     if version not in _READ_VERSIONS or type(state_code) is not int:
         raise ValueError(f"unknown record version {version!r} or state {state_code!r}")
     if not 0 <= state_code < len(STATE_CODE):
@@ -164,6 +170,7 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         and type(created_s) in _NUMBERS
         and (target is None or (type(target) is dict and type(target.get("type")) is str))
         and (last_error is None or type(last_error) is str)
+        and type(priority) is int
     ):
         raise ValueError("a field has the wrong type")
     if not (_isfinite(at_s) and _isfinite(deadline_s)):
@@ -172,7 +179,7 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 
 
 def _checked_completion(fields: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A v5 record's completion fields (retain, completed, outcome, result), checked."""
+    """A v6 record's completion fields (retain, completed, outcome, result), checked."""
     retain_s, completed_s, outcome, result_packed = fields
     if not (
         (retain_s is None or (type(retain_s) in _NUMBERS and _isfinite(retain_s)))
@@ -188,10 +195,11 @@ def _checked_completion(fields: tuple[Any, ...]) -> tuple[Any, ...]:
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes,
 # and keep reading the old one.
-#   v5: as v4, then the completion: retain (nil: the topic's), completed
+#   v6: as v5, then the completion: retain (nil: the topic's), completed
 #       (0: not yet), outcome (nil: not yet) and the result (packed, or nil).
 #       Written only for a task that has one (a retain, or completed and
-#       kept): any other task is still written as v4, not 4 bytes longer.
+#       kept): any other task is still written as v5, not 4 bytes longer.
+#   v5: as v4, then the priority (3 bytes for the default 1024).
 #   v4: as v3, then the target (nil: the ready queue) and the last delivery
 #       error (nil: none); 2 bytes more for a queue task.
 #   v3: as v2; ttr and deadline are ints when whole (a record without a
@@ -202,10 +210,11 @@ def _checked_completion(fields: tuple[Any, ...]) -> tuple[Any, ...]:
 # Version 2 left out the id (the store's key already holds it) and names the
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
-RECORD_VERSION = 5
-V4 = 4  # the layout of a task without a completion (v5 with none)
-_READ_VERSIONS = frozenset({2, 3, 4, 5})  # v2 and v3 read as v4 without its last two fields
-_V4_FIELDS, _V5_FIELDS = 12, 16
+RECORD_VERSION = 6
+V5 = 5  # the layout of a task without a completion (v6 with none)
+# v2 and v3 read as v4 without its last two fields, v4 as v5 without its last.
+_READ_VERSIONS = frozenset({2, 3, 4, 5, 6})
+_V5_FIELDS, _V6_FIELDS = 13, 17
 _INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
 # One Packer for every record: a packb per record builds a Packer each time,
 # which costs more than the packing (docs/performance.md, "Measurements
@@ -233,4 +242,4 @@ def _fields_of_v1(task_id: str, fields: tuple[Any, ...]) -> tuple[Any, ...]:
     code = STATE_CODE.get(state) if type(state) is str else None
     if code is None:
         raise ValueError(f"unknown state {state!r}")
-    return (V4, topic, code, *rest, None, None)
+    return (V5, topic, code, *rest, None, None, DEFAULT_PRIORITY)

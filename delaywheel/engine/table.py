@@ -38,6 +38,7 @@ from itertools import count
 from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
+from delaywheel.engine.flow import Flow
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
 from delaywheel.engine.queues import Queues, Watch
@@ -58,6 +59,7 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
+from delaywheel.engine.topics import TopicTable
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
@@ -135,6 +137,13 @@ class TaskTable:
         # Blocked ``wait`` calls by task id, answered when the task reaches
         # a state in FINAL (``_answer_watches``).
         self.watches: dict[str, list[Watch]] = {}
+        # Topic settings and what they hold back (engine/topics.py, engine/flow.py).
+        self.flow = Flow(self.counts)
+        self.topics = TopicTable(self.journal, self._check_served, self.flow.changed)
+
+    def _check_served(self, key: str) -> None:
+        if not self.ownership.owns_all:  # no call on one node
+            self.ownership.check(key)
 
     # -- where a task lives --------------------------------------------------
 
@@ -234,6 +243,7 @@ class TaskTable:
             created_s=now_s,
             target=target,
             completion=None if new.retain_s is None else Completion(new.retain_s),
+            priority=new.priority,
         )
         self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.
@@ -255,6 +265,8 @@ class TaskTable:
         """The one way a request changes a task: check, unplace, change, place, journal."""
         check_transition(task.id, task.state, event, to)
         before = task.snapshot() if task.state != NEW else None
+        if self.flow.limited:  # the move may free one of the topic's slots
+            self.flow.freed(task.topic)
         self.unplace(task)
         for name, value in fields.items():
             setattr(task, name, value)
@@ -338,6 +350,8 @@ class TaskTable:
                 to = DEAD
                 self.events.deaths += 1
         check_transition(task.id, task.state, event, to)
+        if self.flow.limited:  # an expired reservation frees one of the topic's slots
+            self.flow.freed(task.topic)
         self.unplace(task)
         task.state = to
         self.place(task)
@@ -428,6 +442,8 @@ class TaskTable:
             self.move(task, "reserve", GONE, attempts=attempts)
         else:
             self.move(task, "reserve", RESERVED, attempts=attempts, deadline_s=now_s + task.ttr_s)
+        if self.flow.limited:
+            self.flow.took(task.topic, now_s)
         self.events.reserved += 1
         return self.describe(task, now_s)
 
@@ -447,13 +463,21 @@ class TaskTable:
         return info
 
     def serve_waiters(self, now_s: float) -> None:
-        """Hand ready tasks to blocked reserves, first come first served."""
+        """Hand ready tasks to blocked reserves, first come first served, from
+        the topics whose gate is open (engine/flow.py)."""
         queues = self.queues
         if not queues.has_waiters():
             return
+        flow = self.flow
+        if flow.limited or flow.woken:
+            for topic in flow.opened(now_s, queues.has_ready):
+                queues.wake(topic)
         for topic in queues.waiting_topics():
             while (waiter := queues.next_waiter(topic)) is not None:
-                task = queues.oldest_ready(waiter.topics)
+                topics = (
+                    waiter.topics if not flow.limited else flow.open_topics(waiter.topics, now_s)
+                )
+                task = queues.oldest_ready(topics)
                 if task is None:
                     break
                 queues.cancel_waiter(waiter)

@@ -42,6 +42,11 @@ DEAD = "dead"
 DONE = "done"
 GONE = "gone"
 
+# A task's priority (docs/protocol.md): 0 is the most urgent; beanstalkd's
+# range and default, so its users keep their numbers.
+DEFAULT_PRIORITY = 1024
+MAX_PRIORITY = 2**31 - 1
+
 # The order is part of the store format (a record's state code is the index
 # here): add new states at the end, never reorder.
 STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD, DONE)
@@ -87,6 +92,7 @@ CHANGEABLE = (
     "target",
     "last_error",
     "completion",
+    "priority",
 )
 _snapshot = attrgetter(*CHANGEABLE)
 
@@ -144,6 +150,7 @@ class Task(Entry):
         "id",
         "last_error",
         "max_attempts",
+        "priority",
         "queue_seq",
         "seq",
         "state",
@@ -167,6 +174,7 @@ class Task(Entry):
         deadline_s: float = 0.0,
         target: dict[str, Any] | None = None,
         completion: Completion | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         # Entry's own fields, set here rather than through super().__init__():
         # this runs once per add, and the call costs as much as the rest.
@@ -183,6 +191,7 @@ class Task(Entry):
         self.state = state
         self.deadline_s = deadline_s
         self.target = target  # None: the ready queue (most tasks; no dict each)
+        self.priority = priority
         self.last_error: str | None = None  # why the last delivery attempt failed
         self.completion = completion  # None: no retain given, not completed
         self.seq = 0  # creation order, for list paging
@@ -234,6 +243,7 @@ def describe(task: Task, wheel: TimingWheel) -> dict[str, Any]:
         "ttr": task.ttr_s,
         "max_attempts": task.max_attempts,
         "attempts": task.attempts,
+        "priority": task.priority,
         "created": task.created_s,
         "target": _QUEUE_TARGET if task.target is None else task.target,
         "cycle": cycle,

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from delaywheel.checks import bad, known_fields, number, show
-from delaywheel.engine.task import STATES
+from delaywheel.engine.task import DEFAULT_PRIORITY, MAX_PRIORITY, STATES
 from delaywheel.errors import RequestError
 
 MAX_ID_BYTES = 200
@@ -29,9 +29,11 @@ DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024  # --max-result: an ack's result, an HTTP answer kept
 
 TASK_FIELDS = frozenset(
-    {"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts", "retain"}
+    {"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts", "priority", "retain"}
 )
-UPDATE_FIELDS = frozenset({"delay", "at", "body", "topic", "ttr", "target", "max_attempts"})
+UPDATE_FIELDS = frozenset(
+    {"delay", "at", "body", "topic", "ttr", "target", "max_attempts", "priority"}
+)
 LIST_FIELDS = frozenset({"topic", "state", "limit", "cursor"})
 
 
@@ -74,6 +76,12 @@ def topic(value: Any) -> str:
 def max_attempts(value: Any) -> int:
     if type(value) is not int or value < 1:
         raise bad(f"max_attempts must be an int >= 1, got {show(value)}")
+    return value
+
+
+def priority(value: Any) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_PRIORITY:
+        raise bad(f"priority must be an int from 0 to {MAX_PRIORITY}, got {show(value)}")
     return value
 
 
@@ -159,6 +167,7 @@ class NewTask:
     target: dict[str, Any] | None
     # How long it is kept once done; None: its topic's retain, at completion.
     retain_s: float | None = None
+    priority: int = DEFAULT_PRIORITY
 
 
 def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
@@ -178,6 +187,7 @@ def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
         max_attempts(fields["max_attempts"]) if "max_attempts" in fields else DEFAULT_MAX_ATTEMPTS,
         target(fields["target"]) if "target" in fields else None,
         number("retain", fields["retain"], high=limits.max_delay_s) if "retain" in fields else None,
+        priority(fields["priority"]) if "priority" in fields else DEFAULT_PRIORITY,
     )
 
 
@@ -189,6 +199,7 @@ class Changes:
     ttr_s: float | None = None
     max_attempts: int | None = None
     target: dict[str, Any] | None = None  # as sent; checked by the engine
+    priority: int | None = None
 
 
 def changes(value: Any, now_s: float, limits: Limits) -> Changes:
@@ -200,6 +211,7 @@ def changes(value: Any, now_s: float, limits: Limits) -> Changes:
         ttr_s=number("ttr", fields["ttr"], high=limits.max_delay_s) if "ttr" in fields else None,
         max_attempts=max_attempts(fields["max_attempts"]) if "max_attempts" in fields else None,
         target=target(fields["target"]) if "target" in fields else None,
+        priority=priority(fields["priority"]) if "priority" in fields else None,
     )
 
 

@@ -68,15 +68,15 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
 from delaywheel.ha.membership import Membership, plan
 from delaywheel.ha.replicas import ReplicaWatch
+from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Owner, Sharing
-from delaywheel.store.redis import Holder, Holders, RedisStore
+from delaywheel.store.redis import Holder, RedisStore
 from delaywheel.tallies import ClusterCounts
 
 log = logging.getLogger("delaywheel.cluster")
@@ -163,6 +163,9 @@ class Coordinator:
         self.engine = engine
         self.keyspace = keyspace
         self.sharing = sharing
+        # The store's owner (ha/rights.py): what it does not do at once of a
+        # refusal or a failover comes here, by its news.
+        self.rights = rights
         # The tick driver's look at the next timer, after a partition's tasks
         # came in (given at start: the server that owns it is built after this).
         self.rearm: Callable[[], None] = _nothing_to_rearm
@@ -192,7 +195,7 @@ class Coordinator:
         self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
         self._rereading: asyncio.Task[None] | None = None
         self._handing: set[asyncio.Task[None]] = set()  # handbacks to a joining node
-        rights.coordinator = self  # the store's owner: its refusals and failovers come here
+        self._following: asyncio.Task[None] | None = None  # the rights' news, until stopped
 
     # -- life cycle ----------------------------------------------------------
 
@@ -200,6 +203,8 @@ class Coordinator:
         """Register and take this node's first partitions (loaded before it serves);
         ``rearm`` is called after each partition's tasks come in."""
         self.rearm = rearm
+        loop = asyncio.get_running_loop()
+        self._following = loop.create_task(self._follow_the_store())
         await self.leases.load()
         await self.membership.load()
         # Renewing before the first round: that round acquires and loads every
@@ -218,6 +223,15 @@ class Coordinator:
         """Stop ``server`` first, when given, then hand every partition back (a
         graceful stop: the next owner takes over at once); give up
         ``stop_bound_s`` after the call (see the module docstring)."""
+        try:
+            await self._stop_within_bound(server)
+        finally:  # what the store reports is followed until the partitions are gone
+            following = self._following
+            if following is not None:
+                following.cancel()  # waits on an event alone: the cancel lands
+                await asyncio.wait({following})
+
+    async def _stop_within_bound(self, server: StopsFirst | None) -> None:
         self._stopping = True  # from now on no round claims or hands back
         started_s = time.monotonic()
         await self.replicas.close()
@@ -455,26 +469,31 @@ class Coordinator:
                 extra={"partitions": partitions, "epochs": epochs, "reason": kind},
             )  # fmt: skip
 
-    def _fenced(self, fenced: set[int], holders: Holders) -> None:
-        """The keyspace's: a write was refused for ``fenced``, whose new holders
-        the store named (``holders``: the next requests are answered ``moved``
-        to them, not ``tryagain`` until the next round). Called before the
-        journal rolls those partitions' lanes back, so the drops wait a loop
-        turn."""
-        self.counts.fenced_flushes += 1
-        for partition in fenced:
-            self._note_loss("refused", partition, None)
-            self.keeper.forget(partition)
-            self.sharing.unserve(partition)
-            self.keyspace.epochs.pop(partition, None)
-            holder = holders.get(partition)
-            if holder is not None:
-                self.sharing.owners[partition] = Owner(holder.node, holder.address, holder.epoch)
-        if fenced:
-            asyncio.get_running_loop().call_soon(partial(self.engine.drop_partitions, set(fenced)))
+    async def _follow_the_store(self) -> None:
+        """The rest of what the store reported to the rights (ha/rights.py),
+        which no longer write nor serve a refused partition."""
+        while True:
+            refused, primary = await self.rights.news()
+            try:
+                self._answer(refused, primary)
+            except Exception:  # logged, and the next news is followed all the same
+                log.exception("following the store's refusals and failovers failed")
+
+    def _answer(self, refused: list[set[int]], primary: tuple[str, int] | None) -> None:
+        dropping: set[int] = set()
+        for fenced in refused:
+            self.counts.fenced_flushes += 1
+            for partition in fenced:
+                self._note_loss("refused", partition, None)
+                self.keeper.forget(partition)
+            dropping |= fenced
+        if dropping:  # a loop turn after the journal rolled their lanes back
+            self.engine.drop_partitions(dropping)
+        if primary is not None:
+            self._primary_changed(*primary)
 
     def _primary_changed(self, host: str, port: int) -> None:
-        """The store's: Sentinel names a new primary. Its epochs are read in a task
+        """The store's news: Sentinel names a new primary. Its epochs are read in a task
         (one at a time; a failover during the read is read again after it)."""
         self._failed_over_to = (host, port)
         if not self._stopping and (self._rereading is None or self._rereading.done()):
@@ -537,24 +556,3 @@ class Coordinator:
             for p in range(self.sharing.partitions)
             if (owner := owners.get(p)) is None or owner.node is None
         )
-
-
-class NodeRights:
-    """This node's side of the Redis store's ``Owner`` (store/redis/owner.py): the
-    partitions it may write (``epochs``, the coordinator's to fill), and the
-    coordinator's answers to a refused write and to a new primary. Built
-    before the store, which is built before the engine and the coordinator;
-    the coordinator takes it over when it is built. Until then nothing is
-    written (``epochs`` is empty) and no primary is followed."""
-
-    def __init__(self) -> None:
-        self.epochs: dict[int, int] = {}
-        self.coordinator: Coordinator | None = None
-
-    def fenced(self, fenced: set[int], holders: Holders) -> None:
-        if self.coordinator is not None:
-            self.coordinator._fenced(fenced, holders)
-
-    def primary_changed(self, host: str, port: int) -> None:
-        if self.coordinator is not None:
-            self.coordinator._primary_changed(host, port)

@@ -10,24 +10,21 @@ Assignment: balanced rendezvous. Each (node, partition) pair has a score,
 a hash (rendezvous hashing, highest random weight). Plain rendezvous gives
 each partition to the live node of the highest score, which is not
 balanced: with 16 partitions two nodes owned 5 and 11. Here each of N live
-nodes owns ``P // N`` or ``P // N + 1`` (its quota; the ``P % N`` larger
-quotas go to the first nodes by name): the pairs are taken highest score
+nodes owns ``P // N`` or ``P // N + 1``: the pairs are taken highest score
 first, and a partition goes to the node of its pair unless it has one
-already or the node's quota is full. That is the one stable matching of
-partitions and nodes that both rank by score, so a small change of the
-member list changes little of it; and it is a function of the member list
-alone, as plain rendezvous is. No coordinator: every node computes the same
-assignment from the same member list, even with no lease to read (every
-lease key deleted, or lost by Redis), and the lease settles any race
-between two nodes that saw different lists for a moment. The price of the
-balance is moves: over eight joins and eight leaves (P 16 and 64) it moved
-1.2 to 1.4 times what plain rendezvous did, and 1.2 to 1.6 times the fewest
-a balanced assignment can (the joiner's share; the leaver's own), a
-partition moving between two old nodes at some joins
-(tests/test_cluster_partitions.py). Keeping partitions with their current
-owners would move the fewest, but the assignment would then depend on the
-lease map, and with every lease key gone (HA scenario 5) the nodes took
-partitions from each other while still serving them.
+already or the node is full (at ``P // N + 1``, or at ``P // N`` once
+``P % N`` nodes have ``P // N + 1``: which nodes own one more is the
+scores' choice, not the names'). A function of the member list alone, as
+plain rendezvous is: every node computes the same assignment from the same
+member list, even with no lease to read (every lease key deleted, or lost
+by Redis), and the lease settles any race between two nodes that saw
+different lists for a moment. Keeping partitions with their current owners
+would move fewer, but the assignment would then depend on the lease map,
+and with every lease key gone (HA scenario 5) the nodes took partitions
+from each other while still serving them. The price of the balance is a
+few moves more than plain rendezvous at a join or a leave, 6 % to 15 %
+(docs/ha.md, "Which node owns which partitions": no balanced function of
+the member list can match it).
 """
 
 from __future__ import annotations
@@ -133,16 +130,19 @@ def assignment(nodes: Collection[str], partitions: int) -> dict[int, str]:
     names = sorted(set(nodes))
     if not names:
         return {}
-    low, extra = divmod(partitions, len(names))
-    quota = {node: low + (i < extra) for i, node in enumerate(names)}
+    low, larger = divmod(partitions, len(names))  # ``larger`` nodes own low + 1
+    loads = dict.fromkeys(names, 0)
     pairs = sorted((weight(node, p), node, p) for node in names for p in range(partitions))
     placed: dict[int, str] = {}
     for _, node, p in reversed(pairs):  # the highest score first
-        if p not in placed and quota[node]:
-            placed[p] = node
-            quota[node] -= 1
-            if len(placed) == partitions:
-                break
+        if p in placed or loads[node] > low or (loads[node] == low and not larger):
+            continue
+        if loads[node] == low:  # its low + 1st: one fewer node may own that many
+            larger -= 1
+        placed[p] = node
+        loads[node] += 1
+        if len(placed) == partitions:
+            break
     return placed
 
 

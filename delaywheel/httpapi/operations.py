@@ -240,11 +240,30 @@ def _schedule_add(inputs: Inputs) -> tuple[str, list[Any]]:
 
 
 def _schedule_list(inputs: Inputs) -> tuple[str, list[Any]]:
-    query = _query_map(inputs, {"topic": _text, "paused": query_bool, "limit": query_number})
+    return _paged("schedule_list", inputs, topic=_text)
+
+
+def _paged(
+    method: str, inputs: Inputs, **more: Callable[[str, str | None], Any]
+) -> tuple[str, list[Any]]:
+    """A ``*_list`` call: ``paused``, ``limit``, ``cursor`` and ``more`` from the query."""
+    query = _query_map(inputs, {**more, "paused": query_bool, "limit": query_number})
     cursor = cursor_in(inputs.query.get("cursor"))
     if cursor is not None:
         query["cursor"] = cursor
-    return "schedule_list", [query]
+    return method, [query]
+
+
+def _topic_list(inputs: Inputs) -> tuple[str, list[Any]]:
+    return _paged("topic_list", inputs)
+
+
+def _topic_get(inputs: Inputs) -> tuple[str, list[Any]]:
+    return "topic_get", [inputs.path["topic"]]
+
+
+def _topic_set(inputs: Inputs) -> tuple[str, list[Any]]:
+    return "topic_set", [inputs.path["topic"], _object(inputs.body, "the settings")]
 
 
 def _schedule_update(inputs: Inputs) -> tuple[str, list[Any]]:
@@ -622,6 +641,43 @@ OPERATIONS: tuple[Operation, ...] = (
             ),
         ),
         body=schemas.ref("ScheduleSpec"),
+    ),
+    Operation(
+        "listTopics",
+        "GET",
+        "/topics",
+        "topic_list",
+        _topic_list,
+        _page("topics"),
+        schemas.ref("TopicPage"),
+        params=(
+            Param(
+                "paused", "query", {"type": "boolean"}, "only paused (true) or running (false) ones"
+            ),
+            LIMIT,
+            CURSOR,
+        ),
+    ),
+    Operation(
+        "getTopic",
+        "GET",
+        "/topics/{topic}",
+        "topic_get",
+        _topic_get,
+        _as_is,
+        schemas.ref("Topic"),
+        params=(TOPIC,),
+    ),
+    Operation(
+        "setTopic",
+        "PATCH",
+        "/topics/{topic}",
+        "topic_set",
+        _topic_set,
+        _as_is,
+        schemas.ref("Topic"),
+        params=(TOPIC,),
+        body=schemas.ref("TopicSettings"),
     ),
     Operation("stats", "GET", "/stats", "stats", _none("stats"), _as_is, {"type": "object"}),
     Operation(

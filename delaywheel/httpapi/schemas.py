@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from delaywheel.engine import validate
-from delaywheel.engine.task import STATES
+from delaywheel.engine.task import MAX_PRIORITY, STATES
 from delaywheel.httpapi import problems
 from delaywheel.httpapi.values import BODY_ENCODINGS
 from delaywheel.schedules import spec
@@ -52,6 +52,12 @@ _TASK_FIELD_TYPES: dict[str, dict[str, Any]] = {
     "ttr": {"type": "number", "minimum": 0, "description": "seconds to ack a reservation"},
     "target": TARGET,
     "max_attempts": {"type": "integer", "minimum": 1},
+    "priority": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_PRIORITY,
+        "description": "0 is the most urgent; default 1024",
+    },
     "retain": {"type": "number", "minimum": 0, "description": "seconds kept done once completed"},
 }
 
@@ -194,6 +200,34 @@ TIMES: dict[str, Any] = {
 }
 
 
+TOPIC_SETTINGS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "paused_until": {"type": ["number", "null"], "description": "Unix s; null: not paused"},
+        "rate": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "tasks/s"},
+        "burst": {"type": ["integer", "null"], "minimum": 1},
+        "concurrency": {"type": ["integer", "null"], "minimum": 1},
+        "retain": {"type": ["number", "null"], "minimum": 0, "description": "seconds"},
+        "note": {"type": ["string", "null"]},
+    },
+    "additionalProperties": False,
+    "example": {"rate": 50, "burst": 10, "concurrency": 8},
+}
+TOPIC_SHOWN: dict[str, Any] = {
+    "type": "object",
+    "required": ["topic", "paused"],
+    "properties": {"topic": TOPIC, "paused": {"type": "boolean"}} | TOPIC_SETTINGS["properties"],
+}
+TOPIC_PAGE: dict[str, Any] = {
+    "type": "object",
+    "required": ["topics", "next"],
+    "properties": {
+        "topics": {"type": "array", "items": {"$ref": "#/components/schemas/Topic"}},
+        "next": {"type": ["string", "null"]},
+    },
+}
+
+
 def one_field(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     """``{name: ...}``: how a scalar result travels (a JSON document is an object)."""
     return {"type": "object", "required": [name], "properties": {name: schema}}
@@ -213,6 +247,9 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "Schedule": SCHEDULE,
     "SchedulePage": SCHEDULE_PAGE,
     "Times": TIMES,
+    "TopicSettings": TOPIC_SETTINGS,
+    "Topic": TOPIC_SHOWN,
+    "TopicPage": TOPIC_PAGE,
     "Problem": problems.SCHEMA,
 }
 

@@ -74,6 +74,9 @@ def routes_for(server: Server) -> dict[str, Method]:
         "schedule_next": engine.schedule_next,
         "schedule_trigger": engine.schedule_trigger,
         "schedule_backfill": engine.schedule_backfill,
+        "topic_get": engine.topic_get,
+        "topic_set": engine.topic_set,
+        "topic_list": engine.topic_list,
     }
     own: dict[str, Route | None] = {
         "ping": _ping,

@@ -2,7 +2,7 @@
 
 ``check_schedule`` turns an untrusted map into a ``Schedule``; every refusal
 is ``bad_request`` naming the field. The task template (topic, body, ttr,
-max_attempts, target) is carried as given: the engine checks it exactly as
+max_attempts, target, priority) is carried as given: the engine checks it exactly as
 it checks ``add``, since those checks live above this layer.
 
 Instants are integer milliseconds since the Unix epoch (``_ms``) inside, so
@@ -23,7 +23,7 @@ SPEC_FIELDS = frozenset({"cron", "every", "tz", "anchor"})
 POLICY_FIELDS = frozenset(
     {"start_at", "end_at", "max_runs", "jitter", "catchup", "catchup_window", "overlap"}
 )
-TEMPLATE_FIELDS = frozenset({"topic", "body", "ttr", "max_attempts", "target"})
+TEMPLATE_FIELDS = frozenset({"topic", "body", "ttr", "max_attempts", "target", "priority"})
 SCHEDULE_FIELDS = frozenset({"id"}) | SPEC_FIELDS | POLICY_FIELDS | TEMPLATE_FIELDS
 # What schedule_update may change: everything but the id.
 CHANGE_FIELDS = SCHEDULE_FIELDS - {"id"}

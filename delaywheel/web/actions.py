@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from delaywheel.engine.topics import PAUSED_FOR_EVER_S
 from delaywheel.errors import RequestError
 from delaywheel.net.calls import durable
 
@@ -48,6 +49,18 @@ def schedule_verbs(server: Server) -> dict[str, Callable[[str], Any]]:
         "pause": lambda schedule_id: engine.schedule_pause(schedule_id, None),
         "resume": lambda schedule_id: engine.schedule_resume(schedule_id, time.time()),
         "trigger": lambda schedule_id: engine.schedule_trigger(schedule_id, time.time()),
+    }
+
+
+def topic_verbs(server: Server) -> dict[str, Callable[[str], Any]]:
+    """What each action does to one topic's settings, through the engine's verbs:
+    a pause with no end (resumed by hand), and resume."""
+    engine = server.engine
+    return {
+        "pause": lambda topic: engine.topic_set(
+            topic, {"paused_until": PAUSED_FOR_EVER_S}, time.time()
+        ),
+        "resume": lambda topic: engine.topic_set(topic, {"paused_until": None}, time.time()),
     }
 
 

@@ -127,25 +127,39 @@ class Forms:
         return web.Response(status=303, headers={"Location": back})
 
     async def schedule_action(self, request: web.Request) -> web.StreamResponse:
+        return await self._named_action(request, "schedule", "id", actions.schedule_verbs)
+
+    async def topic_action(self, request: web.Request) -> web.StreamResponse:
+        return await self._named_action(request, "topic", "topic", actions.topic_verbs)
+
+    async def _named_action(
+        self,
+        request: web.Request,
+        of: str,
+        param: str,
+        verbs: Callable[[Any], dict[str, Callable[[str], Any]]],
+    ) -> web.StreamResponse:
+        """A schedule's or a topic's action (the last part of the path), said in
+        a flash, then back to their page."""
         ctx = self.ctx
         session = request[SESSION]
         assert session is not None  # the guard lets no POST through without one
-        schedule_id = request.match_info["id"]
+        name = request.match_info[param]
         what = request.path.rsplit("/", 1)[1]
-        verb = actions.schedule_verbs(ctx.server)[what]
-        who, described = session.who, f"{what} schedule {schedule_id!r}"
+        verb = verbs(ctx.server)[what]
+        described = f"{what} {of} {name!r}"
         try:
             result = await actions.one(
-                ctx.server, who, described, lambda: verb(schedule_id), of="schedule"
+                ctx.server, session.who, described, lambda: verb(name), of=of
             )
         except RequestError as exc:
             session.flash.append(exc.message)
         else:
-            done = SCHEDULE_DONE[what] + f" {schedule_id!r}"
+            done = SCHEDULE_DONE[what] + ("" if of == "schedule" else f" {of}") + f" {name!r}"
             if what == "trigger":
                 done += f": task {result['id']!r}"
             session.flash.append(done + ".")
-        return ctx.redirect("/schedules")
+        return ctx.redirect(f"/{of}s")
 
     async def bulk(self, request: web.Request) -> web.StreamResponse:
         ctx = self.ctx

@@ -101,6 +101,8 @@ class Dashboard(Context):
             app.router.add_post(b + "/tasks/" + ID + "/" + name, forms.task_action)
         for name in ("pause", "resume", "trigger"):
             app.router.add_post(b + "/schedules/" + ID + "/" + name, forms.schedule_action)
+        for name in ("pause", "resume"):
+            app.router.add_post(b + "/topics/{topic:[^/]+}/" + name, forms.topic_action)
         app.router.add_post(b + "/dead/kick", forms.bulk)
         app.router.add_post(b + "/dead/delete", forms.bulk)
         app.router.add_static(b + "/static", HERE / "static", append_version=False)

@@ -71,15 +71,23 @@ class TopicRow:
     counts: dict[str, int]
     oldest_ready_s: float | None = None  # its age, in seconds
     next_due_s: float | None = None  # when its earliest delayed task is due
+    settings: dict[str, Any] | None = None  # its settings (engine/topics.py), if it has any
 
 
 async def topics(engine: Engine, name_filter: str = "") -> list[TopicRow]:
     now_s = time.time()
+    held = engine.topics.settings
+    # Topics with tasks, and those with settings but no task (paused, say).
+    names: dict[str, dict[str, int]] = {name: {} for name in held}
+    names.update(engine.snapshot().counts.by_topic())
     rows = {
         name: TopicRow(name, counts)
-        for name, counts in sorted(engine.snapshot().counts.by_topic().items())
+        for name, counts in sorted(names.items())
         if name_filter.lower() in name.lower()
     }
+    for name, row in rows.items():
+        if name in held:
+            row.settings = held[name].to_map(name, now_s)
     for name, row in rows.items():
         head = engine.oldest_ready(name)
         if head is not None:

@@ -170,6 +170,7 @@ export class ClusterClient extends Commands<ClusterStats> {
         return this.kickEach(params[0] as string, params[1] as number);
       case "list":
       case "schedule_list":
+      case "topic_list":
         return this.page(method, params);
       case "cluster":
         return (await this.refresh()).raw;
@@ -306,7 +307,7 @@ export class ClusterClient extends Commands<ClusterStats> {
     return kicked;
   }
 
-  /** `list` or `schedule_list`: one node's page, the nodes one after the other (the
+  /** `list`, `schedule_list` or `topic_list`: one node's page, the nodes one after the other (the
    * cursor is `[address, that node's cursor]`). */
   private async page(method: string, params: unknown[]): Promise<unknown> {
     const { cursor, ...query } = (params[0] ?? {}) as Record<string, unknown>;
@@ -321,7 +322,7 @@ export class ClusterClient extends Commands<ClusterStats> {
     }
     const page = await this.sendTo(address, method, [query]);
     if (page instanceof DelaywheelError) throw page;
-    const key = method === "list" ? "tasks" : "schedules";
+    const key = method === "list" ? "tasks" : method === "topic_list" ? "topics" : "schedules";
     const { next, [key]: items } = page as Record<string, unknown>;
     if (next !== null && next !== undefined) return { [key]: items, next: [address, next] };
     const after = nodes.indexOf(address) + 1;

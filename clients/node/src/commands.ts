@@ -21,6 +21,10 @@ import type {
   TaskChanges,
   TaskFields,
   TaskPage,
+  TopicPage,
+  TopicQuery,
+  TopicSettings,
+  TopicSettingsChanges,
 } from "./types.js";
 
 /** The methods that change nothing: a client may send one again when its reply was lost. */
@@ -35,6 +39,8 @@ export const READ_ONLY_METHODS: ReadonlySet<string> = new Set([
   "schedule_get",
   "schedule_list",
   "schedule_next",
+  "topic_get",
+  "topic_list",
 ]);
 
 /** `add`'s task map: only the fields given (the server's defaults apply to the others). */
@@ -48,6 +54,7 @@ export function taskFields(topic: string, body: unknown, options: AddOptions): T
   if (options.maxAttempts !== undefined) task.max_attempts = options.maxAttempts;
   if (options.target !== undefined) task.target = options.target;
   if (options.retain !== undefined) task.retain = options.retain;
+  if (options.priority !== undefined) task.priority = options.priority;
   return task;
 }
 
@@ -85,7 +92,7 @@ export abstract class Commands<TStats = Stats> {
     return (await this.send("add_many", [tasks.map((task) => ({ ...task }))])) as Added[];
   }
 
-  /** Change `delay`/`at`, `body`, `topic`, `ttr`, `target` or `max_attempts`: the updated task. */
+  /** Change `delay`/`at`, `body`, `topic`, `ttr`, `target`, `max_attempts` or `priority`: the updated task. */
   async update(id: string, changes: TaskChanges): Promise<Task> {
     return (await this.send("update", [id, changes])) as Task;
   }
@@ -224,5 +231,20 @@ export abstract class Commands<TStats = Stats> {
   /** Fire the occurrences in [start, min(end, now)] (Unix s): `{ids, existing}`. */
   async scheduleBackfill(id: string, start: number, end: number): Promise<{ ids: string[]; existing: number }> {
     return (await this.send("schedule_backfill", [id, start, end])) as { ids: string[]; existing: number };
+  }
+
+  /** A topic's settings (the defaults when never set). */
+  async topicGet(topic: string): Promise<TopicSettings> {
+    return (await this.send("topic_get", [topic])) as TopicSettings;
+  }
+
+  /** Change a topic's settings (only the fields given; null: back to the default). */
+  async topicSet(topic: string, settings: TopicSettingsChanges): Promise<TopicSettings> {
+    return (await this.send("topic_set", [topic, { ...settings }])) as TopicSettings;
+  }
+
+  /** One page of the topics that have settings: `{topics, next}`. */
+  async topicList(query: TopicQuery = {}): Promise<TopicPage> {
+    return (await this.send("topic_list", [withoutUndefined(query)])) as TopicPage;
   }
 }

@@ -32,6 +32,9 @@ const byIdField: Route = (params) => {
   return typeof id === "string" ? id : undefined;
 };
 
+/** A topic's settings live under `s:{topic}:000` (the Python client's `settings_key`). */
+const byTopic: Route = (params) => (typeof params[0] === "string" ? `s:${params[0]}:000` : undefined);
+
 /** The methods sent to the owner of a task (or schedule), by the param that names it. */
 const ROUTES: Record<string, Route> = {
   add: byIdField,
@@ -52,6 +55,8 @@ const ROUTES: Record<string, Route> = {
   schedule_next: byId,
   schedule_trigger: byId,
   schedule_backfill: byId,
+  topic_get: byTopic,
+  topic_set: byTopic,
 };
 
 export function route(method: string, params: unknown[]): string | undefined {

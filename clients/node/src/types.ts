@@ -28,6 +28,8 @@ export interface Task {
   ttr: number;
   attempts: number;
   max_attempts: number;
+  /** 0 is the most urgent; 1024 unless given. */
+  priority: number;
   target: Target;
   created: number;
   cycle: number | null;
@@ -72,6 +74,8 @@ export interface AddOptions {
   target?: Target;
   /** Seconds the task is kept `done`, with its result, once acked or delivered. */
   retain?: number;
+  /** 0 is the most urgent (default 1024): `reserve` takes the most urgent ready task first. */
+  priority?: number;
 }
 
 /** A task map as `addMany` sends it: the protocol's field names. */
@@ -85,6 +89,7 @@ export interface TaskFields {
   max_attempts?: number;
   target?: Target;
   retain?: number;
+  priority?: number;
 }
 
 /** What `update` may change. */
@@ -96,6 +101,7 @@ export interface TaskChanges {
   ttr?: number;
   target?: Target;
   max_attempts?: number;
+  priority?: number;
 }
 
 export interface ListQuery {
@@ -144,6 +150,43 @@ export interface ScheduleState extends Schedule {
 export interface SchedulePage {
   schedules: ScheduleState[];
   next: unknown;
+}
+
+/** What `topicSet` may change (null puts a field back to its default). */
+export interface TopicSettingsChanges {
+  /** Paused until then (Unix s); null: not paused. */
+  paused_until?: number | null;
+  /** Tasks a second handed out; null: no limit. */
+  rate?: number | null;
+  burst?: number | null;
+  /** Reserved or delivering at once; null: no limit. */
+  concurrency?: number | null;
+  /** Seconds a completed task is kept. */
+  retain?: number | null;
+  note?: string | null;
+}
+
+/** A topic's settings as the server returns them. */
+export interface TopicSettings {
+  topic: string;
+  paused: boolean;
+  paused_until: number | null;
+  rate: number | null;
+  burst: number;
+  concurrency: number | null;
+  retain: number;
+  note: string;
+}
+
+export interface TopicPage {
+  topics: TopicSettings[];
+  next: unknown;
+}
+
+export interface TopicQuery {
+  paused?: boolean;
+  limit?: number;
+  cursor?: unknown;
 }
 
 export interface ScheduleTimes {

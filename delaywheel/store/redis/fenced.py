@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 import hiredis
@@ -140,7 +141,14 @@ class FlushOutcome:
     reached: bool = True  # False: the link failed before every reply came
 
 
-OnOutcome = Callable[[FlushOutcome], None]
+# A part of a submitted flush is done: those writes, and their outcome. Both
+# writers (this one, and a Cluster's in fenced_cluster.py) report so: one
+# server answers a flush in one part.
+OnPart = Callable[[Sequence["PartitionWrite"], FlushOutcome], None]
+# submit_one's answer: the outcome, or None for "written" (the one-server
+# writer's commonest answer, which makes no outcome).
+OnOne = Callable[[FlushOutcome | None], None]
+Address = tuple[str, int]
 # A partition's (epoch key, tasks key, lease key), in the order a flush names them.
 PartitionKeys = tuple[str, str, str]
 
@@ -264,6 +272,11 @@ def outcome_of(
     return outcome
 
 
+def outcome_only(done: OnOne, _writes: Sequence[PartitionWrite], outcome: FlushOutcome) -> None:
+    """An ``OnPart`` answer to ``submit_one``'s caller, who knows the write."""
+    done(outcome)
+
+
 def _called(exc: Exception | None) -> None:
     """A finished flush's ``done``: it has been called once already."""
 
@@ -293,10 +306,11 @@ class FencedWriter:
         return [*before, LOAD_SCRIPT]
 
     def submit(
-        self, writes: Sequence[PartitionWrite], done: OnOutcome, *, asking: bool = False
+        self, writes: Sequence[PartitionWrite], done: OnPart, *, asking: bool = False
     ) -> None:
+        """Send ``writes`` in one flush; ``done(writes, outcome)`` once it is answered."""
         if not writes:
-            done(FlushOutcome(replicas=None))
+            done(writes, FlushOutcome(replicas=None))
             return
         flush = fenced_flush(
             writes, replicas=self.replicas, wait_timeout_ms=self.wait_timeout_ms, asking=asking
@@ -310,6 +324,7 @@ class FencedWriter:
             flush.done = _called
             where = f"{link.address[0]}:{link.address[1]}"
             done(
+                writes,
                 outcome_of(
                     writes,
                     self.replicas,
@@ -318,7 +333,7 @@ class FencedWriter:
                     where,
                     keep_redirects=self.keep_redirects,
                     asking=asking,
-                )
+                ),
             )
 
         self.link.send(flush, finished)
@@ -330,14 +345,15 @@ class FencedWriter:
         keys: PartitionKeys,
         task_id: str,
         record: bytes | None,
-        done: Callable[[FlushOutcome | None], None],
+        done: OnOne,
     ) -> None:
         """``submit`` of one change (``keys``: the partition's epoch, tasks and
         lease keys), the flush of one request at a time. Its commonest answer, the
         script wrote it, makes no outcome: ``done(None)``. Any other answer is
         ``done(outcome)`` as ``submit`` gives it."""
         if self.replicas:
-            self.submit([PartitionWrite(partition, epoch, *keys, {task_id: record})], done)
+            write = PartitionWrite(partition, epoch, *keys, {task_id: record})
+            self.submit([write], partial(outcome_only, done))
             return
         head = self._heads.get((keys, epoch))
         if head is None:
@@ -373,6 +389,10 @@ class FencedWriter:
             done(outcome_of([write], 0, flush, exc, where, keep_redirects=self.keep_redirects))
 
         link.send(flush, finished)
+
+    def primary_of(self, key: str) -> Address | None:
+        """None: one server (or Sentinel's primary) serves every key."""
+        return None
 
     async def drain(self) -> None:
         """Wait until every flush sent so far has its outcome."""

@@ -49,10 +49,15 @@ from redis.asyncio import RedisCluster
 from delaywheel.cancelling import CANCEL_WAIT_S, cancel_and_wait
 from delaywheel.store.base import StoreUnavailable
 from delaywheel.store.redis.fenced import (
+    Address,
     Fenced,
     FencedWriter,
     FlushOutcome,
+    OnOne,
+    OnPart,
+    PartitionKeys,
     PartitionWrite,
+    outcome_only,
 )
 from delaywheel.store.redis.link import JournalLink
 
@@ -66,17 +71,12 @@ RETRY_MAX_S = 0.5
 # How often ``drain`` looks whether the flushes are done.
 DRAIN_POLL_S = 0.01
 
-Address = tuple[str, int]
 MakeLink = Callable[[str, int], JournalLink]
 # Whether this node still holds (partition, epoch): the store's epochs.
 Held = Callable[[int, int], bool]
 # Where one write goes next: a node named by ASK (with ASKING) or MOVED, or
 # None for the slot's primary on the current map.
 Target = tuple[Address, bool] | None
-
-
-# A part of a submitted flush is done: those writes, and their outcome.
-OnPart = Callable[[Sequence[PartitionWrite], FlushOutcome], None]
 
 
 class _Retry:
@@ -141,6 +141,20 @@ class ClusterFencedWriter:
         if now:
             self._send(unit, now)
 
+    def submit_one(
+        self,
+        partition: int,
+        epoch: int,
+        keys: PartitionKeys,
+        task_id: str,
+        record: bytes | None,
+        done: OnOne,
+    ) -> None:
+        """``submit`` of one change, answered as ``FencedWriter.submit_one`` is
+        (here always with its outcome)."""
+        write = PartitionWrite(partition, epoch, *keys, {task_id: record})
+        self.submit([write], partial(outcome_only, done))
+
     def _send(self, unit: _Retry, writes: list[tuple[PartitionWrite, Target]]) -> None:
         unit.round += 1
         groups: dict[tuple[Address, bool], list[PartitionWrite]] = {}
@@ -155,7 +169,7 @@ class ClusterFencedWriter:
                 target = (node, False)
             groups.setdefault(target, []).append(write)
         for (address, asking), group in groups.items():
-            self._writer(address).submit(group, partial(self._answered, unit, group), asking=asking)
+            self._writer(address).submit(group, partial(self._answered, unit), asking=asking)
         if unrouted:
             self._retry(unit, unrouted)
 

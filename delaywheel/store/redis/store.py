@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
@@ -68,12 +68,10 @@ from delaywheel.store.base import (
 )
 from delaywheel.store.redis.client import Client, durability_warnings, replicas_warning
 from delaywheel.store.redis.fenced import (
-    FencedWriter,
     FlushOutcome,
     PartitionWrite,
     TooFewReplicas,
 )
-from delaywheel.store.redis.fenced_cluster import ClusterFencedWriter
 from delaywheel.store.redis.layout import (
     DEFAULT_PARTITIONS,
     Layout,
@@ -87,7 +85,7 @@ from delaywheel.store.redis.owner import Holders, Owner, SoleOwner
 from delaywheel.store.redis.scan import scan_hash
 from delaywheel.store.redis.sentinel import SentinelTopology
 from delaywheel.store.redis.spread import Spread
-from delaywheel.store.redis.topology import Topology
+from delaywheel.store.redis.topology import Topology, Writer
 
 DEFAULT_PREFIX = "delaywheel"
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -185,7 +183,7 @@ class RedisStore(Store):
             timeout_s=timeout_s,
             on_primary_changed=self.owner.primary_changed,
         )
-        self._writer: FencedWriter | ClusterFencedWriter | None = None
+        self._writer: Writer | None = None
         self.migrated = 0  # records moved from the single-node layout at open
         self.relaid: Spread | None = None  # the single-slot layout spread, at open
         self._warnings: list[str] = []
@@ -262,9 +260,7 @@ class RedisStore(Store):
         """On a Cluster, the primary that serves the partition's slot now; else
         the one Redis (None)."""
         writer = self._writer
-        if type(writer) is FencedWriter or writer is None:
-            return None
-        return cast(ClusterFencedWriter, writer).primary_of(self._keys[lane][1])
+        return None if writer is None else writer.primary_of(self._keys[lane][1])
 
     def submit(self, changes: Changes, done: Done) -> None:
         """The batch's partitions written as ``submit_lanes`` writes them,
@@ -332,40 +328,36 @@ class RedisStore(Store):
             self._refuse(unowned, done)
         if not parts:
             return
-        if type(writer) is FencedWriter:
-            writer.submit(parts, partial(self._report, done, parts))
-        else:
-            cast(ClusterFencedWriter, writer).submit(parts, partial(self._report, done))
+        writer.submit(parts, partial(self._report, done))
 
     def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
         if len(changes) != 1:
             self.submit_lanes([(lane, changes)], partial(_one_lane, done))
             return
         error = self._not_open("write")
-        if error is not None or self._writer is None:
+        writer = self._writer
+        if error is not None or writer is None:
             done(error or StoreUnavailable(f"store {self.url}: write failed: not open"))
             return
         ((task_id, record),) = changes.items()
-        self._submit_one(lane, task_id, record, done)
+        self._submit_one(writer, lane, task_id, record, done)
 
-    def _submit_one(self, p: int, task_id: str, record: bytes | None, done: Done) -> None:
+    def _submit_one(
+        self, writer: Writer, p: int, task_id: str, record: bytes | None, done: Done
+    ) -> None:
         """``submit_lane`` of one change (one request at a time): no list of
         writes, and on a plain Redis or Sentinel no outcome made when it is
-        written (the commonest)."""
+        written (the commonest); both writers take it alike."""
         epoch = self.epochs.get(p)
         if epoch is None:
             self._refuse({p}, partial(_one_lane, done))
             return
-        writer = self._writer
-        if type(writer) is not FencedWriter:  # a Cluster's writer
-            writes = [PartitionWrite(p, epoch, *self._keys[p], {task_id: record})]
-            report = partial(self._report, partial(_one_lane, done))
-            cast(ClusterFencedWriter, writer).submit(writes, report)
-            return
         epochs, keys = self.epochs, self._keys[p]
 
         def answered(outcome: FlushOutcome | None) -> None:
-            if outcome is not None:  # not written: made only now, for the rare answers
+            # An outcome: one server's rare answers, a Cluster writer's every one;
+            # the write is made only now.
+            if outcome is not None:
                 writes = [PartitionWrite(p, epoch, *keys, {task_id: record})]
                 self._report(partial(_one_lane, done), writes, outcome)
             elif epochs.get(p) != epoch:

@@ -1,0 +1,234 @@
+"""Topic settings: pause, rate, burst, concurrency, retain and a note, kept durable.
+
+A topic has settings only once ``topic_set`` gave it some: the others have
+the defaults (``DEFAULTS``) and no record. A topic's record is stored under
+``settings_key(topic)`` (``s:{topic}:000``, in the partition its name hashes
+to, as a schedule's record is in its id's), journaled with ``record_other``
+as a schedule's is, loaded by ``split`` from the store's records at a start
+or a takeover, and dropped with its partition. Settings all back to their
+defaults delete the record.
+
+What the settings hold back is ``delaywheel.engine.flow``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+from delaywheel_client.partitions import is_settings_key, settings_key, topic_of_settings_key
+
+from delaywheel.checks import bad, known_fields, number, show
+from delaywheel.engine import validate
+from delaywheel.engine.journal import Journal
+
+log = logging.getLogger("delaywheel.engine")
+
+# A pause without an end: the last second of the year 9999 (a number JSON
+# and every client can carry, where infinity is not).
+PAUSED_FOR_EVER_S = 253_402_300_799.0
+MAX_NOTE_CHARS = 1000
+MAX_RETAIN_S = validate.DEFAULT_MAX_DELAY_S
+RECORD_KIND = "topic"
+RECORD_VERSION = 1
+LIST_FIELDS = frozenset({"paused", "limit", "cursor"})
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    paused_until: float | None = None  # Unix s; None: not paused
+    rate: float | None = None  # tasks a second handed out; None: no limit
+    burst: int = 1  # the rate's bucket: how many may go at once after a quiet time
+    concurrency: int | None = None  # reserved or delivering at once; None: no limit
+    retain: float = 0.0  # seconds a completed task is kept
+    note: str = ""
+
+    def paused(self, now_s: float) -> bool:
+        return self.paused_until is not None and now_s < self.paused_until
+
+    def limits(self) -> bool:
+        """Whether these settings hold anything back, ever (a pause or a limit)."""
+        return self.paused_until is not None or self.rate is not None or bool(self.concurrency)
+
+    def to_map(self, topic: str, now_s: float) -> dict[str, Any]:
+        shown: dict[str, Any] = {"topic": topic, "paused": self.paused(now_s)}
+        shown.update((f.name, getattr(self, f.name)) for f in fields(self))
+        return shown
+
+
+DEFAULTS = TopicSettings()
+FIELDS = frozenset(f.name for f in fields(TopicSettings))
+
+
+def check_changes(value: Any) -> dict[str, Any]:
+    """The settings a ``topic_set`` changes, each checked; nil puts a field
+    back to its default."""
+    given = known_fields("settings", value, FIELDS)
+    changes: dict[str, Any] = {}
+    for name, field_value in given.items():
+        if field_value is None:
+            changes[name] = getattr(DEFAULTS, name)
+        elif name == "paused_until":
+            changes[name] = number(name, field_value, low=-math.inf, high=PAUSED_FOR_EVER_S)
+        elif name == "rate":
+            if type(field_value) not in (int, float) or not 0 < field_value < math.inf:
+                raise bad(f"rate must be a number > 0 (tasks a second), got {show(field_value)}")
+            changes[name] = float(field_value)
+        elif name in ("burst", "concurrency"):
+            if type(field_value) is not int or field_value < 1:
+                raise bad(f"{name} must be an int >= 1, got {show(field_value)}")
+            changes[name] = field_value
+        elif name == "retain":
+            changes[name] = number(name, field_value, high=MAX_RETAIN_S)
+        else:  # note
+            if type(field_value) is not str or len(field_value) > MAX_NOTE_CHARS:
+                raise bad(f"note must be a str of at most {MAX_NOTE_CHARS} characters, "
+                          f"got {show(field_value)}")  # fmt: skip
+            changes[name] = field_value
+    return changes
+
+
+def to_record(settings: TopicSettings) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (
+            RECORD_KIND,
+            RECORD_VERSION,
+            settings.paused_until,
+            settings.rate,
+            settings.burst,
+            settings.concurrency,
+            settings.retain,
+            settings.note,
+        ),
+        use_bin_type=True,
+    )
+
+
+def read_record(record: bytes) -> TopicSettings:
+    """A topic's settings from their record; ValueError when it is corrupt."""
+    try:
+        fields_read = msgpack.unpackb(record, raw=False)
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise ValueError(f"unreadable record: {exc}") from exc
+    if type(fields_read) is not list or len(fields_read) != 8 or fields_read[0] != RECORD_KIND:
+        raise ValueError(f"not a topic's settings: {fields_read!r:.80}")
+    if fields_read[1] != RECORD_VERSION:
+        raise ValueError(f"unknown version {fields_read[1]!r}")
+    names = ("paused_until", "rate", "burst", "concurrency", "retain", "note")
+    try:
+        changes = check_changes(dict(zip(names, fields_read[2:], strict=True)))
+    except Exception as exc:
+        raise ValueError(str(exc)) from None
+    return replace(DEFAULTS, **changes)
+
+
+class TopicTable:
+    """Every topic's settings this node holds (those of the partitions it serves)."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        check_served: Callable[[str], None],
+        changed: Callable[[str, TopicSettings], None],
+    ) -> None:
+        self._journal = journal
+        self._check_served = check_served  # raises moved/tryagain for another node's key
+        self.settings: dict[str, TopicSettings] = {}
+        # Called with a topic and its settings each time they change (flow control's).
+        self._changed = changed
+
+    def of(self, topic: str) -> TopicSettings:
+        return self.settings.get(topic, DEFAULTS)
+
+    # -- the verbs ---------------------------------------------------------------
+
+    def get(self, topic: Any, now_s: float) -> dict[str, Any]:
+        name = self._checked(topic)
+        return self.of(name).to_map(name, now_s)
+
+    def set(self, topic: Any, changes: Any, now_s: float) -> dict[str, Any]:
+        name = self._checked(topic)
+        before = self.settings.get(name)
+        after = replace(self.of(name), **check_changes(changes))
+        self._keep(name, after)
+        record = None if after == DEFAULTS else to_record(after)
+        self._journal.record_other(settings_key(name), record, lambda: self._keep(name, before))
+        return after.to_map(name, now_s)
+
+    def page(self, query: Any, now_s: float) -> dict[str, Any]:
+        fields_given = known_fields("query", {} if query is None else query, LIST_FIELDS)
+        paused = fields_given.get("paused")
+        if paused is not None and type(paused) is not bool:
+            raise bad(f"paused must be true or false, got {show(paused)}")
+        limit = fields_given.get("limit", validate.DEFAULT_LIST_LIMIT)
+        if type(limit) is not int or not 1 <= limit <= validate.MAX_LIST_LIMIT:
+            raise bad(
+                f"limit must be an int from 1 to {validate.MAX_LIST_LIMIT}, got {show(limit)}"
+            )
+        cursor = fields_given.get("cursor")
+        if cursor is not None and type(cursor) is not str:
+            raise bad(f"cursor must be a value returned as next by topic_list, got {show(cursor)}")
+        found: list[dict[str, Any]] = []
+        # In name order, so a cursor (the last name returned) pages through once each.
+        for name in sorted(self.settings):
+            if cursor is not None and name <= cursor:
+                continue
+            settings = self.settings[name]
+            if paused is not None and settings.paused(now_s) != paused:
+                continue
+            if len(found) == limit:
+                return {"topics": found, "next": found[-1]["topic"]}
+            found.append(settings.to_map(name, now_s))
+        return {"topics": found, "next": None}
+
+    def _checked(self, topic: Any) -> str:
+        name = validate.topic(topic)
+        self._check_served(settings_key(name))
+        return name
+
+    def _keep(self, topic: str, settings: TopicSettings | None) -> None:
+        if settings is None or settings == DEFAULTS:
+            self.settings.pop(topic, None)
+        else:
+            self.settings[topic] = settings
+        self._changed(topic, settings or DEFAULTS)
+
+    # -- the store -----------------------------------------------------------------
+
+    def load_record(self, key: str, record: bytes) -> None:
+        try:
+            settings = read_record(record)
+        except ValueError as exc:
+            log.error("skipping corrupt topic settings %r: %s", key, exc)
+            return
+        self._keep(topic_of_settings_key(key), settings)
+
+    def drop(self, leaving: Callable[[str], bool]) -> int:
+        """Forget the settings of a partition handed back or lost (no write)."""
+        gone = [name for name in self.settings if leaving(settings_key(name))]
+        for name in gone:
+            self._keep(name, None)
+        return len(gone)
+
+    async def split(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]]
+    ) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """The store's records with the topics' settings taken out (and loaded here)."""
+        async for batch in batches:
+            if any(is_settings_key(key) for key, _ in batch):
+                rest = []
+                for key, record in batch:
+                    if is_settings_key(key):
+                        self.load_record(key, record)
+                    else:
+                        rest.append((key, record))
+                batch = rest
+            yield batch
+
+    def stats(self, now_s: float) -> dict[str, Any]:
+        """Each topic's settings that differ from the defaults, for ``stats``."""
+        return {name: s.to_map(name, now_s) for name, s in sorted(self.settings.items())}
