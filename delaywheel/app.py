@@ -116,6 +116,7 @@ def _assemble(
         retry=RetryPolicy(settings.retry_base_s, settings.retry_cap_s),
         ownership=sharing,
         slow_flush_s=settings.slow_flush_s,
+        dead_retention_s=settings.dead_retention_s,
     )
     deliveries = Deliveries(
         rules,

@@ -19,6 +19,7 @@ from delaywheel.engine.retry import DEFAULT_RETRY_BASE_S as DEFAULT_RETRY_BASE_S
 from delaywheel.engine.retry import DEFAULT_RETRY_CAP_S as DEFAULT_RETRY_CAP_S
 from delaywheel.engine.validate import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 from delaywheel.engine.validate import DEFAULT_MAX_DELAY_S as DEFAULT_MAX_DELAY_S
+from delaywheel.engine.validate import DEFAULT_MAX_RESULT_BYTES as DEFAULT_MAX_RESULT_BYTES
 from delaywheel.engine.validate import Limits
 from delaywheel.store.base import redact_url
 from delaywheel.store.redis.layout import check_partitions
@@ -74,6 +75,10 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_delay_s: float = DEFAULT_MAX_DELAY_S
+    # An ack's result, and an HTTP target's answer kept with a done task.
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    # How long a dead task is kept before it goes; None: for ever.
+    dead_retention_s: float | None = None
     # A message must complete within this long of the previous one, or the
     # connection is closed: half-sent messages pin memory (msgpack allocates
     # containers from their headers), so a peer may not park them forever.
@@ -154,6 +159,15 @@ class Settings:
                 f"max body must be 1 to max message ({self.max_message_bytes}) bytes, "
                 f"got {self.max_body_bytes}"
             )
+        if not 1 <= self.max_result_bytes <= self.max_message_bytes:
+            raise ConfigError(
+                f"max result must be 1 to max message ({self.max_message_bytes}) bytes, "
+                f"got {self.max_result_bytes}"
+            )
+        if self.dead_retention_s is not None and not (
+            math.isfinite(self.dead_retention_s) and self.dead_retention_s > 0
+        ):
+            raise ConfigError(f"dead retention must be > 0 s, got {self.dead_retention_s}")
         if self.max_connections < 1:
             raise ConfigError(f"max connections must be at least 1, got {self.max_connections}")
         if not self.message_timeout_s > 0:
@@ -320,7 +334,11 @@ class Settings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_body_bytes=self.max_body_bytes, max_delay_s=self.max_delay_s)
+        return Limits(
+            max_body_bytes=self.max_body_bytes,
+            max_delay_s=self.max_delay_s,
+            max_result_bytes=self.max_result_bytes,
+        )
 
 
 def _is_loopback(host: str) -> bool:

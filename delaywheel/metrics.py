@@ -72,6 +72,12 @@ _EVENTS = (
         "attempt.",
     ),
     ("kicked", "delaywheel_tasks_kicked_total", "Dead tasks kicked back to life."),
+    (
+        "lapsed",
+        "delaywheel_tasks_lapsed_total",
+        "Done tasks dropped once their retain seconds were over, and dead ones once "
+        "--dead-retention was.",
+    ),
 )
 
 
@@ -265,6 +271,11 @@ class ServerCollector:
             "delaywheel_waiting_reserves",
             "Blocked reserves waiting for a task.",
             value=snapshot.waiting_reserves,
+        )
+        yield GaugeMetricFamily(
+            "delaywheel_blocked_waits",
+            "Blocked waits on a task to be done, dead or gone.",
+            value=snapshot.blocked_waits,
         )
 
     def _events(self, snapshot: Snapshot) -> Iterator[Metric]:

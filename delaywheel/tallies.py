@@ -60,6 +60,7 @@ class EventCounts:
         "expired",
         "fired",
         "kicked",
+        "lapsed",
         "released",
         "reserved",
         "touched",
@@ -78,6 +79,7 @@ class EventCounts:
         self.fired = 0  # timers the wheel fired: tasks falling due, and expired reservations
         self.expired = 0  # reservations whose TTR ran out
         self.deaths = 0  # tasks made dead by the engine (the attempts count their own)
+        self.lapsed = 0  # done (and dead, --dead-retention) tasks dropped once kept long enough
 
 
 class Histogram:

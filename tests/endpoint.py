@@ -2,8 +2,8 @@
 
 The ``endpoint`` fixture is a stdlib ``ThreadingHTTPServer`` on a free port in
 the test's process; what it answers depends on the path (``/ok``,
-``/fail-once``, ``/fail``, ``/slow``). Import the fixture into a test module by
-name: ``from endpoint import endpoint``.
+``/fail-once``, ``/fail``, ``/slow``; ``/echo`` answers the request's body).
+Import the fixture into a test module by name: ``from endpoint import endpoint``.
 """
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ def endpoint() -> Iterator[Endpoint]:
                 status = 200
                 if self.path == "/fail" or (self.path == "/fail-once" and earlier == 1):
                     status = 500
+                answer = body if self.path == "/echo" else b"ok"
                 self.send_response(status)
-                self.send_header("Content-Length", "2")
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(answer)
             finally:
                 with state.lock:
                     state.in_flight -= 1

@@ -68,6 +68,7 @@ def test_fired_tasks_write_nothing_and_load_back_the_same(tmp_path: Path) -> Non
             "reserved": 0,
             "delivering": 0,
             "dead": 1,
+            "done": 0,
         }
 
     with_store(url, fire)

@@ -3,7 +3,9 @@ what the other owns over the native protocol, and reserve collects from both."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from apicalls import Api, api_url
@@ -102,5 +104,34 @@ def test_reserve_collects_from_every_node(nodes: list[ServerProcess]) -> None:
             assert acked.status == 200 and acked.data == {"acked": True}
         assert got == set(ids_owned_by(b, "far", 2))
         assert api_a.request("POST", "/topics/far/reserve?timeout=0.2").status == 204
+    finally:
+        api_a.close()
+
+
+def test_a_wait_is_held_by_the_tasks_owner(nodes: list[ServerProcess]) -> None:
+    a, b = nodes
+    (task_id,) = ids_owned_by(b, "waited", 1)
+    api_a = Api(api_url(a))
+    waited: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        poller = Api(api_url(a))
+        try:
+            waited["reply"] = poller.request("GET", f"/tasks/{task_id}/wait?timeout=30")
+        finally:
+            poller.close()
+
+    try:
+        added = api_a.request("POST", "/tasks", {"id": task_id, "topic": "waited", "retain": 60})
+        assert added.status == 201, added.text
+        thread = threading.Thread(target=long_poll, daemon=True)
+        thread.start()
+        with Client(*b.address) as on_b:  # a forwards the wait to b, the owner
+            wait_until(lambda: on_b.stats()["blocked_waits"] == 1, 10, "the wait held on b")
+            assert on_b.reserve("waited", 5)["id"] == task_id  # type: ignore[index]
+            on_b.ack(task_id, {"on": "b"})
+        thread.join(30)
+        reply = waited["reply"]
+        assert reply.status == 200 and reply.data["result"] == {"on": "b"}, reply.text
     finally:
         api_a.close()

@@ -81,7 +81,7 @@ def test_every_operation_answers_as_documented(api_schema: Any, op_id: str) -> N
     )
     @given(cases)
     def answers(case: Any) -> None:
-        if case.path.endswith("/reserve") and isinstance(case.query, dict):
+        if case.path.endswith(("/reserve", "/wait")) and isinstance(case.query, dict):
             timeout = case.query.get("timeout")
             if isinstance(timeout, (int, float)) and timeout > POLL_S:
                 case.query["timeout"] = POLL_S

@@ -33,6 +33,7 @@ DRAWN_AS = {
     "add": "add",
     "update": "update",
     "delete": "delete",
+    "lapse": "retention over",
 }
 # Events the drawing leaves to the text under it.
 NOT_DRAWN = {"touch"}

@@ -129,7 +129,7 @@ def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         ("touch", (second,), {}),
         ("release", (second,), {"delay": 0}),
         ("reserve", ([topic], 0), {}),
-        ("ack", (second,), {}),
+        ("ack", (second,), {"result": {"ok": 1}}),
         # A task released on its last attempt is dead: kick_task makes it ready.
         ("add", (topic, None), {"id": third, "max_attempts": 1}),
         ("reserve", (topic,), {"timeout": 0}),
@@ -138,6 +138,7 @@ def _calls(topic: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         ("kick", (topic, 1), {}),
         ("delete", (first,), {}),
         ("stats", (), {}),
+        ("wait", (third,), {"timeout": 0}),  # ready: nil at once
         ("schedule_next", ({"every": 60}, 3), {}),
         ("schedule_add", ({"id": first, "every": 3600, "topic": topic},), {}),
         ("schedule_get", (first,), {}),
@@ -264,7 +265,8 @@ def test_the_servers_routes_are_the_tables_methods() -> None:
     for name, route in server.routes.items():
         assert route.name == name
         assert route.mutating is (name not in READ_ONLY_METHODS), name
-        assert (route.run is None) is (name == "reserve"), name  # the connection serves it
+        # The connection serves the blocking ones.
+        assert (route.run is None) is (name in ("reserve", "wait")), name
 
 
 def _arity_message(method: str) -> str:

@@ -39,6 +39,7 @@ from waiting import wait_until as wait_for
 from delaywheel.config import Settings
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.queues import Waiter
+from delaywheel.engine.task import STATES
 from delaywheel.metrics import registry_for
 from delaywheel.net.server import Server
 from delaywheel.store.memory import MemoryStore
@@ -252,6 +253,7 @@ def test_every_lifecycle_event_is_counted_exactly(
         "reserved": 0,
         "delivering": 0,
         "dead": 2,
+        "done": 0,
     }
     topics = got.series("delaywheel_topic_tasks")
     shown = {
@@ -285,7 +287,7 @@ def test_topics_beyond_the_limit_are_summed_apart(tmp_path: Path) -> None:
         proc.stop()
     topics = got.series("delaywheel_topic_tasks")
     assert {dict(labels)["topic"] for labels in topics} == {"t10", "t9", "t8"}
-    assert len(topics) == 3 * 5  # every state of each, zeros too
+    assert len(topics) == 3 * len(STATES)  # every state of each, zeros too
     assert got("delaywheel_topic_tasks", topic="t10", state="ready") == 10
     assert got("delaywheel_topic_tasks", topic="t10", state="delayed") == 1
     assert got("delaywheel_topic_tasks", topic="t9", state="dead") == 0
@@ -539,6 +541,7 @@ def test_stats_and_the_metrics_read_one_snapshot(monkeypatch: pytest.MonkeyPatch
             "reserved": 1,
             "delivering": 0,
             "dead": 1,
+            "done": 0,
         }
         assert {state: got("delaywheel_tasks", state=state) for state in stats["states"]} == {
             **stats["states"]

@@ -23,10 +23,20 @@ from delaywheel.delivery.allow import AllowList
 from delaywheel.delivery.base import Delivery
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine.engine import Engine
-from delaywheel.engine.queues import Waiter
+from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.table import TaskTable
-from delaywheel.engine.task import DEAD, DELAYED, DELIVERING, READY, RESERVED, STATES, Task
+from delaywheel.engine.task import (
+    DEAD,
+    DELAYED,
+    DELIVERING,
+    DONE,
+    FINAL,
+    READY,
+    RESERVED,
+    STATES,
+    Task,
+)
 from delaywheel.errors import RequestError
 from delaywheel.store.base import Changes, Done, StoreUnavailable
 from delaywheel.store.memory import MemoryStore
@@ -70,7 +80,10 @@ def check_places(table: TaskTable) -> None:
             assert in_wheel != waiting, task.id  # one or the other: never both, never neither
         else:
             assert not waiting, task.id
-            assert in_wheel == (task.state == RESERVED), task.id
+            # A done task waits for its lapse; a dead one for --dead-retention's.
+            kept_for = table.topic_dead_retain_s(task.topic)
+            kept_dead = task.state == DEAD and kept_for is not None and bool(task.deadline_s)
+            assert in_wheel == (task.state in (RESERVED, DONE) or kept_dead), task.id
         if task.state == READY:
             ready_live[task.topic] += 1
     # From the containers' side: nothing in them that is not a live task there.
@@ -99,12 +112,14 @@ class TableMachine(RuleBasedStateMachine):
             tick_s=1.0,
             targets=TargetRules(AllowList.parse("127.0.0.1")),
             retry=RetryPolicy(base_s=1.0, cap_s=4.0, jitter=lambda: 0.0),
+            dead_retention_s=50.0,
         )
         self.journal = self.engine.journal
         self.journal.hold()  # as a connection on an inline store
         self.queued: list[str] = []  # due targeted tasks, as the dispatcher's lanes hold them
         self.sent: list[Delivery] = []  # attempts begun and durable, to report on
         self.served: list[dict[str, Any]] = []
+        self.watched: list[dict[str, Any]] = []  # what blocked waits were answered
         self.engine.start_deliveries(lambda task_id, *_: self.queued.append(task_id))
 
     def apply(self, change: Any, *args: Any) -> None:
@@ -120,9 +135,17 @@ class TableMachine(RuleBasedStateMachine):
         ttr=st.sampled_from([0, 5, 5]),
         attempts=st.sampled_from([1, 2]),
         targeted=st.sampled_from([False, False, True]),
+        retain=st.sampled_from([None, 0, 4, 30, 30]),
     )
     def add(
-        self, task_id: str, topic: str, delay_s: int, ttr: int, attempts: int, targeted: bool
+        self,
+        task_id: str,
+        topic: str,
+        delay_s: int,
+        ttr: int,
+        attempts: int,
+        targeted: bool,
+        retain: int | None,
     ) -> None:
         fields: dict[str, Any] = {"id": task_id, "topic": topic, "delay": max(delay_s, 0)}
         if delay_s < 0:
@@ -130,15 +153,32 @@ class TableMachine(RuleBasedStateMachine):
         fields.update(ttr=ttr, max_attempts=attempts)
         if targeted:
             fields["target"] = HTTP
+        if retain is not None:
+            fields["retain"] = retain
         self.apply(self.engine.add, fields, self.now_s)
 
     @rule(topics=st.sampled_from([["a"], ["b"], ["a", "b"]]))
     def reserve(self, topics: list[str]) -> None:
         self.apply(self.engine.try_reserve, topics, self.now_s)
 
+    @rule(task_id=IDS, result=st.sampled_from([None, "r", {"n": 1}]))
+    def ack(self, task_id: str, result: Any) -> None:
+        self.apply(self.engine.ack, task_id, result, self.now_s)
+
+    @rule(result=st.sampled_from([None, {"n": 1}]))
+    def ack_a_reserved_one(self, result: Any) -> None:
+        """An ack that finds its task reserved (a random id rarely does)."""
+        by_id = self.engine.table.index.by_id
+        found = [t for t in by_id.values() if isinstance(t, Task) and t.state == RESERVED]
+        if found:
+            self.apply(self.engine.ack, found[0].id, result, self.now_s)
+
     @rule(task_id=IDS)
-    def ack(self, task_id: str) -> None:
-        self.apply(self.engine.ack, task_id)
+    def watch(self, task_id: str) -> None:
+        """A blocked wait: answered with the task in a final state, once."""
+        with suppress(RequestError):
+            if self.engine.wait_now(task_id) is None:
+                self.engine.watch(Watch(task_id, self.watched.append))
 
     @rule(task_id=IDS, delay_s=st.sampled_from([0, 4, 30]))
     def release(self, task_id: str, delay_s: int) -> None:
@@ -213,6 +253,9 @@ class TableMachine(RuleBasedStateMachine):
                 event(f"a {name} task")
         if self.journal.watch.failures:
             event("a write undone")
+        assert all(answer["state"] in FINAL for answer in self.watched)
+        if self.watched:
+            event("a wait answered")
 
 
 TableMachine.TestCase.settings = settings(

@@ -12,8 +12,8 @@ Topics: TypeAlias = str | Sequence[str]
 
 def reply_wait_s(method: str, params: Sequence[Any]) -> float:
     """How much longer than ``timeout_s`` a reply to ``call(method, *params)`` may take:
-    the wait of a blocking reserve."""
-    if method == "reserve" and len(params) > 1:
+    the wait of a blocking reserve or wait."""
+    if method in ("reserve", "wait") and len(params) > 1:
         wait_s = params[1]
         if type(wait_s) in (int, float) and wait_s > 0:
             return float(wait_s)
@@ -30,6 +30,7 @@ def task_fields(
     max_attempts: int | None,
     target: Mapping[str, Any] | None,
     priority: int | None = None,
+    retain: float | None = None,
 ) -> dict[str, Any]:
     """The task map for ``add``: only the keys that were given."""
     task: dict[str, Any] = {"topic": topic}
@@ -49,6 +50,8 @@ def task_fields(
         task["target"] = dict(target)
     if priority is not None:
         task["priority"] = priority
+    if retain is not None:
+        task["retain"] = retain
     return task
 
 

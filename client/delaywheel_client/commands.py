@@ -213,13 +213,15 @@ class Commands:
         max_attempts: int | None = None,
         target: Mapping[str, Any] | None = None,
         priority: int | None = None,
+        retain: float | None = None,
     ) -> Task:
         """Add a task; returns ``{"id", "at", "cycle", "slot"}``. Keys left None are not sent
         (the server's defaults apply: due now, ttr 60 s, 5 attempts, the ready queue,
-        priority 1024; 0 is the most urgent)."""
+        priority 1024 (0 is the most urgent), kept once done for the topic's retain, else
+        not at all)."""
         return self._send(
             "add",
-            (task_fields(topic, body, delay, at, id, ttr, max_attempts, target, priority),),
+            (task_fields(topic, body, delay, at, id, ttr, max_attempts, target, priority, retain),),
         )
 
     @command(("tasks",))
@@ -261,10 +263,18 @@ class Commands:
         """The oldest ready task of ``topics``, now reserved, or None after ``timeout`` s."""
         return self._send("reserve", (topic_list(topics), timeout), timeout)
 
-    @command(("id",), route=by_id)
-    def ack(self, id: str) -> bool:
-        """The reserved task is done and removed."""
-        return self._send("ack", (id,), shape=bool)
+    @command(("id", "result"), optional=1, route=by_id)
+    def ack(self, id: str, result: Any = None) -> bool:
+        """The reserved task is done: removed, or kept ``done`` with ``result`` for its
+        ``retain`` seconds."""
+        return self._send("ack", (id,) if result is None else (id, result), shape=bool)
+
+    @command(("id", "timeout"), optional=1, read_only=True, route=by_id)
+    def wait(self, id: str, timeout: float = 0) -> Task | None:
+        """The task's final map once it is ``done``, ``dead`` or gone (``state`` ``gone``),
+        or None after ``timeout`` s. Read-only: a client sends it again after a dropped
+        connection (give it ``retries`` enough to outlast a server's restart)."""
+        return self._send("wait", (id, timeout), timeout)
 
     @command(("id", "delay"), optional=1, route=by_id)
     def release(self, id: str, delay: float = 0) -> bool:

@@ -1,7 +1,8 @@
 """Run registered handlers on reserved tasks: ack on success, release with backoff on failure.
 
 The loop: one ``reserve`` across every registered topic (waiting up to
-``reserve_timeout_s``), the topic's handler called with the task map, then ``ack``; when the
+``reserve_timeout_s``), the topic's handler called with the task map, then ``ack`` (with
+what the handler returned as the ack's ``result``, when not None); when the
 handler raises, the error is logged and the task released with a delay of
 ``retry_base_s * 2**(attempts - 1)``, capped at ``retry_cap_s``. The server moves a task
 that has used its ``max_attempts`` to ``dead`` (``kick`` revives it). A lost connection is
@@ -46,7 +47,7 @@ class Worker:
 
         @worker.handler("emails")
         def send_email(task: dict) -> None:
-            smtp_send(**task["body"])  # return: acked; raise: released, retried later
+            smtp_send(**task["body"])  # return: acked (a value: its result); raise: released
 
         worker.run()  # until SIGINT/SIGTERM or worker.stop()
 
@@ -122,7 +123,7 @@ class Worker:
     def _handle(self, task: dict[str, Any]) -> None:
         task_id, topic = task["id"], task["topic"]
         try:
-            self._handlers[topic](task)
+            result = self._handlers[topic](task)
         except Exception:
             attempts = int(task.get("attempts") or 1)
             max_attempts = task.get("max_attempts")
@@ -142,7 +143,8 @@ class Worker:
                 )
             self._settle("release", task_id, lambda: self.client.release(task_id, delay_s))
         else:
-            self._settle("ack", task_id, lambda: self.client.ack(task_id))
+            # What the handler returned is the task's result (kept with a retained task).
+            self._settle("ack", task_id, lambda: self.client.ack(task_id, result))
 
     def _settle(self, what: str, task_id: str, call: Callable[[], object]) -> None:
         try:

@@ -211,6 +211,7 @@ for _command in (
     tasks.list_,
     consume.reserve,
     consume.ack,
+    consume.wait,
     consume.release,
     consume.touch,
     consume.kick,

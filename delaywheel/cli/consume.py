@@ -12,6 +12,7 @@ from delaywheel.cli.env import Env, client_command, task_id_argument
 from delaywheel.cli.errors import EXIT_FAILED, cli_error, missing_is
 from delaywheel.cli.output import plural, seconds_text, stats_text, task_text, when_text
 from delaywheel.cli.params import DURATION
+from delaywheel.cli.tasks import json_option
 
 
 @click.command()
@@ -38,12 +39,41 @@ def reserve(env: Env, topics: tuple[str, ...], wait_s: float) -> None:
 
 @click.command()
 @task_id_argument
+@click.option(
+    "--result",
+    "result_json",
+    metavar="JSON",
+    help="The task's result, a JSON value, kept with a task that is retained once done.",
+)
 @client_command
-def ack(env: Env, task_id: str) -> None:
-    """Finish a reserved task: it is removed."""
+def ack(env: Env, task_id: str, result_json: str | None) -> None:
+    """Finish a reserved task: it is removed, or kept done (with --result) for its retain."""
+    result = None if result_json is None else json_option(result_json, "--result")
     with missing_is(task_id):
-        result = env.client().ack(task_id)
-    env.emit(result, f"acked {task_id}")
+        acked = env.client().ack(task_id, result)
+    env.emit(acked, f"acked {task_id}")
+
+
+@click.command()
+@task_id_argument
+@click.option(
+    "--timeout",
+    "wait_s",
+    type=DURATION,
+    default=0.0,
+    help="How long to wait (duration; default 0: do not wait).",
+)
+@client_command
+def wait(env: Env, task_id: str, wait_s: float) -> None:
+    """Wait until a task is done, dead or gone, and print it as it ended.
+
+    Exits 1 when it is still running after --timeout.
+    """
+    with missing_is(task_id):
+        task = env.client().wait(task_id, wait_s)
+    if task is None:
+        raise cli_error(f"{task_id} is not done after {seconds_text(wait_s)}", EXIT_FAILED)
+    env.emit(task, lambda: task_text(task))
 
 
 @click.command()

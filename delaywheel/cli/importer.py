@@ -67,10 +67,9 @@ def _task_from_line(raw: bytes, now_s: float) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expected a task map, got {type(value).__name__}")
     task: dict[str, Any] = from_json(value)
-    if isinstance(task.get("delay"), str):
-        task["delay"] = parse_duration(task["delay"])
-    if isinstance(task.get("ttr"), str):
-        task["ttr"] = parse_duration(task["ttr"])
+    for name in ("delay", "ttr", "retain"):  # durations may be written as such
+        if isinstance(task.get(name), str):
+            task[name] = parse_duration(task[name])
     if isinstance(task.get("at"), str):
         task["at"] = parse_when(task["at"], now_s)
     return task
@@ -158,8 +157,9 @@ def import_(env: Env, file: IO[bytes], batch_size: int) -> None:
     """Add the tasks in FILE ('-' for stdin): JSON lines, one task map per line.
 
     Each line holds the task fields of the protocol (topic, id, delay, at, body, ttr,
-    target, max_attempts, priority). delay and ttr may also be durations ("90s", "2h"), at an
-    ISO 8601 time, and {"$bin": "<base64>"} is a bytes value. Blank lines are skipped.
+    target, max_attempts, priority, retain). delay, ttr and retain may also be durations
+    ("90s", "2h"), at an ISO 8601 time, and {"$bin": "<base64>"} is a bytes value. Blank
+    lines are skipped.
 
     Tasks go to the server in batches of --batch-size with add_many, and each batch
     is all or nothing. When a line is bad (locally, or refused by the server) the

@@ -142,7 +142,7 @@ def _target_text(target: Any) -> str:
 
 # Fields task_text shows in rows of their own; the rest are listed as JSON after them.
 _SHOWN = {"id", "topic", "state", "at", "deadline", "attempts", "max_attempts", "ttr"}
-_SHOWN |= {"target", "created", "cycle", "slot", "body"}
+_SHOWN |= {"target", "created", "cycle", "slot", "body", "retain", "completed", "outcome"}
 
 
 def task_text(task: dict[str, Any]) -> str:
@@ -166,6 +166,11 @@ def task_text(task: dict[str, Any]) -> str:
     wheel = wheel_text(task)
     if wheel is not None:
         rows.append(("wheel", wheel))
+    if "retain" in task:
+        rows.append(("retain", seconds_text(task["retain"])))
+    if "completed" in task:  # and its result, in a row of its own below
+        rows.append(("completed", when_text(task["completed"], now)))
+        rows.append(("outcome", str(task.get("outcome"))))
     rows.extend((key, value_text(key, value)) for key, value in task.items() if key not in _SHOWN)
     width = max(len(key) for key, _ in rows) + 1
     lines = [f"{key + ':':<{width}} {value}" for key, value in rows]

@@ -20,6 +20,7 @@ from delaywheel.config import (
     DEFAULT_HTTP_CONCURRENCY,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_MESSAGE_TIMEOUT_S,
     DEFAULT_METRICS_TOPICS,
     DEFAULT_PORT,
@@ -56,8 +57,8 @@ HELP_SECTIONS: dict[str, tuple[str, ...]] = {
     "Store": ("--store", "--redis-prefix", "--slow-flush"),
     "The wheel": ("--slots", "--tick"),
     "Limits": (
-        "--max-message", "--max-body", "--max-connections", "--max-connections-per-address",
-        "--message-timeout", "--auth-timeout",
+        "--max-message", "--max-body", "--max-result", "--dead-retention", "--max-connections",
+        "--max-connections-per-address", "--message-timeout", "--auth-timeout",
     ),
     "Deliveries": (
         "--http-allow", "--http-concurrency", "--signing-secret", "--broker", "--retry-base",
@@ -145,6 +146,22 @@ class _SectionedCommand(click.Command):
     show_default=True,
     type=int,
     help="Largest packed task body, in bytes.",
+)
+@_serve_option(
+    "--max-result",
+    "max_result_bytes",
+    default=DEFAULT_MAX_RESULT_BYTES,
+    show_default=True,
+    type=int,
+    help="Largest result kept with a done task (an ack's, packed; an HTTP answer's body), "
+    "in bytes.",
+)
+@_serve_option(
+    "--dead-retention",
+    "dead_retention_s",
+    default=None,
+    type=float,
+    help="Seconds a dead task is kept before it goes [default: for ever].",
 )
 @_serve_option(
     "--max-connections",

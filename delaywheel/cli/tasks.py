@@ -23,7 +23,9 @@ from delaywheel.cli.targets import target_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STATES = ("delayed", "ready", "reserved", "delivering", "dead")
+# The engine's (engine/task.py), spelled out: the CLI does not import the engine
+# (tests/test_results_cli.py holds the two together).
+STATES = ("delayed", "ready", "reserved", "delivering", "dead", "done")
 
 _UNSET: Any = object()
 
@@ -71,7 +73,8 @@ def _task_options(func: F) -> F:
     )(func)
 
 
-def _json_option(text: str | None, option: str) -> Any:
+def json_option(text: str | None, option: str) -> Any:
+    """An option's JSON value (``{"$bin": ...}`` is bytes); ``_UNSET`` when not given."""
     if text is None:
         return _UNSET
     try:
@@ -89,7 +92,7 @@ def _body(body: str | None, body_file: IO[bytes] | None, json_body: str | None) 
         return body
     if body_file is not None:
         return body_file.read()
-    return _json_option(json_body, "--json-body")
+    return json_option(json_body, "--json-body")
 
 
 def _changes(
@@ -154,16 +157,24 @@ def _as_changes(func: Callable[..., None]) -> Callable[..., None]:
 @_body_options
 @click.option("--id", "task_id", help="Your own id (makes the add idempotent).")
 @_task_options
+@click.option(
+    "--retain",
+    type=DURATION,
+    help="Keep the task done, with its result, this long once acked or delivered "
+    "(default: the topic's retain, else not at all).",
+)
 @client_command
 @_as_changes
-def add(env: Env, topic: str, task_id: str | None, changes: dict[str, Any]) -> None:
+def add(
+    env: Env, topic: str, task_id: str | None, retain: float | None, changes: dict[str, Any]
+) -> None:
     """Add a task, due now, after --delay, or at --at.
 
     Prints the id, due time, and the task's cycle and slot in the wheel (when it is in it).
     """
     payload = changes.pop("body", None)
     _warn_if_past(changes)
-    result = env.client().add(topic, payload, id=task_id, **changes)
+    result = env.client().add(topic, payload, id=task_id, retain=retain, **changes)
     wheel = wheel_text(result)
     env.emit(
         result,

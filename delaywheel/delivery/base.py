@@ -21,6 +21,8 @@ class Delivery:
     single-node store, which has no epochs): a receiver seeing a lower epoch
     than it has seen for the id is hearing from a deposed owner.
     ``occurrence`` is set for a schedule's occurrence only.
+    ``result_bytes``: how much of the receiver's answer to keep as the
+    task's result (0: none, the task is not kept once delivered).
     """
 
     task_id: str
@@ -31,6 +33,14 @@ class Delivery:
     target: dict[str, Any]
     epoch: int = 0
     occurrence: Occurrence | None = None
+    result_bytes: int = 0
+
+
+# What a receiver answered a delivered attempt: its outcome as the task shows
+# it (``HTTP 200``) and the result kept with the task (None: none).
+Answer = tuple[str, Any]
+# A broker's confirmation: no answer of its own.
+PUBLISHED: Answer = ("published", None)
 
 
 # A task's id and topic in a header (HTTP's Delaywheel-Id and -Topic, NATS's
@@ -74,9 +84,10 @@ class DeliveryFailed(Exception):
 class Sender(Protocol):
     """Delivers to one kind of target (HTTP) or one named broker."""
 
-    async def send(self, delivery: Delivery) -> None:
+    async def send(self, delivery: Delivery) -> Answer | None:
         """Return once the receiver has taken the task (2xx, a broker's
-        confirmation); raise ``DeliveryFailed`` for anything else. Must not
+        confirmation), with its answer (None: ``PUBLISHED``); raise
+        ``DeliveryFailed`` for anything else. Must not
         raise anything but ``DeliveryFailed`` and ``asyncio.CancelledError``."""
         ...
 

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from delaywheel.cancelling import cancel_and_wait
 from delaywheel.delivery.attempt_log import AttemptLog
-from delaywheel.delivery.base import Delivery, DeliveryFailed, Sender
+from delaywheel.delivery.base import PUBLISHED, Answer, Delivery, DeliveryFailed, Sender
 from delaywheel.tallies import DELIVERY_BOUNDS_S, Histogram
 
 log = logging.getLogger("delaywheel.delivery.dispatcher")  # pinned: its name is documented
@@ -50,7 +50,7 @@ BROKER_LANE_LIMIT = 256
 REDIS_LANE_LIMIT = 64
 
 # (task id, attempt, error or None, now_s): Engine.delivered.
-Report = Callable[[str, int, str | None, float], None]
+Report = Callable[[str, int, str | None, float, Answer | None], None]
 # (task id, ready): Engine.attempts.begin; False when the task is not waiting.
 Begin = Callable[[str, Callable[[Delivery | None], None]], bool]
 # The sender for a target: the HTTP sender, or a broker's.
@@ -173,10 +173,11 @@ class Dispatcher:
 
     async def _run(self, key: str, lane: _Lane, delivery: Delivery) -> None:
         error: str | None = None
+        answer: Answer | None = None
         sent_at_s = time.time()
         started_s = time.monotonic()
         try:
-            await self._sender_for(delivery.target).send(delivery)
+            answer = await self._sender_for(delivery.target).send(delivery) or PUBLISHED
         except DeliveryFailed as exc:
             error = str(exc) or type(exc).__name__
         except Exception as exc:  # a sender's bug: the attempt fails, the server goes on
@@ -198,7 +199,7 @@ class Dispatcher:
                 *(delivery.task_id, delivery.attempt, key, error),
             )
         try:
-            self._report(delivery.task_id, delivery.attempt, error, time.time())
+            self._report(delivery.task_id, delivery.attempt, error, time.time(), answer)
             self._changed()
         finally:
             self._pump(key, lane)

@@ -27,8 +27,11 @@
   a schedule's occurrence gets ``Idempotency-Key`` = its id over a
   template's own (docs/delivery.md lists every header the server sets).
 - The status decides the attempt. The answer's body is then read up to
-  ``DRAIN_BYTES`` and discarded, so that the connection goes back to the
-  pool; a longer, failing or stalling one only costs its connection.
+  ``DRAIN_BYTES`` (or the task's ``result_bytes``, if more), so that the
+  connection goes back to the pool; a longer, failing or stalling one only
+  costs its connection. Its first ``result_bytes`` are the task's result
+  (``{"status", "body"}``: text when UTF-8, else bytes) when the task is kept
+  once done; otherwise the body is discarded.
 - ``send`` raises ``DeliveryFailed`` for every failure, with a message that
   shows the URL without its query string (which may hold a token).
 """
@@ -49,7 +52,13 @@ from delaywheel import __version__
 from delaywheel.delivery import body
 from delaywheel.delivery._resolver import CheckedResolver, DestinationRefused
 from delaywheel.delivery.allow import AllowList
-from delaywheel.delivery.base import Delivery, DeliveryFailed, header_value, occurrence_headers
+from delaywheel.delivery.base import (
+    Answer,
+    Delivery,
+    DeliveryFailed,
+    header_value,
+    occurrence_headers,
+)
 from delaywheel.delivery.http_target import shown_url
 
 DEFAULT_CONCURRENCY = 64
@@ -101,7 +110,7 @@ class HttpSender:
         if self._resolver is not None:
             await self._resolver.close()  # the connector closes only a resolver it made
 
-    async def send(self, delivery: Delivery) -> None:
+    async def send(self, delivery: Delivery) -> Answer:
         url, method, headers, payload = self._request(delivery)
         self._waiting += 1
         try:
@@ -116,7 +125,10 @@ class HttpSender:
             if self._secret is not None:
                 signed = signature(self._secret, payload or b"", int(now_s))
                 headers["Delaywheel-Signature"] = signed
-            await self._attempt(method, url, headers, payload, float(delivery.target["timeout"]))
+            timeout_s = float(delivery.target["timeout"])
+            return await self._attempt(
+                method, url, headers, payload, timeout_s, delivery.result_bytes
+            )
         finally:
             self._in_flight -= 1
             self._slots.release()
@@ -160,7 +172,8 @@ class HttpSender:
         headers: CIMultiDict[str],
         payload: bytes | None,
         timeout_s: float,
-    ) -> None:
+        result_bytes: int,
+    ) -> Answer:
         shown = shown_url(url)
         try:
             async with self._get_session().request(
@@ -171,7 +184,7 @@ class HttpSender:
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as response:
-                await _drain(response)
+                kept = await _drain(response, result_bytes)
                 status = response.status
         except asyncio.TimeoutError:  # aiohttp's timeouts are ClientErrors too: first
             raise DeliveryFailed(f"timed out after {timeout_s:g} s waiting for {shown}") from None
@@ -184,6 +197,7 @@ class HttpSender:
         if not 200 <= status < 300:
             note = " (redirects are not followed)" if 300 <= status < 400 else ""
             raise DeliveryFailed(f"HTTP {status} from {shown}{note}")
+        return f"HTTP {status}", (_result(status, kept) if result_bytes else None)
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -200,19 +214,38 @@ class HttpSender:
         return self._session
 
 
-async def _drain(response: aiohttp.ClientResponse) -> None:
-    """Read and drop up to DRAIN_BYTES of the answer; the answer already
-    decided the attempt, so a failure here only costs the connection."""
-    left = DRAIN_BYTES
+async def _drain(response: aiohttp.ClientResponse, keep_bytes: int) -> bytes:
+    """Read up to DRAIN_BYTES of the answer (``keep_bytes`` if more) and
+    return its first ``keep_bytes``; the status already decided the attempt,
+    so a failure here only costs the connection (and what was not read)."""
+    left = max(DRAIN_BYTES, keep_bytes)
+    kept: list[bytes] = []
+    keep = keep_bytes
     try:
         while left > 0:
             chunk = await response.content.read(min(left, 16 * 1024))
             if not chunk:
-                return
+                return b"".join(kept)
+            if keep > 0:
+                kept.append(chunk[:keep])
+                keep -= len(kept[-1])
             left -= len(chunk)
     except (aiohttp.ClientError, asyncio.TimeoutError):
         pass
     response.close()  # not at the end of the answer: the connection cannot be reused
+    return b"".join(kept)
+
+
+def _result(status: int, body: bytes) -> dict[str, Any]:
+    """A kept HTTP answer as the task's ``result``: the body as text when it
+    is UTF-8 (less a character cut at the end by ``--max-result``), else
+    as bytes."""
+    for cut in range(4):  # a UTF-8 character is at most 4 bytes
+        try:
+            return {"status": status, "body": body[: len(body) - cut].decode()}
+        except UnicodeDecodeError:
+            continue
+    return {"status": status, "body": body}
 
 
 def _reason(exc: BaseException, url: URL) -> str:

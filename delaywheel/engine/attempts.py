@@ -58,12 +58,17 @@ log = logging.getLogger("delaywheel.delivery")
 Queue = Callable[[str, dict[str, Any], int], None]
 # Called once per begun attempt: the Delivery to send, or None (not to be sent).
 Ready = Callable[["Delivery | None"], None]
+# A delivered attempt's answer: its outcome (``HTTP 200``, ``published``) and
+# the result kept with the task when it is retained (packed), or None.
+Answer = tuple[str, "bytes | None"]
 
 
 class Attempts:
-    def __init__(self, table: TaskTable, retry: RetryPolicy) -> None:
+    def __init__(self, table: TaskTable, retry: RetryPolicy, result_bytes: int = 0) -> None:
         self._table = table
         self.retry = retry
+        # How much of a receiver's answer a kept task holds as its result.
+        self._result_bytes = result_bytes
         self._queue: Queue | None = None  # the dispatcher's, from start()
         # Loaded delivering tasks queued to be sent again as they are, by id. The
         # task itself, not its id alone: a partition dropped and loaded again
@@ -270,32 +275,48 @@ class Attempts:
         table = self._table
         epoch = table.ownership.epoch_of(task.id)
         found = table.occurrence_of(task.id) if task.id.startswith("s:") else None
+        keep = self._result_bytes if table.retain_of(task) > 0 else 0
         return Delivery(
             task.id, task.topic, task.attempts, task.at_s, task.body_packed, task.target,
-            epoch, found,
+            epoch, found, keep,
         )  # fmt: skip
 
-    def outcome(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
+    def outcome(
+        self,
+        task_id: str,
+        attempt: int,
+        error: str | None,
+        now_s: float,
+        answer: Answer | None = None,
+    ) -> None:
         """Attempt ``attempt`` of a task ended: ``error`` None for delivered,
-        else why it failed. A task deleted during its attempt is gone already."""
+        else why it failed. ``answer``: the receiver's, for a delivered one
+        (its outcome, ``HTTP 200`` or ``published``, and its result packed).
+        A task deleted during its attempt is gone already."""
         table = self._table
         self._sending.pop(task_id, None)
         task = table.delivering.get(task_id)
         if task is None or task.attempts != attempt:
             return
         if error is None:
-            table.move(task, "delivered", GONE)
-        elif task.attempts >= task.max_attempts:
-            table.move(task, "fail", DEAD, last_error=error, deadline_s=0.0)
+            outcome, result_packed = answer if answer is not None else ("delivered", None)
+            table.complete(task, "delivered", outcome, result_packed, now_s)
+        elif task.attempts >= task.max_attempts:  # its deadline: when it died
+            table.move(task, "fail", DEAD, last_error=error, deadline_s=now_s)
         else:
             retry_at_s = now_s + self.retry.delay_s(task.attempts)
             table.move(task, "fail", DELAYED, at_s=retry_at_s, last_error=error, deadline_s=0.0)
-        self._wait_for_journal(partial(self._outcome_written, task, attempt, error))
+        self._wait_for_journal(partial(self._outcome_written, task, attempt, error, answer))
         if self.gated:  # its slot freed: a gated task may go
             self.release_gated(now_s)
 
     def _outcome_written(
-        self, task: Task, attempt: int, sent: str | None, error: StoreError | None
+        self,
+        task: Task,
+        attempt: int,
+        sent: str | None,
+        answer: Answer | None,
+        error: StoreError | None,
     ) -> None:
         """The write of attempt ``attempt``'s outcome (``sent``: outcome's
         ``error``) is done. The attempt was sent: it is never sent again
@@ -319,20 +340,24 @@ class Attempts:
                 _log_death(task)  # once it is dead in the store too
             return
         if isinstance(error, Unconfirmed):
-            again = partial(self._confirm_outcome, task, attempt, sent)
+            again = partial(self._confirm_outcome, task, attempt, sent, answer)
         elif task.state == DELIVERING and task.attempts == attempt:
-            again = partial(self._outcome_again, task, attempt, sent)
+            again = partial(self._outcome_again, task, attempt, sent, answer)
         else:
             return
         self._hold(table.wheel.now_s + self.retry.base_s, task, again, sent=True)
 
-    def _outcome_again(self, task: Task, attempt: int, sent: str | None) -> None:
+    def _outcome_again(
+        self, task: Task, attempt: int, sent: str | None, answer: Answer | None
+    ) -> None:
         """Journal again an outcome the store did not take (the task is
         delivering again), unless the task is gone from here since."""
         if task.attempts == attempt and self._table.delivering.get(task.id) is task:
-            self.outcome(task.id, attempt, sent, self._table.wheel.now_s)
+            self.outcome(task.id, attempt, sent, self._table.wheel.now_s, answer)
 
-    def _confirm_outcome(self, task: Task, attempt: int, sent: str | None) -> None:
+    def _confirm_outcome(
+        self, task: Task, attempt: int, sent: str | None, answer: Answer | None
+    ) -> None:
         """Journal again the state an unconfirmed outcome left (the task's
         record, or its absence), unless a later change of the task (a new
         attempt, a request, a new task of its id) is written since, or the
@@ -344,7 +369,7 @@ class Attempts:
         gone = task.state == GONE and found is None and table.ownership.owns(task.id)
         if gone or (found is task and task.attempts == attempt and task.state != DELIVERING):
             table.confirm(task.id)
-            self._wait_for_journal(partial(self._outcome_written, task, attempt, sent))
+            self._wait_for_journal(partial(self._outcome_written, task, attempt, sent, answer))
 
 
 # A write to journal again, once its time in ``held`` has come.

@@ -28,12 +28,21 @@ from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
 from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
-from delaywheel.engine.queues import Waiter
+from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.schedules import Hooks, ScheduleTable
 from delaywheel.engine.snapshot import Snapshot
 from delaywheel.engine.table import TaskTable
-from delaywheel.engine.task import DEAD, DELAYED, GONE, READY, RESERVED, Task, place_of
+from delaywheel.engine.task import (
+    DEAD,
+    DELAYED,
+    DONE,
+    GONE,
+    READY,
+    RESERVED,
+    Task,
+    place_of,
+)
 from delaywheel.engine.validate import Limits
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
@@ -59,8 +68,10 @@ class Engine:
         retry: RetryPolicy | None = None,
         ownership: Ownership | None = None,
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
+        dead_retention_s: float | None = None,
     ) -> None:
         self.store = store
+        self.dead_retention_s = dead_retention_s  # --dead-retention: None, for ever
         # Which ids this node serves (ha/ownership.py): all of them unless given.
         self.ownership = own = WholeKeyspace() if ownership is None else ownership
         self.limits = limits or Limits()
@@ -73,11 +84,13 @@ class Engine:
             ownership=own,
             occurrence_of=self._occurrence_of,
             slow_flush_s=slow_flush_s,
+            topic_retain_s=self.topic_retain_s,
+            topic_dead_retain_s=self.topic_dead_retain_s,
         )
         # The table's parts the verbs use (and the server reads).
         self.wheel, self.queues, self.journal = table.wheel, table.queues, table.journal
         self._tasks, self.events = table.index, table.events
-        self.attempts = Attempts(table, retry or RetryPolicy())
+        self.attempts = Attempts(table, retry or RetryPolicy(), self.limits.max_result_bytes)
         self.firing = Firing(table, self.attempts)
         self.started_s = now_s
         self.schedules = ScheduleTable(
@@ -214,13 +227,43 @@ class Engine:
     def cancel_wait(self, waiter: Waiter) -> None:
         self.queues.cancel_waiter(waiter)
 
-    def ack(self, task_id: Any) -> bool:
+    def ack(self, task_id: Any, result: Any = None, now_s: float | None = None) -> bool:
+        """The reserved task is done: kept ``done`` with ``result`` for its
+        ``retain`` seconds from ``now_s`` (the wheel's now when not given:
+        a request's route gives it), or gone (``TaskTable.complete``)."""
+        if now_s is None:
+            now_s = self.wheel.now_s
         task = self._find(task_id)
-        self.table.move(task, "ack", GONE)
+        result_packed = None if result is None else validate.packed_result(result, self.limits)
+        self.table.complete(task, "ack", "acked", result_packed, now_s)
         self.events.acked += 1
         if self.flow.limited:  # a slot freed: a blocked reserve may take it
             self.table.serve_waiters(self.wheel.now_s)
         return True
+
+    def topic_retain_s(self, topic: str) -> float:
+        """How long a completed task of ``topic`` that names no ``retain`` of its
+        own is kept: the topic's ``retain`` setting (0 unless set: dropped at once)."""
+        return self.topics.of(topic).retain
+
+    def topic_dead_retain_s(self, topic: str) -> float | None:
+        """How long a dead task of ``topic`` is kept after it died: the topic's
+        ``dead_retain`` setting, else ``--dead-retention``; None: for ever."""
+        return self.dead_retention_s
+
+    def wait_now(self, task_id: Any) -> dict[str, Any] | None:
+        """``wait``'s answer now: the task's map when it is done or dead, None
+        while it may still run (``not_found`` when there is no such task)."""
+        task = self._find(task_id)
+        return self.describe(task) if task.state in (DONE, DEAD) else None
+
+    def watch(self, watch: Watch) -> None:
+        """A blocked ``wait``: ``watch.deliver`` gets the task's map once it is
+        done, dead or gone (``TaskTable._answer_watches``)."""
+        self.table.watch(watch)
+
+    def cancel_watch(self, watch: Watch) -> None:
+        self.table.cancel_watch(watch)
 
     def release(self, task_id: Any, delay_s: Any, now_s: float) -> bool:
         task = self._find(task_id)
@@ -228,7 +271,7 @@ class Engine:
             "delay", 0 if delay_s is None else delay_s, high=self.limits.max_delay_s
         )
         if task.state == RESERVED and task.attempts >= task.max_attempts:
-            self.table.move(task, "release", DEAD)
+            self.table.move(task, "release", DEAD, deadline_s=now_s)  # when it died
             self.events.deaths += 1
         else:
             at_s = now_s + delay
@@ -325,7 +368,7 @@ class Engine:
 
     def _in_flight(self, task_id: str) -> bool:
         task = self._tasks.get(task_id)
-        return task is not None and task.state not in (DEAD, GONE)
+        return task is not None and task.state not in (DEAD, DONE, GONE)  # done: kept, not running
 
     def _check_served(self, schedule_id: str) -> None:
         self.ownership.check(schedule_id)
@@ -376,15 +419,17 @@ class Engine:
     def advance(self, now_s: float) -> int:
         """Fire what is due (``delaywheel.engine.firing``) and the schedules due
         (``delaywheel.engine.schedules``); returns how many moved."""
+        lapsed = self.events.lapsed
         moved = self.firing.advance(now_s)
         if self.flow.limited:  # a timed pause's end, a token
             self.table.serve_waiters(now_s)
         if self.attempts.gated:
             self.attempts.release_gated(now_s)
         fired = self.schedules.advance(now_s)
-        if fired:
-            # No reply waits for what a schedule's fire step journaled: the
-            # next request's reply must not wait for its partitions too.
+        if fired or self.events.lapsed != lapsed:
+            # No reply waits for what a schedule's fire step (or a kept
+            # task's lapse) journaled: the next request's reply must not
+            # wait for its partitions too.
             self.journal.pending()
         return moved + fired
 
@@ -410,9 +455,20 @@ class Engine:
         """Queue due targeted tasks with the dispatcher (``delaywheel.engine.attempts``)."""
         self.attempts.start(queue)
 
-    def delivered(self, task_id: str, attempt: int, error: str | None, now_s: float) -> None:
-        """The outcome of a delivery attempt: None for delivered, else why it failed."""
-        self.attempts.outcome(task_id, attempt, error, now_s)
+    def delivered(
+        self,
+        task_id: str,
+        attempt: int,
+        error: str | None,
+        now_s: float,
+        answer: tuple[str, Any] | None = None,
+    ) -> None:
+        """The outcome of a delivery attempt: None for delivered, else why it
+        failed; ``answer``, the receiver's (its outcome and result)."""
+        packed = None
+        if answer is not None:
+            packed = (answer[0], validate.packed_answer(answer[1]))
+        self.attempts.outcome(task_id, attempt, error, now_s, packed)
 
     # -- reading -----------------------------------------------------------------
 

@@ -18,6 +18,9 @@ comparison per push and one per head. A task of another priority goes to
 ``ranked``, a heap of ``(priority, at_s, queue_seq, task)``; the head is the
 more urgent of its front and the default ones' head.
 
+Watches are blocked ``wait`` calls, one line per task id (the task table
+keeps them: a task's every move passes there).
+
 Waiters are blocked ``reserve`` calls. Each topic keeps its waiters in arrival
 order, and a waiter on several topics sits in each of those lines; the first
 live waiter of a topic gets that topic's next ready task (fair FIFO).
@@ -120,6 +123,18 @@ class Waiter:
 
     def __init__(self, topics: list[str], deliver: Callable[[dict[str, Any]], None]) -> None:
         self.topics = topics
+        self.deliver = deliver
+
+
+class Watch:
+    """A blocked ``wait`` on one task. ``deliver`` is called once, with the
+    task's map when it is done, dead or gone, or with None when its
+    partition leaves this node (the wait is to be sent to its new owner)."""
+
+    __slots__ = ("deliver", "task_id")
+
+    def __init__(self, task_id: str, deliver: Callable[[dict[str, Any] | None], None]) -> None:
+        self.task_id = task_id
         self.deliver = deliver
 
 

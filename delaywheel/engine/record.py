@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from delaywheel.engine.task import DEFAULT_PRIORITY, STATES, Task
+from delaywheel.engine.task import DEFAULT_PRIORITY, STATES, Completion, Task
 
 
 def to_record(task: Task) -> bytes:
@@ -26,21 +26,33 @@ def to_record(task: Task) -> bytes:
     # 60 packs in 1 byte, 60.0 in 9 (and a huge whole float stays a float).
     if type(ttr_s) is float and ttr_s.is_integer() and -_INT_TTR_S < ttr_s < _INT_TTR_S:
         ttr_s = int(ttr_s)
+    fields = (
+        V5,
+        task.topic,
+        STATE_CODE[task.state],
+        task.at_s,
+        task.created_s,
+        task.attempts,
+        ttr_s,
+        task.max_attempts,
+        task.deadline_s or 0,  # no reservation: 1 byte, not 9
+        task.body_packed,
+        task.target,
+        task.last_error,
+        task.priority,
+    )
+    done = task.completion
+    if done is None:
+        return _pack_record(fields)  # type: ignore[no-any-return]
+    # v6: v5's fields and the completion's.
     return _pack_record(  # type: ignore[no-any-return]
         (
             RECORD_VERSION,
-            task.topic,
-            STATE_CODE[task.state],
-            task.at_s,
-            task.created_s,
-            task.attempts,
-            ttr_s,
-            task.max_attempts,
-            task.deadline_s or 0,  # no reservation: 1 byte, not 9
-            task.body_packed,
-            task.target,
-            task.last_error,
-            task.priority,
+            *fields[1:],
+            done.retain_s,
+            done.completed_s or 0,
+            done.outcome,
+            done.result_packed,
         )
     )
 
@@ -58,6 +70,11 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     tasks), so it builds the object directly instead of through
     ``__init__``.
     """
+    if len(fields) == _V6_FIELDS:
+        task = from_fields(task_id, fields[:_V5_FIELDS])
+        retain_s, completed_s, outcome, result_packed = fields[_V5_FIELDS:]
+        task.completion = Completion(retain_s, completed_s, outcome, result_packed)
+        return task
     (
         _,
         topic,
@@ -91,6 +108,7 @@ def from_fields(task_id: str, fields: tuple[Any, ...]) -> Task:
     task.target = target
     task.last_error = last_error
     task.priority = priority
+    task.completion = None
     task.seq = 0
     task.queue_seq = -1
     return task
@@ -115,6 +133,10 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         fields = (*fields, None, None, DEFAULT_PRIORITY)  # before v4: a queue task, no error
     elif len(fields) == 12 and fields[0] == 4:
         fields = (*fields, DEFAULT_PRIORITY)  # before v5: the default priority
+    completion: tuple[Any, ...] | None = None
+    if len(fields) == _V6_FIELDS and fields[0] == RECORD_VERSION:
+        completion = _checked_completion(fields[_V5_FIELDS:])
+        fields = fields[:_V5_FIELDS]
     try:
         (
             version,
@@ -153,12 +175,30 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
         raise ValueError("a field has the wrong type")
     if not (_isfinite(at_s) and _isfinite(deadline_s)):
         raise ValueError(f"a time is not finite: at {at_s!r}, deadline {deadline_s!r}")
+    return fields if completion is None else fields + completion
+
+
+def _checked_completion(fields: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A v6 record's completion fields (retain, completed, outcome, result), checked."""
+    retain_s, completed_s, outcome, result_packed = fields
+    if not (
+        (retain_s is None or (type(retain_s) in _NUMBERS and _isfinite(retain_s)))
+        and type(completed_s) in _NUMBERS
+        and _isfinite(completed_s)
+        and (outcome is None or type(outcome) is str)
+        and (result_packed is None or type(result_packed) is bytes)
+    ):
+        raise ValueError("a completion field has the wrong type")
     return fields
 
 
 # A tuple rather than a map: a record is written on every change, and the
 # field names would double its size. Bump the version when the layout changes,
 # and keep reading the old one.
+#   v6: as v5, then the completion: retain (nil: the topic's), completed
+#       (0: not yet), outcome (nil: not yet) and the result (packed, or nil).
+#       Written only for a task that has one (a retain, or completed and
+#       kept): any other task is still written as v5, not 4 bytes longer.
 #   v5: as v4, then the priority (3 bytes for the default 1024).
 #   v4: as v3, then the target (nil: the ready queue) and the last delivery
 #       error (nil: none); 2 bytes more for a queue task.
@@ -170,9 +210,11 @@ def read_record(task_id: str, record: bytes) -> tuple[Any, ...]:
 # Version 2 left out the id (the store's key already holds it) and names the
 # state by a number: two strings fewer to decode per task, which made loading
 # a million tasks about 0.4 s faster.
-RECORD_VERSION = 5
+RECORD_VERSION = 6
+V5 = 5  # the layout of a task without a completion (v6 with none)
 # v2 and v3 read as v4 without its last two fields, v4 as v5 without its last.
-_READ_VERSIONS = frozenset({2, 3, 4, 5})
+_READ_VERSIONS = frozenset({2, 3, 4, 5, 6})
+_V5_FIELDS, _V6_FIELDS = 13, 17
 _INT_TTR_S = 2.0**32  # a whole ttr below this is written as an int
 # One Packer for every record: a packb per record builds a Packer each time,
 # which costs more than the packing (docs/performance.md, "Measurements
@@ -200,4 +242,4 @@ def _fields_of_v1(task_id: str, fields: tuple[Any, ...]) -> tuple[Any, ...]:
     code = STATE_CODE.get(state) if type(state) is str else None
     if code is None:
         raise ValueError(f"unknown state {state!r}")
-    return (RECORD_VERSION, topic, code, *rest, None, None, DEFAULT_PRIORITY)
+    return (V5, topic, code, *rest, None, None, DEFAULT_PRIORITY)

@@ -32,6 +32,7 @@ class Snapshot:
     wheel: WheelStats
     packed: int  # delayed tasks held packed, counted in tasks and counts
     waiting_reserves: int
+    blocked_waits: int  # ``wait`` calls blocked on a task
     flushes: int
     last_flush_size: int
     max_flush_size: int
@@ -68,6 +69,7 @@ class Snapshot:
             wheel=table.wheel.stats(),
             packed=table.packed.count,
             waiting_reserves=table.queues.waiter_count(),
+            blocked_waits=sum(len(line) for line in table.watches.values()),
             flushes=journal.flushes,
             last_flush_size=journal.last_batch_size,
             max_flush_size=journal.max_batch_size,
@@ -100,6 +102,7 @@ class Snapshot:
                 "packed": self.packed,
             },
             "waiting_reserves": self.waiting_reserves,
+            "blocked_waits": self.blocked_waits,
             "store": self.store,
             "flushes": self.flushes,
             "last_flush_size": self.last_flush_size,

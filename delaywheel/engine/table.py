@@ -41,17 +41,20 @@ from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.flow import Flow
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
-from delaywheel.engine.queues import Queues
+from delaywheel.engine.queues import Queues, Watch
 from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
     DELIVERING,
+    DONE,
+    FINAL,
     GONE,
     IN_WHEEL,
     NEW,
     READY,
     RESERVED,
+    Completion,
     Task,
     check_transition,
     describe,
@@ -71,6 +74,14 @@ def _occurrence_in_utc(task_id: str) -> Occurrence | None:
     return occurrence(task_id, None)
 
 
+def _retain_nothing(topic: str) -> float:
+    return 0.0
+
+
+def _dead_kept_for_ever(topic: str) -> float | None:
+    return None
+
+
 class TaskTable:
     def __init__(
         self,
@@ -82,6 +93,8 @@ class TaskTable:
         ownership: Ownership | None = None,
         occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc,
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
+        topic_retain_s: Callable[[str], float] = _retain_nothing,
+        topic_dead_retain_s: Callable[[str], float | None] = _dead_kept_for_ever,
     ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
@@ -114,6 +127,16 @@ class TaskTable:
         # A schedule's occurrence as its deliveries and task maps show it; the
         # engine gives its schedules' look-up, which knows each one's zone.
         self.occurrence_of = occurrence_of
+        # How long a completed task of a topic is kept when it names no
+        # ``retain`` of its own (the engine's ``topic_retain_s``).
+        self.topic_retain_s = topic_retain_s
+        # How long a dead task of a topic is kept after it died (its
+        # ``deadline_s``, 0: not known), in the wheel at the time it goes;
+        # None: for ever (the engine's ``topic_dead_retain_s``).
+        self.topic_dead_retain_s = topic_dead_retain_s
+        # Blocked ``wait`` calls by task id, answered when the task reaches
+        # a state in FINAL (``_answer_watches``).
+        self.watches: dict[str, list[Watch]] = {}
         # Topic settings and what they hold back (engine/topics.py, engine/flow.py).
         self.flow = Flow(self.counts)
         self.topics = TopicTable(self.journal, self._check_served, self.flow.changed)
@@ -137,6 +160,10 @@ class TaskTable:
             self.queues.push_ready(task)
         elif state == DEAD:
             self.queues.push_dead(task)
+            if task.deadline_s:
+                kept_s = self.topic_dead_retain_s(task.topic)
+                if kept_s is not None:
+                    self.wheel.insert(task, task.deadline_s + kept_s)
         elif state == DELIVERING:
             self.delivering[task.id] = task
         else:
@@ -154,6 +181,8 @@ class TaskTable:
             self.queues.drop_ready(task)
         elif state == DEAD:
             self.queues.drop_dead(task)
+            if task.scheduled:  # kept for --dead-retention
+                self.wheel.remove(task)
         elif state == DELIVERING:
             del self.delivering[task.id]
         else:
@@ -213,6 +242,7 @@ class TaskTable:
             max_attempts=new.max_attempts,
             created_s=now_s,
             target=target,
+            completion=None if new.retain_s is None else Completion(new.retain_s),
             priority=new.priority,
         )
         self.index.add(task)
@@ -243,6 +273,52 @@ class TaskTable:
         task.state = to
         self._keep(task)
         self.journal.record(task, before)
+        if self.watches and to in FINAL:  # one dict's truth on most moves
+            self._answer_watches(task)
+
+    def complete(
+        self, task: Task, event: str, outcome: str, result_packed: bytes | None, now_s: float
+    ) -> None:
+        """An ack or a delivery: ``done`` and kept for the task's ``retain``
+        seconds (its own, else its topic's), else ``gone``. A gone task keeps
+        its completion in memory for the ``wait`` calls it answers."""
+        retain_s = self.retain_of(task)
+        if retain_s <= 0 and not (self.watches and task.id in self.watches):
+            self.move(task, event, GONE)  # most tasks: as before, nothing more to keep
+            return
+        own_s = None if task.completion is None else task.completion.retain_s
+        completion = Completion(own_s, now_s, outcome, result_packed)
+        if retain_s > 0:
+            self.move(task, event, DONE, completion=completion, deadline_s=now_s + retain_s)
+        else:
+            self.move(task, event, GONE, completion=completion)
+
+    def retain_of(self, task: Task) -> float:
+        """How long ``task`` is kept once done: its own ``retain``, else its topic's."""
+        done = task.completion
+        own_s = None if done is None else done.retain_s
+        return self.topic_retain_s(task.topic) if own_s is None else own_s
+
+    # -- blocked waits -------------------------------------------------------
+
+    def watch(self, watch: Watch) -> None:
+        self.watches.setdefault(watch.task_id, []).append(watch)
+
+    def cancel_watch(self, watch: Watch) -> None:
+        """A timed-out or disconnected ``wait``: out of its task's line."""
+        line = self.watches.get(watch.task_id)
+        if line is not None and watch in line:
+            line.remove(watch)
+            if not line:
+                del self.watches[watch.task_id]
+
+    def _answer_watches(self, task: Task) -> None:
+        """The task is done, dead or gone: every ``wait`` on it gets its map."""
+        line = self.watches.pop(task.id, None)
+        if line is not None:
+            final = self.describe(task)
+            for watch in line:
+                watch.deliver(final)
 
     def _keep(self, task: Task) -> None:
         """Keep a task just changed (``move``, ``create``) where its new state says."""
@@ -261,6 +337,10 @@ class TaskTable:
         """A task whose timer the wheel fired (it has unscheduled it already),
         but a targeted delayed one (``Attempts.due``): ``move`` without the
         journal (see the module docstring)."""
+        if task.state == DONE or task.state == DEAD:  # kept long enough: journaled
+            self.move(task, "lapse", GONE)
+            self.events.lapsed += 1
+            return
         if task.state == DELAYED:
             event, to = "due", READY
         else:  # a reservation's TTR ran out
@@ -275,6 +355,8 @@ class TaskTable:
         self.unplace(task)
         task.state = to
         self.place(task)
+        if to == DEAD and self.watches:
+            self._answer_watches(task)
 
     def wait_for_lane(self, task: Task) -> None:
         """A targeted task the wheel fired: it stays delayed, out of the wheel,
@@ -345,6 +427,10 @@ class TaskTable:
                 continue
             self.unplace(found)
             self.index.remove(found)
+        if self.watches:  # their tasks are another node's now: told to ask it
+            for task_id in [task_id for task_id in self.watches if leaving(task_id)]:
+                for watch in self.watches.pop(task_id):
+                    watch.deliver(None)
         return delivering
 
     # -- handing tasks out -----------------------------------------------------

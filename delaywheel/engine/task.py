@@ -4,12 +4,17 @@ A task lives in exactly one place, chosen by its state: ``delayed`` and
 ``reserved`` tasks sit in the wheel (at their due time and their TTR deadline),
 ``ready`` tasks in their topic's ready queue, ``dead`` tasks in their topic's
 dead list, ``delivering`` tasks (an HTTP or broker target's attempt in flight)
-in the task table's ``delivering``. ``new`` and ``gone`` are the pseudo-states
-before ``add`` and after ``ack``/``delete``: such a task is nowhere. The
+in the task table's ``delivering``. A dead task's ``deadline_s`` is when it
+died (0: not known); with ``--dead-retention`` it is in the wheel too, at the
+time it goes. ``done`` tasks (acked or
+delivered, and kept for their ``retain`` seconds) sit in the wheel too, at
+the time they go (``deadline_s``). ``new`` and ``gone`` are the pseudo-states
+before ``add`` and after ``ack``/``delete`` (or a ``done`` task's time
+running out): such a task is nowhere. The
 task table (``delaywheel.engine.table``) keeps every task in its place.
 
 A task with a ``target`` (HTTP, a broker) never becomes ``ready``: when due it
-is ``delivering``, and the attempt's outcome makes it ``gone`` (delivered),
+is ``delivering``, and the attempt's outcome makes it ``gone`` or ``done`` (delivered),
 ``delayed`` again (its next try) or ``dead``.
 
 The body is kept packed (MessagePack bytes): it is packed anyway to check its
@@ -34,6 +39,7 @@ READY = "ready"
 RESERVED = "reserved"
 DELIVERING = "delivering"
 DEAD = "dead"
+DONE = "done"
 GONE = "gone"
 
 # A task's priority (docs/protocol.md): 0 is the most urgent; beanstalkd's
@@ -43,9 +49,11 @@ MAX_PRIORITY = 2**31 - 1
 
 # The order is part of the store format (a record's state code is the index
 # here): add new states at the end, never reorder.
-STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD)
+STATES = (DELAYED, READY, RESERVED, DELIVERING, DEAD, DONE)
 # The states whose tasks wait in the wheel (at ``timer_s``).
-IN_WHEEL = frozenset({DELAYED, RESERVED})
+IN_WHEEL = frozenset({DELAYED, RESERVED, DONE})
+# The states a ``wait`` answers at: the task will not run again by itself.
+FINAL = frozenset({DONE, DEAD, GONE})
 
 # (state, event) -> the states the event may lead to. The engine picks one
 # (a release with no delay goes to ready, a TTR expiry on the last attempt to
@@ -54,12 +62,14 @@ TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
     (NEW, "add"): frozenset({DELAYED, READY}),
     (DELAYED, "due"): frozenset({READY}),
     (READY, "reserve"): frozenset({RESERVED, GONE}),  # gone: ttr == 0, at-most-once
-    (RESERVED, "ack"): frozenset({GONE}),
+    (RESERVED, "ack"): frozenset({GONE, DONE}),  # done: kept for its retain seconds
     (RESERVED, "release"): frozenset({DELAYED, READY, DEAD}),
     (RESERVED, "expire"): frozenset({READY, DEAD}),
     (RESERVED, "touch"): frozenset({RESERVED}),
     (DELAYED, "deliver"): frozenset({DELIVERING}),  # a targeted task fell due
-    (DELIVERING, "delivered"): frozenset({GONE}),
+    (DELIVERING, "delivered"): frozenset({GONE, DONE}),
+    (DONE, "lapse"): frozenset({GONE}),  # its retain seconds are over
+    (DEAD, "lapse"): frozenset({GONE}),  # --dead-retention after it died
     (DELIVERING, "fail"): frozenset({DELAYED, DEAD}),  # its next try, or no tries left
     (DEAD, "kick"): frozenset({READY, DELAYED}),  # delayed: a targeted task, due now
     (DELAYED, "update"): frozenset({DELAYED, READY}),
@@ -81,6 +91,7 @@ CHANGEABLE = (
     "deadline_s",
     "target",
     "last_error",
+    "completion",
     "priority",
 )
 _snapshot = attrgetter(*CHANGEABLE)
@@ -103,6 +114,29 @@ def check_transition(task_id: str, state: str, event: str, to: str) -> None:
         raise AssertionError(f"{event} may not take task {task_id!r} from {state} to {to}")
 
 
+class Completion:
+    """What a task holds about its completion: how long it is kept once done
+    (``retain_s``; None: the topic's), and once completed, when, how
+    (``outcome``: ``acked``, ``HTTP 200``, ``published``) and what it
+    returned (``result_packed``: MessagePack, or None). Most tasks have
+    none: one slot of None, not four. Never changed in place (the undo of a
+    failed write puts the old object back)."""
+
+    __slots__ = ("completed_s", "outcome", "result_packed", "retain_s")
+
+    def __init__(
+        self,
+        retain_s: float | None,
+        completed_s: float = 0.0,
+        outcome: str | None = None,
+        result_packed: bytes | None = None,
+    ) -> None:
+        self.retain_s = retain_s
+        self.completed_s = completed_s
+        self.outcome = outcome
+        self.result_packed = result_packed
+
+
 class Task(Entry):
     """One task. ``due_s`` (from Entry) is its wheel timer while it has one."""
 
@@ -110,6 +144,7 @@ class Task(Entry):
         "at_s",
         "attempts",
         "body_packed",
+        "completion",
         "created_s",
         "deadline_s",
         "id",
@@ -138,6 +173,7 @@ class Task(Entry):
         state: str = NEW,
         deadline_s: float = 0.0,
         target: dict[str, Any] | None = None,
+        completion: Completion | None = None,
         priority: int = DEFAULT_PRIORITY,
     ) -> None:
         # Entry's own fields, set here rather than through super().__init__():
@@ -157,6 +193,7 @@ class Task(Entry):
         self.target = target  # None: the ready queue (most tasks; no dict each)
         self.priority = priority
         self.last_error: str | None = None  # why the last delivery attempt failed
+        self.completion = completion  # None: no retain given, not completed
         self.seq = 0  # creation order, for list paging
         self.queue_seq = -1  # ready-queue membership ticket; -1 when not queued
 
@@ -171,8 +208,9 @@ class Task(Entry):
 
     @property
     def timer_s(self) -> float:
-        """When the wheel should next look at this task (one in ``IN_WHEEL``)."""
-        return self.deadline_s if self.state == RESERVED else self.at_s
+        """When the wheel should next look at this task (one in ``IN_WHEEL``):
+        a reservation's deadline, when a done task goes, or the due time."""
+        return self.at_s if self.state == DELAYED else self.deadline_s
 
 
 _QUEUE_TARGET = {"type": "queue"}
@@ -180,14 +218,15 @@ _QUEUE_TARGET = {"type": "queue"}
 
 def place_of(task: Task, wheel: TimingWheel) -> tuple[int | None, int | None]:
     """``(cycle, slot)`` as the protocol reports them: a scheduled task's place in
-    the wheel, the cursor for a ready one, nothing for a dead one. A delayed
+    the wheel, the cursor for a ready one, nothing for a dead or done one. A delayed
     task out of the wheel until its add is durable (``TaskTable.move``) is
     placed where its time puts it."""
-    if task.scheduled:
+    state = task.state
+    if task.scheduled and state != DONE and state != DEAD:  # those two: when they go
         return wheel.place(task)
-    if task.state == DELAYED:
+    if state == DELAYED:
         return wheel.place_at(task.at_s)
-    if task.state in (READY, RESERVED):
+    if state in (READY, RESERVED):
         return 0, wheel.cursor_slot
     return None, None
 
@@ -214,4 +253,16 @@ def describe(task: Task, wheel: TimingWheel) -> dict[str, Any]:
         info["deadline"] = task.deadline_s
     if task.last_error is not None:
         info["last_error"] = task.last_error
+    done = task.completion
+    if done is not None:
+        if done.retain_s is not None:
+            info["retain"] = done.retain_s
+        if done.outcome is not None:
+            info["completed"] = done.completed_s
+            info["outcome"] = done.outcome
+            info["result"] = (
+                None
+                if done.result_packed is None
+                else msgpack.unpackb(done.result_packed, raw=False, strict_map_key=False)
+            )
     return info

@@ -26,9 +26,10 @@ DEFAULT_MAX_ATTEMPTS = 5
 # The server's limits unless set (--max-body, --max-delay; config takes these).
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_DELAY_S = 10 * 365 * 24 * 3600.0
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024  # --max-result: an ack's result, an HTTP answer kept
 
 TASK_FIELDS = frozenset(
-    {"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts", "priority"}
+    {"id", "topic", "delay", "at", "body", "ttr", "target", "max_attempts", "priority", "retain"}
 )
 UPDATE_FIELDS = frozenset(
     {"delay", "at", "body", "topic", "ttr", "target", "max_attempts", "priority"}
@@ -40,6 +41,7 @@ LIST_FIELDS = frozenset({"topic", "state", "limit", "cursor"})
 class Limits:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_delay_s: float = DEFAULT_MAX_DELAY_S
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
 
 
 def params(method: str, values: list[Any], *names: str, optional: int = 0) -> list[Any]:
@@ -104,16 +106,33 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 
 
 def packed_body(value: Any, limits: Limits) -> bytes:
+    return _packed("body", value, limits.max_body_bytes, "")
+
+
+def packed_result(value: Any, limits: Limits) -> bytes | None:
+    """An ``ack``'s result, packed (None: none sent), at most ``--max-result``."""
+    if value is None:
+        return None
+    return _packed("result", value, limits.max_result_bytes, " (--max-result)")
+
+
+def _packed(field: str, value: Any, max_bytes: int, setting: str) -> bytes:
     try:
         packed: bytes = _pack(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise bad(f"body cannot be packed: {exc}") from None
-    if len(packed) > limits.max_body_bytes:
+        raise bad(f"{field} cannot be packed: {exc}") from None
+    if len(packed) > max_bytes:
         raise RequestError(
             "too_large",
-            f"body is {len(packed)} bytes packed, over the {limits.max_body_bytes}-byte limit",
+            f"{field} is {len(packed)} bytes packed, over the {max_bytes}-byte limit{setting}",
         )
     return packed
+
+
+def packed_answer(value: Any) -> bytes | None:
+    """A receiver's answer kept as a task's result (cut to ``--max-result``
+    by its sender), packed."""
+    return None if value is None else _pack(value)  # bytes, str and ints: always packable
 
 
 def due_time(fields: dict[str, Any], now_s: float, limits: Limits) -> float | None:
@@ -146,6 +165,8 @@ class NewTask:
     # As sent, None when not given; the engine replaces it with the checked
     # target (delivery.targets), None for the ready queue.
     target: dict[str, Any] | None
+    # How long it is kept once done; None: its topic's retain, at completion.
+    retain_s: float | None = None
     priority: int = DEFAULT_PRIORITY
 
 
@@ -165,6 +186,7 @@ def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
         number("ttr", fields["ttr"], high=limits.max_delay_s) if "ttr" in fields else DEFAULT_TTR_S,
         max_attempts(fields["max_attempts"]) if "max_attempts" in fields else DEFAULT_MAX_ATTEMPTS,
         target(fields["target"]) if "target" in fields else None,
+        number("retain", fields["retain"], high=limits.max_delay_s) if "retain" in fields else None,
         priority(fields["priority"]) if "priority" in fields else DEFAULT_PRIORITY,
     )
 

@@ -51,6 +51,13 @@ class Calls:
             if whole:
                 return await self.reserves.reserve(params)
             return await self._forward(method, params)
+        if method == "wait":  # held here, or forwarded to its task's owner
+            try:
+                return await self.reserves.wait(params)
+            except RequestError as exc:
+                if whole or exc.code not in ELSEWHERE:
+                    raise
+            return await self._forward(method, params)
         if not whole and method in FAN_OUT:
             return await self._forward(method, params)
         try:

@@ -163,7 +163,7 @@ def _page(key: str) -> Callable[[Any, Inputs], tuple[int, Any]]:
     return answer
 
 
-def _reserved(result: Any, inputs: Inputs) -> tuple[int, Any]:
+def _task_or_no_content(result: Any, inputs: Inputs) -> tuple[int, Any]:
     return (204, None) if result is None else (200, body_out(result))
 
 
@@ -203,12 +203,27 @@ def _by_id(method: str) -> Callable[[Inputs], tuple[str, list[Any]]]:
     return build
 
 
+def _ack(inputs: Inputs) -> tuple[str, list[Any]]:
+    """``ack``, with the optional body ``{"result": value}`` as its result."""
+    if inputs.body is None:
+        return "ack", [_id(inputs)]
+    body = _object(inputs.body, '{"result": value}')
+    if set(body) != {"result"}:
+        raise BadInput(f'ack takes {{"result": value}} alone, got keys {sorted(body)}')
+    return "ack", [_id(inputs), body["result"]]
+
+
 def _update(inputs: Inputs) -> tuple[str, list[Any]]:
     return "update", [_id(inputs), body_in(_object(inputs.body, "the changes"))]
 
 
 def _release(inputs: Inputs) -> tuple[str, list[Any]]:
     return "release", _optional([_id(inputs), query_number("delay", inputs.query.get("delay"))])
+
+
+def _wait(inputs: Inputs) -> tuple[str, list[Any]]:
+    timeout = query_number("timeout", inputs.query.get("timeout"))
+    return "wait", [_id(inputs), 0 if timeout is None else timeout]
 
 
 def _reserve(inputs: Inputs) -> tuple[str, list[Any]]:
@@ -367,10 +382,12 @@ OPERATIONS: tuple[Operation, ...] = (
         "POST",
         "/tasks/{id}/ack",
         "ack",
-        _by_id("ack"),
+        _ack,
         _wrapped("acked"),
         schemas.one_field("acked", {"type": "boolean"}),
         params=(TASK_ID,),
+        body=schemas.ACK,
+        body_required=False,
     ),
     Operation(
         "releaseTask",
@@ -401,6 +418,27 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(TASK_ID,),
     ),
     Operation(
+        "waitTask",
+        "GET",
+        "/tasks/{id}/wait",
+        "wait",
+        _wait,
+        _task_or_no_content,
+        schemas.ref("Task"),
+        params=(
+            TASK_ID,
+            Param(
+                "timeout",
+                "query",
+                {"type": "number", "minimum": 0, "maximum": MAX_RESERVE_TIMEOUT_S},
+                "seconds to wait for the task to be done, dead or gone (default 0); "
+                "still running then: 204",
+            ),
+        ),
+        long_poll=True,
+        extra_statuses=(204,),
+    ),
+    Operation(
         "kickTask",
         "POST",
         "/tasks/{id}/kick",
@@ -416,7 +454,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/topics/{topic}/reserve",
         "reserve",
         _reserve,
-        _reserved,
+        _task_or_no_content,
         schemas.ref("Task"),
         params=(
             TOPIC,

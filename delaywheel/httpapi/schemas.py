@@ -58,6 +58,7 @@ _TASK_FIELD_TYPES: dict[str, dict[str, Any]] = {
         "maximum": MAX_PRIORITY,
         "description": "0 is the most urgent; default 1024",
     },
+    "retain": {"type": "number", "minimum": 0, "description": "seconds kept done once completed"},
 }
 
 
@@ -116,6 +117,10 @@ TASK: dict[str, Any] = {
         "last_error": STRING,
         "cycle": {"type": ["integer", "null"]},
         "slot": {"type": ["integer", "null"]},
+        "completed": TIME,
+        "outcome": {"type": "string", "description": "acked, HTTP 200, published"},
+        "result": {"description": "what ack sent, or an HTTP target's answer (result_encoding)"},
+        "result_encoding": BODY_ENCODING,
     },
     "example": {
         "id": "k3vq7a2m1a",
@@ -125,6 +130,14 @@ TASK: dict[str, Any] = {
         "attempts": 1,
         "deadline": 1767225660.0,
     },
+}
+ACK: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "result": {"description": "kept with a task that has retain (at most --max-result)"}
+    },
+    "additionalProperties": False,
+    "example": {"result": {"rows": 1200}},
 }
 TASK_PAGE: dict[str, Any] = {
     "type": "object",

@@ -184,7 +184,7 @@ class HttpApi:
 
     async def _answer(self, op: Operation, request: web.Request) -> web.StreamResponse:
         try:
-            body = await self._json(request) if op.body is not None else None
+            body = await self._json(request, op.body_required) if op.body is not None else None
             inputs = Inputs(request.match_info, request.query, body, request.headers)
             method, params = op.build(inputs)
             result = await self.calls.run(method, params)
@@ -215,8 +215,9 @@ class HttpApi:
             status=status, body=json.dumps(payload).encode(), content_type="application/json"
         )
 
-    async def _json(self, request: web.Request) -> Any:
-        """The body as JSON, read within the bounds (see the module docstring)."""
+    async def _json(self, request: web.Request, required: bool = True) -> Any:
+        """The body as JSON, read within the bounds (see the module docstring);
+        None for an empty one that is not ``required``."""
         limit = self.settings.max_message_bytes
         length = request.content_length
         if length is not None and length > limit:
@@ -233,6 +234,8 @@ class HttpApi:
             except asyncio.TimeoutError:
                 raise _SlowBody from None
         if not raw.strip():
+            if not required:
+                return None
             raise BadInput("this operation takes a JSON body")
         try:
             return json.loads(raw, parse_constant=_no_constants)

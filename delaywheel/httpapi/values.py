@@ -72,17 +72,23 @@ def body_in(fields: Mapping[str, Any], where: str = "") -> dict[str, Any]:
 
 
 def body_out(fields: dict[str, Any]) -> dict[str, Any]:
-    """A task (or schedule) map for JSON: its ``body`` as JSON holds it, or base64'd
-    with ``body_encoding`` (see the module docstring)."""
-    if "body" not in fields:
+    """A task (or schedule) map for JSON: its ``body`` (and a done task's
+    ``result``) as JSON holds it, or base64'd with ``body_encoding``
+    (``result_encoding``; see the module docstring)."""
+    fields = _encoded(fields, "body")
+    return _encoded(fields, "result") if fields.get("result") is not None else fields
+
+
+def _encoded(fields: dict[str, Any], name: str) -> dict[str, Any]:
+    if name not in fields:
         return fields
-    body = fields["body"]
-    if isinstance(body, bytes):
-        return fields | {"body": _b64(body), "body_encoding": "base64"}
-    if _json_safe(body):
+    value = fields[name]
+    if isinstance(value, bytes):
+        return fields | {name: _b64(value), f"{name}_encoding": "base64"}
+    if _json_safe(value):
         return fields
-    packed = msgpack.packb(body, use_bin_type=True)
-    return fields | {"body": _b64(packed), "body_encoding": "msgpack"}
+    packed = msgpack.packb(value, use_bin_type=True)
+    return fields | {name: _b64(packed), f"{name}_encoding": "msgpack"}
 
 
 def _b64(data: bytes) -> str:

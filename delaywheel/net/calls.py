@@ -7,18 +7,21 @@ connection holds its reply. ``reserve`` is the connection's reserve without the
 connection: the same checks (``connection.reserve_params``), the same ready queues, and a
 blocked one waits in the engine's line of waiters, costing what a blocked ``reserve`` of
 the protocol costs; cancelling the caller (its HTTP client went away) leaves the line.
+``wait`` is held the same way, in the task table's line of watches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.engine import validate
-from delaywheel.engine.queues import Waiter
+from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.errors import RequestError
-from delaywheel.net.connection import reserve_params
+from delaywheel.net.connection import WAIT_MOVED_RETRY_MS, reserve_params, wait_params
 
 if TYPE_CHECKING:
     from delaywheel.engine.engine import Engine
@@ -49,6 +52,11 @@ async def durable(engine: Engine, wait: Wait | None = None) -> None:
     error = await done
     if error is not None:
         raise RequestError("unavailable", str(error))
+
+
+# A blocked call's answer: the map it gets, or None (timed out, stopped; a wait's
+# task's partition gone elsewhere).
+Answer = Callable[[dict[str, Any] | None], None]
 
 
 class _Caller:
@@ -85,7 +93,8 @@ async def call(server: Server, method: str, params: list[Any]) -> Any:
 
 
 class Reserves:
-    """The blocked reserves made without a connection, so that a stop answers them."""
+    """The blocked reserves and waits made without a connection, so that a stop
+    answers them."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -114,35 +123,87 @@ class Reserves:
             await durable(engine, wait)
         return task
 
+    async def wait(self, params: list[Any]) -> dict[str, Any] | None:
+        """``wait`` with the protocol's params: the task's final map, durable, or None
+        after the timeout (or at once when the server stops)."""
+        server, engine = self.server, self.server.engine
+        route = server.routes["wait"]
+        route.calls += 1
+        try:
+            task_id, timeout_s = wait_params(params)
+            final = engine.wait_now(task_id)
+        except RequestError as exc:
+            route.failed(exc.code)
+            raise
+        wait = engine.journal.pending() if final is not None else None
+        if final is None and timeout_s > 0 and not self.stopped:
+
+            def hold(answer: Answer) -> Callable[[], None]:
+                watch = Watch(task_id, answer)
+                engine.watch(watch)
+                return partial(engine.cancel_watch, watch)
+
+            final, wait = await self._held(hold, timeout_s, moved=task_id)
+        if final is not None:
+            await durable(engine, wait)
+        return final
+
     async def _wait(
         self, topics: Any, timeout_s: float
     ) -> tuple[dict[str, Any] | None, Wait | None]:
-        """Wait in the engine's line, as a connection's blocked reserve does: a future
-        and a timer, no task beside the request's own (a held long poll should cost
-        little more than its connection). The task, and the store write holding its reservation
-        (taken when it was handed over, as the connection takes it)."""
+        """Wait in the engine's line, as a connection's blocked reserve does."""
+        engine = self.server.engine
+
+        def hold(answer: Answer) -> Callable[[], None]:
+            waiter = Waiter(validate.topics(topics), answer)
+            engine.wait_reserve(waiter)
+            return partial(engine.cancel_wait, waiter)
+
+        return await self._held(hold, timeout_s)
+
+    async def _held(
+        self, hold: Callable[[Answer], Callable[[], None]], timeout_s: float, moved: str = ""
+    ) -> tuple[dict[str, Any] | None, Wait | None]:
+        """A blocked call: ``hold(answer)`` puts it in the engine's line and returns
+        how to take it out. A future and a timer, no task beside the request's own
+        (a held long poll should cost little more than its connection). The answer,
+        and the store write holding the change it reports (taken when it came, as the
+        connection takes it). A wait told its task's partition left (``moved``, its
+        id): ``tryagain``, which the caller forwards to the new owner."""
         engine = self.server.engine
         loop = asyncio.get_running_loop()
         got: asyncio.Future[dict[str, Any] | None] = loop.create_future()
         writes: list[Wait | None] = [None]
+        left = [False]
 
         def answer(task: dict[str, Any] | None) -> None:
             if not got.done():
+                left[0] = task is None  # only a wait is answered None: moved
                 got.set_result(task)
                 if task is not None:
                     writes[0] = engine.journal.pending()
 
-        waiter = Waiter(validate.topics(topics), answer)
-        engine.wait_reserve(waiter)
-        timer = loop.call_later(timeout_s, answer, None)
+        def timed_out() -> None:
+            if not got.done():
+                got.set_result(None)
+
+        release = hold(answer)
+        timer = loop.call_later(timeout_s, timed_out)
         self.waiting.add(got)
         try:
-            return await got, writes[0]
+            found = await got
         finally:
             timer.cancel()
             self.waiting.discard(got)
             if got.cancelled() or got.result() is None:  # timed out, stopped, or gone
-                engine.cancel_wait(waiter)
+                release()
+        if left[0]:
+            raise RequestError(
+                "tryagain",
+                f"task {moved!r} is no longer served here",
+                {"partition": None, "retry_after_ms": WAIT_MOVED_RETRY_MS},
+            )
+        return found, writes[0]
 
     def stop(self) -> None:
         """The server is stopping: every blocked reserve is answered None now, and

@@ -44,7 +44,7 @@ from delaywheel_client.protocol import Decoder, ProtocolError, Request
 from delaywheel import checks
 from delaywheel.engine import validate
 from delaywheel.engine.journal import Wait
-from delaywheel.engine.queues import Waiter
+from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.errors import RequestError
 from delaywheel.store.base import StoreError, reply_for
 
@@ -83,6 +83,8 @@ MAX_REQUESTS_PER_TURN = 256
 UNAUTHENTICATED_MAX_MESSAGE_BYTES = 16 * 1024
 # A reserve may block for at most a day; longer waits are a client bug.
 MAX_RESERVE_TIMEOUT_S = 86_400.0
+# A blocked wait whose task's partition left this node: when to send it again.
+WAIT_MOVED_RETRY_MS = 100
 # Topics one reserve may name. A blocked reserve waits in a line per topic
 # (about 0.6 kB each), so 100,000 topics (1.2 MB sent) held 90 MB; a worker
 # that watches more than this many topics is better served by fewer.
@@ -164,6 +166,8 @@ class Connection(asyncio.Protocol):
         self.lanes = self.journal.lanes > 1
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
+        # Blocked waits, the same way: each one's timeout timer and msgid.
+        self.watches: dict[Watch, tuple[asyncio.TimerHandle, int]] = {}
         self.stopping = False  # the server is shutting down: read nothing more
         self.writing_paused = False
         self.reading_paused = False
@@ -230,6 +234,7 @@ class Connection(asyncio.Protocol):
             timer.cancel()
             self.engine.cancel_wait(waiter)
         self.waiters.clear()
+        self._drop_watches()
         self.transport = None
 
     def pause_writing(self) -> None:
@@ -322,6 +327,9 @@ class Connection(asyncio.Protocol):
         if method == "reserve":
             self.timers_moved = True  # a reservation's deadline is a timer
             self._reserve(request, route, now_s)
+            return
+        if method == "wait":
+            self._wait(request, route)
             return
         try:
             run = route.run
@@ -532,6 +540,12 @@ class Connection(asyncio.Protocol):
         blocked = self.waiters.pop(waiter, None)
         if blocked is not None:
             blocked[0].cancel()
+        self._answer_once_durable(msgid, task, "reserve")
+
+    def _answer_once_durable(self, msgid: int, task: dict[str, Any], method: str) -> None:
+        """A blocked call's answer, out of line, once the change it reports
+        (the reservation; the change that made a waited-for task final) is
+        durable: an error instead if that write fails."""
         payload = self.encoder.response(msgid, task)
         batch = self.engine.journal.pending()
         if batch is None:
@@ -543,7 +557,7 @@ class Connection(asyncio.Protocol):
                 self._send(payload)
             else:
                 code, data = reply_for(error)
-                self.server.routes["reserve"].failed(code)
+                self.server.routes[method].failed(code)
                 self._send(self.encoder.error_response(msgid, code, str(error), data))
 
         batch.add_callback(durable)
@@ -555,6 +569,61 @@ class Connection(asyncio.Protocol):
         blocked[0].cancel()  # when called before its time, by stop_reading
         self.engine.cancel_wait(waiter)
         self._send(self.encoder.response(msgid, None))
+
+    # -- wait ----------------------------------------------------------------------
+
+    def _wait(self, request: Request, route: Method) -> None:
+        """``wait``: the task's map once it is done, dead or gone, or nil after
+        the timeout. Held as a blocked reserve is: a ``Watch`` in the task
+        table's line for the id, a timer, nothing else while idle."""
+        msgid = request.msgid
+        try:
+            task_id, timeout_s = wait_params(request.params)
+            final = self.engine.wait_now(task_id)
+        except RequestError as exc:
+            route.failed(exc.code)
+            reply = self.encoder.error_response(msgid, exc.code, exc.message, exc.data)
+            self._queue(msgid, reply, None, route)
+            return
+        if final is not None or timeout_s == 0:
+            # A state read as the store may not hold it yet: answered once it does.
+            batch = self.engine.journal.pending() if final is not None else None
+            self._queue(msgid, self.encoder.response(msgid, final), batch, route)
+            return
+        watch = Watch(task_id, lambda task: self._waited(watch, msgid, task))
+        timer = asyncio.get_running_loop().call_later(
+            timeout_s, lambda: self._wait_timed_out(watch, msgid)
+        )
+        self.watches[watch] = (timer, msgid)
+        self.engine.watch(watch)
+
+    def _waited(self, watch: Watch, msgid: int, task: dict[str, Any] | None) -> None:
+        blocked = self.watches.pop(watch, None)
+        if blocked is None:
+            return
+        blocked[0].cancel()
+        if task is None:  # its partition left this node: a cluster client asks the new owner
+            self.server.routes["wait"].failed("tryagain")
+            message = f"task {watch.task_id!r} is no longer served here: send wait again"
+            data = {"partition": None, "retry_after_ms": WAIT_MOVED_RETRY_MS}
+            self._send(self.encoder.error_response(msgid, "tryagain", message, data))
+            return
+        self._answer_once_durable(msgid, task, "wait")
+
+    def _wait_timed_out(self, watch: Watch, msgid: int) -> None:
+        blocked = self.watches.pop(watch, None)
+        if blocked is None:
+            return
+        self.engine.cancel_watch(watch)
+        self._send(self.encoder.response(msgid, None))
+
+    def _drop_watches(self) -> None:
+        """The connection is going: its waits are answered by nothing (a
+        client that is still there sends its ``wait`` again: it is read-only)."""
+        for watch, (timer, _) in self.watches.items():
+            timer.cancel()
+            self.engine.cancel_watch(watch)
+        self.watches.clear()
 
     def _send(self, payload: bytes) -> None:
         """Write a reply that does not wait its turn (a blocked reserve's)."""
@@ -586,6 +655,9 @@ class Connection(asyncio.Protocol):
         self._update_reading()
         for waiter, (_, msgid) in list(self.waiters.items()):
             self._reserve_timed_out(waiter, msgid)
+        # Not a nil (a timeout) for a wait: left unanswered, its client's
+        # retry sends it again to the server's next run.
+        self._drop_watches()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -605,6 +677,15 @@ def reserve_params(params: list[Any]) -> tuple[Any, float]:
             f"reserve may name at most {MAX_RESERVE_TOPICS} topics, got {len(topics)}",
         )
     return topics, timeout_s
+
+
+def wait_params(params: list[Any]) -> tuple[str, float]:
+    """``wait``'s params checked: the task id and the timeout in seconds."""
+    task_id, timeout = validate.params("wait", params, "id", "timeout", optional=1)
+    timeout_s = checks.number(
+        "timeout", 0 if timeout is None else timeout, high=MAX_RESERVE_TIMEOUT_S
+    )
+    return validate.task_id(task_id), timeout_s
 
 
 # A refusal's reason as logged: at most this long.

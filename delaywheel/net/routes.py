@@ -7,8 +7,8 @@ now_s)``, the time read once per turn of the connection. The engine's verbs
 are wrapped by ``_positional``, which checks the arity and passes ``now_s``
 on only to a verb that takes it; ``ping``, ``auth`` and ``stats`` are the
 server's own (ping and auth have no use for the time: ``_now_s``).
-``reserve`` has no route: the connection serves it, because a blocked
-reserve answers out of line.
+``reserve`` and ``wait`` have no route: the connection serves them,
+because a blocked call answers out of line.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def routes_for(server: Server) -> dict[str, Method]:
         "stats": _stats,
         "cluster": _cluster,
         "reserve": None,
+        "wait": None,
     }
     routes = {}
     for method, spec in METHODS.items():

@@ -104,6 +104,7 @@ class Pages:
             title="Task",
             task=task,
             body=views.body_views(task["body"]),
+            result=views.result_text(task.get("result")),
             target=present.target_rows(task["target"]),
             attempts=self._attempts(task_id),
             hide_bodies=ctx.hide_bodies(request),

@@ -117,7 +117,7 @@ class SettingRow:
 
 # Fields whose serve option is not the field's name with dashes.
 _OPTIONS = {"store_url": "--store", "brokers": "--broker", "max_message_bytes": "--max-message"}
-_OPTIONS |= {"max_body_bytes": "--max-body"}
+_OPTIONS |= {"max_body_bytes": "--max-body", "max_result_bytes": "--max-result"}
 
 
 # Fields no serve option sets (the protocol's limits, fixed in this version).

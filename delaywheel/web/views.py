@@ -186,6 +186,15 @@ class Body:
     size: int
 
 
+def result_text(result: Any) -> str:
+    """A done task's result as one line of JSON (as a body's is shown: deep
+    values collapsed, bytes as text), cut at ``MAX_BODY_SHOWN`` characters."""
+    if isinstance(result, bytes):
+        result = result.decode("utf-8", errors="replace")
+    text = json.dumps(nesting.shown(result), default=repr, ensure_ascii=False)
+    return visible(text[:MAX_BODY_SHOWN])
+
+
 def body_views(body: Any) -> Body:
     """A task's body as text, JSON and hex, each cut at ``MAX_BODY_SHOWN`` bytes."""
     if isinstance(body, bytes):

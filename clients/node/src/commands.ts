@@ -33,6 +33,7 @@ export const READ_ONLY_METHODS: ReadonlySet<string> = new Set([
   "auth",
   "get",
   "list",
+  "wait",
   "stats",
   "cluster",
   "schedule_get",
@@ -52,6 +53,7 @@ export function taskFields(topic: string, body: unknown, options: AddOptions): T
   if (options.ttr !== undefined) task.ttr = options.ttr;
   if (options.maxAttempts !== undefined) task.max_attempts = options.maxAttempts;
   if (options.target !== undefined) task.target = options.target;
+  if (options.retain !== undefined) task.retain = options.retain;
   if (options.priority !== undefined) task.priority = options.priority;
   return task;
 }
@@ -70,7 +72,8 @@ export abstract class Commands<TStats = Stats> {
 
   /** Any method by name, with the protocol's params: `call("get", "task-1")`. */
   call(method: string, ...params: unknown[]): Promise<unknown> {
-    const waitS = method === "reserve" && typeof params[1] === "number" && params[1] > 0 ? params[1] : 0;
+    const blocking = method === "reserve" || method === "wait";
+    const waitS = blocking && typeof params[1] === "number" && params[1] > 0 ? params[1] : 0;
     return this.send(method, params, waitS);
   }
 
@@ -129,9 +132,14 @@ export abstract class Commands<TStats = Stats> {
     return ((await this.send("reserve", [topics, timeout], timeout)) ?? null) as Task | null;
   }
 
-  /** The reserved task is done and removed. */
-  async ack(id: string): Promise<boolean> {
-    return Boolean(await this.send("ack", [id]));
+  /** The reserved task is done: removed, or kept `done` with `result` for its `retain` seconds. */
+  async ack(id: string, result?: unknown): Promise<boolean> {
+    return Boolean(await this.send("ack", result === undefined || result === null ? [id] : [id, result]));
+  }
+
+  /** The task's final map once it is `done`, `dead` or gone (`state` `"gone"`), or null after `timeout` s. */
+  async wait(id: string, timeout = 0): Promise<Task | null> {
+    return ((await this.send("wait", [id, timeout], timeout)) ?? null) as Task | null;
   }
 
   /** Put a reserved task back, due after `delay` seconds. */

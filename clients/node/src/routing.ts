@@ -42,6 +42,7 @@ const ROUTES: Record<string, Route> = {
   delete: byId,
   get: byId,
   ack: byId,
+  wait: byId,
   release: byId,
   touch: byId,
   kick_task: byId,

@@ -10,7 +10,7 @@
 
 export type Body = unknown;
 
-export type TaskState = "delayed" | "ready" | "reserved" | "delivering" | "dead" | "gone";
+export type TaskState = "delayed" | "ready" | "reserved" | "delivering" | "dead" | "done" | "gone";
 
 /** How a due task is delivered (docs/delivery.md): `{type: "queue"}` is the ready queue. */
 export interface Target {
@@ -43,6 +43,12 @@ export interface Task {
   nominal?: number;
   nominal_local?: string;
   late_by?: number;
+  /** Only when the task was given one: seconds it is kept `done`. */
+  retain?: number;
+  /** Only once completed: when (Unix s), how (`acked`, `HTTP 200`, `published`), and its result. */
+  completed?: number;
+  outcome?: string;
+  result?: unknown;
 }
 
 /** What `add` (and each entry of `addMany`) answers. */
@@ -66,6 +72,8 @@ export interface AddOptions {
   /** Deliveries before the task goes to `dead` (default 5). */
   maxAttempts?: number;
   target?: Target;
+  /** Seconds the task is kept `done`, with its result, once acked or delivered. */
+  retain?: number;
   /** 0 is the most urgent (default 1024): `reserve` takes the most urgent ready task first. */
   priority?: number;
 }
@@ -80,6 +88,7 @@ export interface TaskFields {
   ttr?: number;
   max_attempts?: number;
   target?: Target;
+  retain?: number;
   priority?: number;
 }
 

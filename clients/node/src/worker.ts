@@ -144,9 +144,10 @@ export class Worker {
 
   private async handleOne(task: Task): Promise<void> {
     const handler = this.handlers.get(task.topic);
+    let result: unknown;
     try {
       if (handler === undefined) throw new Error(`no handler for topic ${JSON.stringify(task.topic)}`);
-      await handler(task);
+      result = await handler(task);
     } catch (exc) {
       const attempts = Number(task.attempts || 1);
       const maxAttempts = task.max_attempts;
@@ -168,7 +169,8 @@ export class Worker {
       await this.settle("release", task.id, () => this.client.release(task.id, delayS));
       return;
     }
-    await this.settle("ack", task.id, () => this.client.ack(task.id));
+    // What the handler returned is the task's result (kept with a retained task).
+    await this.settle("ack", task.id, () => this.client.ack(task.id, result));
   }
 
   private async settle(what: string, taskId: string, call: () => Promise<unknown>): Promise<void> {
