@@ -106,7 +106,17 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 
 
 def packed_body(value: Any, limits: Limits) -> bytes:
-    return _packed("body", value, limits.max_body_bytes, "")
+    # _packed("body", ...), written out: once per add, a call less
+    try:
+        packed: bytes = _pack(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise bad(f"body cannot be packed: {exc}") from None
+    if len(packed) > limits.max_body_bytes:
+        raise RequestError(
+            "too_large",
+            f"body is {len(packed)} bytes packed, over the {limits.max_body_bytes}-byte limit",
+        )
+    return packed
 
 
 def packed_result(value: Any, limits: Limits) -> bytes | None:
