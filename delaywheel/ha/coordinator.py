@@ -182,6 +182,7 @@ class Coordinator:
             keyspace.replicas,
             lambda: self.keyspace.topology.replicas_connected(keys),
             self.writes_refused_for_replicas,
+            lambda: self.keyspace.writes_confirmed,
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._busy: set[int] = set()  # partitions being loaded or handed back
