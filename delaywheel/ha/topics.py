@@ -16,6 +16,9 @@ the partition cannot overwrite what the new owner published. The hash is a
 copy: the record in the partition's tasks hash is the truth, which a node
 taking the partition over loads and publishes again, so a copy left stale
 by a crash between a change and its publish is mended by the next owner.
+What is published is what the engine holds, which may be a change whose
+write is still in flight; if the store refuses that write, the engine puts
+the settings back and the next round publishes them back too.
 """
 
 from __future__ import annotations
