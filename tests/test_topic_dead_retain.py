@@ -5,26 +5,15 @@ there, and both kept across a reload."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
 import pytest
+from test_engine_store import T0, with_store
 from test_topic_settings import DEFAULT_MAP
 
 from delaywheel.engine.engine import Engine
 from delaywheel.errors import RequestError
-from delaywheel.store import Store, open_store
+from delaywheel.store import Store
 
-T0 = 1_800_000_000.0
 DAY_S = 86_400.0
-
-
-def with_store(url: str, scenario: Callable[[Store], Awaitable[None]]) -> None:
-    async def main() -> None:
-        async with open_store(url) as store:
-            await scenario(store)
-
-    asyncio.run(main())
 
 
 def dies(engine: Engine, task_id: str, topic: str, now_s: float) -> None:

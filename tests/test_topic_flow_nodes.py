@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from clusternodes import PARTITIONS, SETTLE_TIMEOUT_S, address, node, served, settled
+from clusternodes import PARTITIONS, address, node_pair, served
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.partitions import partition_of
 from endpoint import Endpoint
@@ -32,16 +32,8 @@ LEARN_TIMEOUT_S = 10.0
 
 @pytest.fixture(scope="module")
 def nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
-    pair = [
-        node(module_redis_url, name, "--tick", "0.02", "--http-allow", "127.0.0.1")
-        for name in ("a", "b")
-    ]
-    try:
-        wait_until(lambda: settled(pair), SETTLE_TIMEOUT_S, "two nodes sharing the partitions")
+    with node_pair(module_redis_url, "--tick", "0.02", "--http-allow", "127.0.0.1") as pair:
         yield pair
-    finally:
-        for proc in pair:
-            proc.stop()
 
 
 @pytest.fixture
