@@ -142,16 +142,27 @@ class TopicTable:
         # holds, as it published them (ha/topics.py), and their records as read.
         self.elsewhere: dict[str, TopicSettings] = {}
         self._elsewhere_records: dict[str, bytes] = {}
+        # What this node applies: its own, else learned (one look-up on an ack).
+        self._applied: dict[str, TopicSettings] = {}
         # Called with a topic and its settings before and after, each time what
         # this node applies to the topic changes (flow control's, dead tasks').
         self._changed = changed
 
     def of(self, topic: str) -> TopicSettings:
         """The settings this node applies to ``topic``: its own, else learned."""
-        held = self.settings.get(topic)
-        if held is not None:
-            return held
-        return self.elsewhere.get(topic, DEFAULTS) if self.elsewhere else DEFAULTS
+        return self._applied.get(topic, DEFAULTS)
+
+    def _apply(self, topic: str) -> None:
+        """``topic``'s applied settings anew, from the held and the learned;
+        the change, if any, to ``changed``."""
+        before = self._applied.get(topic, DEFAULTS)
+        after = self.settings.get(topic) or self.elsewhere.get(topic) or DEFAULTS
+        if after == DEFAULTS:
+            self._applied.pop(topic, None)
+        else:
+            self._applied[topic] = after
+        if after != before:
+            self._changed(topic, before, after)
 
     # -- the verbs ---------------------------------------------------------------
 
@@ -202,7 +213,6 @@ class TopicTable:
         return name
 
     def _keep(self, topic: str, settings: TopicSettings | None) -> None:
-        before = self.of(topic)
         if settings is None or settings == DEFAULTS:
             self.settings.pop(topic, None)
         else:
@@ -210,9 +220,7 @@ class TopicTable:
             # Held here now: a copy learned from its previous holder is stale.
             self.elsewhere.pop(topic, None)
             self._elsewhere_records.pop(topic, None)
-        after = self.of(topic)
-        if after != before:
-            self._changed(topic, before, after)
+        self._apply(topic)
 
     # -- several nodes (ha/topics.py) ------------------------------------------------
 
@@ -223,27 +231,23 @@ class TopicTable:
     def learn(self, records: dict[str, bytes]) -> None:
         """The settings the other nodes hold, by topic, as they published them:
         kept in ``elsewhere`` (a topic held here is left out: ours is newer)."""
-        if records == self._elsewhere_records:
+        records = {name: r for name, r in records.items() if name not in self.settings}
+        if records == self._elsewhere_records:  # most rounds: nothing changed
             return
         learned: dict[str, TopicSettings] = {}
         for name, record in records.items():
-            if name in self.settings:
-                continue
             known = self.elsewhere.get(name)
             if known is not None and self._elsewhere_records.get(name) == record:
                 learned[name] = known
                 continue
             try:
                 learned[name] = read_record(record)
-            except ValueError as exc:
+            except ValueError as exc:  # said once: its record is kept as seen
                 log.error("skipping corrupt topic settings of %r published: %s", name, exc)
-        before = {name: self.of(name) for name in self.elsewhere.keys() | learned.keys()}
-        self.elsewhere = learned
-        self._elsewhere_records = {name: records[name] for name in learned}
-        for name, was in sorted(before.items()):
-            now = self.of(name)
-            if now != was:
-                self._changed(name, was, now)
+        touched = self.elsewhere.keys() | learned.keys()
+        self.elsewhere, self._elsewhere_records = learned, records
+        for name in sorted(touched):
+            self._apply(name)
 
     # -- the store -----------------------------------------------------------------
 
