@@ -133,10 +133,14 @@ def test_a_rate_over_two_nodes_holds_for_the_topic(
         dw.add(topic, task_id, id=task_id, target=target)
     wait_until(lambda: len(sink.requests()) == count, 30, "every delivery")
     arrivals_s = [seen.at_s for seen in sink.requests()]
-    # No more than rate * t + burst in any window t; one more per node for the
-    # jitter between a node's start of an attempt and its arrival here.
-    for window_s in (0.05, 0.1, 0.25, 0.5):
-        assert most_in_any_window(arrivals_s, window_s) <= rate * window_s + burst + 2
+    # No more than rate * t + burst in any window t; more for the jitter between
+    # a node's start of an attempt and its arrival here: one per node, and what
+    # 50 ms of a stall here (a loaded machine) would bunch together.
+    jitter = len(nodes) + rate * 0.05
+    for window_s in (0.25, 0.5, 1.0):
+        assert most_in_any_window(arrivals_s, window_s) <= rate * window_s + burst + jitter
+    took_s = max(arrivals_s) - min(arrivals_s)
+    assert took_s >= (count - burst) / rate - 0.1  # the two shares add up to the rate
     assert len({seen.body for seen in sink.requests()}) == count  # each once
 
 
