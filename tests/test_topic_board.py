@@ -6,10 +6,13 @@ hold until their next holder publishes them."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
+
+from conftest import RedisCluster
 from delaywheel_client.partitions import partition_of, settings_key
 from helpers import run
 from redis.asyncio import Redis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
 from test_engine import T0, code_of
 from test_engine import run as run_engine
 
@@ -24,24 +27,43 @@ LAYOUT = Layout("delaywheel", 4)
 LIMITED = to_record(TopicSettings(rate=8.0, burst=4, concurrency=4, dead_retain=10.0))
 
 
-@pytest.mark.redis
+async def publish_and_read(client: Any) -> None:
+    board = TopicBoard(client, LAYOUT, "a", "h:1")
+    await client.set("{delaywheel:p002}:epoch", 3)
+    assert await board.read() == {}
+    assert await board.publish(2, 3, {}, {"x": b"1", "y": b"2"})
+    assert await board.publish(0, 0, {}, {"z": b"3"}) is False  # no epoch: not ours
+    assert await board.read() == {2: {"x": b"1", "y": b"2"}}
+    # What the hash holds and should not: gone; what changed: written.
+    assert await board.publish(2, 3, {"x": b"1", "y": b"2"}, {"x": b"9"})
+    assert await client.hgetall("{delaywheel:p002}:topics") == {b"x": b"9"}
+    # Another node took the partition (a new epoch): a stale owner writes nothing.
+    await client.set("{delaywheel:p002}:epoch", 4)
+    assert not await board.publish(2, 3, {"x": b"9"}, {})
+    assert await board.read() == {2: {"x": b"9"}}
+
+
 def test_a_publish_needs_the_partitions_epoch_and_writes_only_the_difference(
     redis_url: str,
 ) -> None:
     async def scenario() -> None:
         async with Redis.from_url(redis_url) as client:
-            board = TopicBoard(client, LAYOUT, "a", "h:1")
-            await client.set("{delaywheel:p002}:epoch", 3)
-            assert await board.read() == {}
-            assert await board.publish(2, 3, {}, {"x": b"1", "y": b"2"})
-            assert await board.read() == {2: {"x": b"1", "y": b"2"}}
-            # What the hash holds and should not: gone; what changed: written.
-            assert await board.publish(2, 3, {"x": b"1", "y": b"2"}, {"x": b"9"})
-            assert await client.hgetall("{delaywheel:p002}:topics") == {b"x": b"9"}
-            # Another node took the partition (a new epoch): a stale owner writes nothing.
-            await client.set("{delaywheel:p002}:epoch", 4)
-            assert not await board.publish(2, 3, {"x": b"9"}, {})
-            assert await board.read() == {2: {"x": b"9"}}
+            await publish_and_read(client)
+
+    run(scenario)
+
+
+def test_the_board_reads_and_publishes_on_a_redis_cluster(redis_cluster: RedisCluster) -> None:
+    """Each partition's hash in its own slot: one pipeline reads them all across
+    the primaries, and the publish script names one slot's keys."""
+    redis_cluster.flush()
+
+    async def scenario() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port)
+        try:
+            await publish_and_read(client)
+        finally:
+            await client.aclose()
 
     run(scenario)
 
