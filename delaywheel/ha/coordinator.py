@@ -11,7 +11,9 @@ released partition is taken over in well under a second) the coordinator:
    deleted under it is dropped by the keeper first, then claimed anew), and those whose lease
    names this node but another epoch (this node's previous process, killed:
    its name is its own), and
-4. hands back a partition assigned to another live, registered node.
+4. hands back a partition assigned to another live, registered node, and
+5. publishes the topic settings it holds and reads those the others hold
+   (ha/topics.py), which the engine applies in this node's share.
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
@@ -70,12 +72,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
+from delaywheel_client.partitions import settings_key
+
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
 from delaywheel.ha.membership import Membership, plan
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Owner, Sharing
+from delaywheel.ha.topics import TopicBoard
 from delaywheel.store.redis import Holder, RedisStore
 from delaywheel.tallies import ClusterCounts
 
@@ -143,6 +148,15 @@ class Host(Protocol[Kept]):
         """Wait until every change made so far (of ``partitions``) is durable (or failed)."""
         ...
 
+    def topic_records(self) -> dict[str, bytes]:
+        """The records of the topic settings held here, by topic."""
+        ...
+
+    def topics_shared(self, elsewhere: dict[str, bytes]) -> None:
+        """The settings the other nodes publish, by topic, read after a look at
+        the partitions' owners: apply both."""
+        ...
+
 
 class StopsFirst(Protocol):
     """The server, whose stop runs first, within the node's bound (net/server.py)."""
@@ -174,6 +188,7 @@ class Coordinator:
         layout = keyspace.layout
         self.leases = Leases(client, layout, sharing.node, sharing.address)
         self.membership = Membership(client, layout, sharing.node, sharing.address)
+        self.topics = TopicBoard(client, layout, sharing.node, sharing.address)
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.counts = ClusterCounts()
@@ -342,6 +357,33 @@ class Coordinator:
             handing = asyncio.get_running_loop().create_task(self._hand_back(leaving))
             self._handing.add(handing)
             handing.add_done_callback(self._handed)
+        try:
+            await self._share_topics()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis away: the settings last known still apply
+            log.debug("sharing the topic settings failed: %r", exc)
+
+    async def _share_topics(self) -> None:
+        """Publish the topic settings held here, per partition served, and hand
+        the engine those the partitions served elsewhere publish."""
+        published = await self.topics.read()
+        serving = dict(self.sharing.serving)
+        held: dict[int, dict[str, bytes]] = {}
+        for topic, record in self.engine.topic_records().items():
+            partition = self.sharing.partition_of(settings_key(topic))
+            held.setdefault(partition, {})[topic] = record
+        for partition, epoch in sorted(serving.items()):
+            have, want = published.get(partition, {}), held.get(partition, {})
+            if have != want and not self._stopping:
+                await self.topics.publish(partition, epoch, have, want)
+        elsewhere = {
+            topic: record
+            for partition, found in published.items()
+            if partition not in self.sharing.serving
+            for topic, record in found.items()
+        }
+        self.engine.topics_shared(elsewhere)
 
     def _primary_moves(self) -> int:
         return self.keyspace.topology.primary_moves
