@@ -17,8 +17,9 @@ closed, the rest unread); ``Expect: 100-continue`` is answered before the body i
 Anything else is malformed: 400, the connection closed, logged as the dashboard's are
 (net/httpsite.py). Requests on a connection are answered in order, one at a time: what
 a client sends meanwhile waits in the buffer (reading paused past ``MAX_HEAD_BYTES`` and
---max-message). Connections are kept alive as HTTP/1.1 has it (1.0: only with
-``Connection: keep-alive``).
+--max-message), and none is read while the client does not read its replies.
+Connections are kept alive as HTTP/1.1 has it (1.0: only with ``Connection:
+keep-alive``).
 
 Bounds: a request's head must arrive within --message-timeout of the connection or of
 the previous reply (else the connection is closed), its body within --message-timeout of
@@ -41,6 +42,7 @@ from delaywheel.httpapi.messages import ApiRequest, Reply, query_of
 from delaywheel.httpapi.problems import problem
 from delaywheel.net.httpsite import MalformedLog, refuse_connection
 from delaywheel.net.limits import API_CONNECTIONS
+from delaywheel.net.listener import BACKLOG
 
 if TYPE_CHECKING:
     import ssl
@@ -242,7 +244,7 @@ class ApiConnection(asyncio.Protocol):
 
     __slots__ = (
         "buffer", "busy", "cancel", "chunks", "closing", "head", "listener", "paused",
-        "timer", "transport",
+        "stalled", "timer", "transport",
     )  # fmt: skip
 
     def __init__(self, listener: Listener) -> None:
@@ -253,6 +255,7 @@ class ApiConnection(asyncio.Protocol):
         self.chunks: Chunks | None = None  # its body, when chunked
         self.timer: asyncio.TimerHandle | None = None  # for the head, or the body
         self.busy = False  # a request is being answered
+        self.stalled = False  # writing paused: the client does not read its replies
         self.closing = False  # closed after this reply
         self.paused = False  # reading paused: the buffer is full
         self.cancel: Callable[[], object] | None = None  # the request being answered's
@@ -274,12 +277,19 @@ class ApiConnection(asyncio.Protocol):
             self.buffer = bytearray(data)
         else:
             self.buffer += data
-        if not self.busy:
+        if not self.busy and not self.stalled:
             self._read()
         elif len(self.buffer) > self.listener.buffer_limit and not self.paused:
             self.paused = True
             assert self.transport is not None
             self.transport.pause_reading()
+
+    def pause_writing(self) -> None:
+        self.stalled = True  # the client is not reading its replies: read no more requests
+
+    def resume_writing(self) -> None:
+        self.stalled = False
+        self._next()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.listener.connections.discard(self)
@@ -379,18 +389,23 @@ class ApiConnection(asyncio.Protocol):
         task = asyncio.get_running_loop().create_task(api.answer(op, params, request))
         task.add_done_callback(self._answered)
         self.cancel = task.cancel
+        if op.long_poll:  # forwarded to the other nodes: answered 204 by a stop
+            self.listener.polls.add(task)
 
     # -- answering ------------------------------------------------------------------
 
     def _answered(self, task: asyncio.Task[Reply]) -> None:
+        self.listener.polls.discard(task)
         if not task.cancelled():
             self.reply(task.result())
+        elif self.listener.stopping:  # a forwarded long poll, cut by the stop
+            self.reply(Reply(204))
 
     def reply(self, reply: Reply, head_only: bool = False) -> None:
         """Write ``reply``; then the next request, or the connection closed."""
         self.cancel, self.busy = None, False
         transport = self.transport
-        if transport is None:  # the client went away
+        if transport is None or transport.is_closing():  # the client went away
             return
         close = self.closing or self.listener.stopping
         transport.write(encode(reply, close, head_only))
@@ -398,11 +413,17 @@ class ApiConnection(asyncio.Protocol):
             transport.close()
             return
         self._arm()
+        if self.buffer or self.paused:  # the next request: next turn, not inside this one
+            asyncio.get_running_loop().call_soon(self._next)
+
+    def _next(self) -> None:
+        """Read on, once a reply is written and the client reads its replies."""
+        if self.busy or self.stalled or self.transport is None:
+            return
         if self.paused:
             self.paused = False
-            transport.resume_reading()
-        if self.buffer:  # sent while this one was answered: next turn, not inside it
-            asyncio.get_running_loop().call_soon(self._read)
+            self.transport.resume_reading()
+        self._read()
 
     def _arm(self) -> None:
         if self.timer is not None:
@@ -458,6 +479,7 @@ class Listener:
         self.buffer_limit = MAX_HEAD_BYTES + settings.max_message_bytes
         self.max_connections = API_CONNECTIONS
         self.connections: set[ApiConnection] = set()
+        self.polls: set[asyncio.Task[Reply]] = set()  # long polls forwarded (several nodes)
         self.refused = 0  # connections answered 503 for being over max_connections
         self.malformed = MalformedLog("HTTP API")
         self.stopping = False  # replies close their connections
@@ -465,8 +487,10 @@ class Listener:
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
+        # The protocol port's backlog: a fleet of workers polling again after a
+        # restart waits there rather than have its SYNs dropped and retried.
         self._server = await loop.create_server(
-            lambda: ApiConnection(self), host, port, ssl=tls, reuse_address=True
+            lambda: ApiConnection(self), host, port, ssl=tls, reuse_address=True, backlog=BACKLOG
         )
         address = self._server.sockets[0].getsockname()
         return address[0], address[1]
@@ -481,6 +505,8 @@ class Listener:
         for conn in list(self.connections):
             if not conn.busy and conn.transport is not None:
                 conn.transport.close()
+        for poll in list(self.polls):
+            poll.cancel()
         deadline = time.monotonic() + STOP_GRACE_S
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
