@@ -157,6 +157,18 @@ def on_port(
     asyncio.run(main())
 
 
+@asynccontextmanager
+async def connected(
+    address: tuple[str, int],
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
 async def read_reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     """One reply: its status, headers (lower-cased names) and body."""
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
@@ -169,69 +181,60 @@ async def read_reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str],
 
 def test_pipelined_requests_are_answered_in_order() -> None:
     async def scenario(api: HttpApi, address: tuple[str, int]) -> None:
-        reader, writer = await asyncio.open_connection(*address)
         body = b'{"topic": "piped", "id": "p1"}'
-        writer.write(
-            b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-            b"GET /v1/tasks/p1 HTTP/1.1\r\nHost: x\r\n\r\n"
-            b"GET /v1/ping HTTP/1.1\r\nHost: x\r\n\r\n" % (len(body), body)
-        )
-        added, got, ping = [await read_reply(reader) for _ in range(3)]
+        async with connected(address) as (reader, writer):
+            writer.write(
+                b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                b"GET /v1/tasks/p1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /v1/ping HTTP/1.1\r\nHost: x\r\n\r\n" % (len(body), body)
+            )
+            added, got, ping = [await read_reply(reader) for _ in range(3)]
         assert added[0] == 201 and json.loads(added[2])["id"] == "p1"
         assert got[0] == 200 and json.loads(got[2])["topic"] == "piped"
         assert ping[0] == 200 and json.loads(ping[2]) == {"ping": "pong"}
-        writer.close()
-        await writer.wait_closed()
 
     on_port(scenario)
 
 
 def test_chunked_bodies_and_100_continue() -> None:
     async def scenario(api: HttpApi, address: tuple[str, int]) -> None:
-        reader, writer = await asyncio.open_connection(*address)
-        writer.write(
-            b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b'9\r\n{"topic":\r\n8\r\n "chunk"\r\n1\r\n}\r\n0\r\n\r\n'
-        )
-        status, headers, _ = await read_reply(reader)
-        assert status == 201 and headers["content-type"] == "application/json"
-        writer.write(
-            b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-            b"Content-Length: 17\r\n\r\n"
-        )
-        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
-        writer.write(b'{"topic": "late"}')
-        assert (await read_reply(reader))[0] == 201
-        writer.close()
-        await writer.wait_closed()
+        async with connected(address) as (reader, writer):
+            writer.write(
+                b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b'9\r\n{"topic":\r\n8\r\n "chunk"\r\n1\r\n}\r\n0\r\n\r\n'
+            )
+            status, headers, _ = await read_reply(reader)
+            assert status == 201 and headers["content-type"] == "application/json"
+            writer.write(
+                b"POST /v1/tasks HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 17\r\n\r\n"
+            )
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b'{"topic": "late"}')
+            assert (await read_reply(reader))[0] == 201
 
     on_port(scenario)
 
 
 def test_head_http_1_0_and_what_closes_the_connection() -> None:
     async def scenario(api: HttpApi, address: tuple[str, int]) -> None:
-        reader, writer = await asyncio.open_connection(*address)
-        writer.write(b"HEAD /v1/ping HTTP/1.1\r\nHost: x\r\n\r\n")
-        head = await reader.readuntil(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 405 ") and b"Content-Length: " in head
-        writer.write(b"GET /v1/ping HTTP/1.0\r\n\r\n")  # no body came with the HEAD
-        status, headers, _ = await read_reply(reader)
-        assert status == 200 and headers["connection"] == "close"
-        assert await reader.read() == b""  # closed
-        writer.close()
-        await writer.wait_closed()
+        async with connected(address) as (reader, writer):
+            writer.write(b"HEAD /v1/ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 405 ") and b"Content-Length: " in head
+            writer.write(b"GET /v1/ping HTTP/1.0\r\n\r\n")  # no body came with the HEAD
+            status, headers, _ = await read_reply(reader)
+            assert status == 200 and headers["connection"] == "close"
+            assert await reader.read() == b""  # closed
         for request, status in [
             (b"POST /v1/tasks HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
             (b"POST /v1/tasks HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 413),
         ]:
-            reader, writer = await asyncio.open_connection(*address)
-            writer.write(request)
-            got, headers, body = await read_reply(reader)
-            assert got == status and headers["connection"] == "close", body
-            assert json.loads(body)["status"] == status
-            assert await reader.read() == b""
-            writer.close()
-            await writer.wait_closed()
+            async with connected(address) as (reader, writer):
+                writer.write(request)
+                got, headers, body = await read_reply(reader)
+                assert got == status and headers["connection"] == "close", body
+                assert json.loads(body)["status"] == status
+                assert await reader.read() == b""
         assert api._listener is not None and api._listener.malformed.count == 1
 
     on_port(scenario, max_message_bytes=65536, max_body_bytes=16384)
@@ -239,28 +242,21 @@ def test_head_http_1_0_and_what_closes_the_connection() -> None:
 
 def test_a_long_poll_is_held_in_the_line_and_left_when_its_client_goes() -> None:
     async def scenario(api: HttpApi, address: tuple[str, int]) -> None:
-        engine, poll = (
-            api.server.engine,
-            b"POST /v1/topics/held/reserve?timeout=30 HTTP/1.1\r\n\r\n",
-        )
-        _, gone = await asyncio.open_connection(*address)
-        gone.write(poll)
-        reader, writer = await asyncio.open_connection(*address)
-        writer.write(poll)
-        while engine.queues.waiter_count() < 2:
-            await asyncio.sleep(0.01)
-        assert len(api.calls.reserves.waiting) == 2  # a timer and a callback each, no task
-        gone.close()
-        await gone.wait_closed()
-        while engine.queues.waiter_count() > 1:
-            await asyncio.sleep(0.01)
-        added = engine.add({"topic": "held", "id": "for-the-one-left"}, time.time())
-        assert added["id"] == "for-the-one-left"
-        status, _, body = await read_reply(reader)
-        assert status == 200 and json.loads(body)["id"] == "for-the-one-left"
-        writer.write(b"POST /v1/topics/held/reserve?timeout=0.05 HTTP/1.1\r\n\r\n")
-        assert (await read_reply(reader))[0] == 204  # the same connection, again
-        writer.close()
-        await writer.wait_closed()
+        engine = api.server.engine
+        poll = b"POST /v1/topics/held/reserve?timeout=30 HTTP/1.1\r\n\r\n"
+        async with connected(address) as (reader, writer):
+            async with connected(address) as (_, gone):
+                gone.write(poll)
+                writer.write(poll)
+                while engine.queues.waiter_count() < 2:
+                    await asyncio.sleep(0.01)
+                assert len(api.calls.reserves.waiting) == 2  # a timer and a callback each
+            while engine.queues.waiter_count() > 1:  # the one whose client went left
+                await asyncio.sleep(0.01)
+            engine.add({"topic": "held", "id": "for-the-one-left"}, time.time())
+            status, _, body = await read_reply(reader)
+            assert status == 200 and json.loads(body)["id"] == "for-the-one-left"
+            writer.write(b"POST /v1/topics/held/reserve?timeout=0.05 HTTP/1.1\r\n\r\n")
+            assert (await read_reply(reader))[0] == 204  # the same connection, again
 
     on_port(scenario)
