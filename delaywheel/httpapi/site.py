@@ -148,13 +148,16 @@ class HttpApi:
         path = unquote(request.path)
         try:
             method, call = op.build(Inputs(params, request.query, None, request.headers))
+            held = _LongPoll(op, path, done)
+            reserves = self.calls.reserves
+            start = reserves.reserve_then if method == "reserve" else reserves.wait_then
+            return start(call, held.reply)
         except RequestError as exc:
             done(from_error(exc, path))
-            return None
-        held = _LongPoll(op, path, done)
-        reserves = self.calls.reserves
-        start = reserves.reserve_then if method == "reserve" else reserves.wait_then
-        return start(call, held.reply)
+        except Exception as exc:  # a bug: logged, answered as the protocol's internal
+            log.exception("internal error in %s %s", request.method, op.path, exc_info=exc)
+            done(problem(500, "internal", f"internal error in {op.op_id}: {exc!r}", path))
+        return None
 
     async def answer(self, op: Operation, params: dict[str, str], request: ApiRequest) -> Reply:
         """Call ``op`` for ``request`` within the bound on requests in flight."""
@@ -235,9 +238,13 @@ class _LongPoll:
         self.op, self.path, self.done = op, path, done
 
     def reply(self, result: Any, error: RequestError | None) -> None:
-        if error is None:
-            self.done(json_reply(*self.op.answer(result, _NO_INPUTS)))
-            return
-        if error.code in ELSEWHERE:  # its task's partition left while it waited
-            error = RequestError("unavailable", f"{error.message}: send it again")
-        self.done(from_error(error, self.path))
+        """Called from the engine's delivery or the store's answer: it must not raise."""
+        try:
+            if error is None:
+                self.done(json_reply(*self.op.answer(result, _NO_INPUTS)))
+                return
+            if error.code in ELSEWHERE:  # its task's partition left while it waited
+                error = RequestError("unavailable", f"{error.message}: send it again")
+            self.done(from_error(error, self.path))
+        except Exception:
+            log.exception("the answer to a long poll on %s failed", self.path)
