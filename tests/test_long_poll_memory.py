@@ -1,12 +1,12 @@
 """A held-open HTTP long poll costs the server no more memory than a blocked ``reserve``.
 
-One real server, both held at once: ``WAITS`` protocol connections each with a blocked
+One real server, all held at once: ``WAITS`` protocol connections each with a blocked
 ``reserve``, then ``WAITS`` HTTP connections each with a waiting
-``POST /v1/topics/{topic}/reserve?timeout=`` (and, in the second test, as many
-``GET /v1/tasks/{id}/wait``). Each kind's cost is the growth of the server's RSS
+``POST /v1/topics/{topic}/reserve?timeout=``, then as many with a waiting
+``GET /v1/tasks/{id}/wait``. Each kind's cost is the growth of the server's RSS
 (``/proc/PID/status``) while its waits are opened, divided by their number, with the
 waits before it still held (none is freed in between, so neither reuses what the
-other let go). docs/http.md gives the figures of 1,000 of each.
+others let go). docs/http.md gives the figures of 1,000 of each.
 """
 
 from __future__ import annotations
