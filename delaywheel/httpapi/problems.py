@@ -43,8 +43,11 @@ TITLES: dict[int, str] = {
     413: "Content Too Large",
     422: "Unprocessable Content",
     429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
 }
 
 

@@ -1,25 +1,29 @@
-"""The API port's HTTP/1.1: its connections, read and answered by the server itself.
+"""The API port's HTTP/1.1: its connections, read with h11 and answered by the server.
 
 aiohttp's server keeps, for each connection, a request handler, its parser, a queue and
 a task, and for each request a Request with its headers and URL and a task holding the
 frames of the handler's chain: about 9 kB for a long poll that waits before any of ours,
 twice what a protocol connection with a blocked ``reserve`` holds. So the API's own port
-is served here, and the dashboard's port serves /v1 through aiohttp (mount.py). A
-connection is an ``ApiConnection``: its transport, a buffer while a request comes in, a
-timer. A request is read whole (head, then body), handed to site.py, and its reply
-written; a long poll that waits holds the connection, a place in the engine's line and a
-timer (net/calls.py), as a blocked ``reserve`` does.
+is an asyncio protocol of ours over h11 (sans-IO HTTP/1.1: it reads and frames the
+bytes, holds no task), and the dashboard's port serves /v1 through aiohttp (mount.py).
+A connection is an ``ApiConnection``: its transport, its ``h11.Connection``, a timer.
+A request is read whole (head, then body), handed to site.py, and its reply written; a
+long poll that waits holds the connection, a place in the engine's line and a timer
+(net/calls.py), as a blocked ``reserve`` does.
 
-What is read (RFC 9112): a request line (origin or absolute form; HTTP/1.1 or 1.0) and
-header fields, ``MAX_HEAD_BYTES`` at most; a body by Content-Length or chunked (not both,
-no other transfer coding), at most --max-message bytes (past it 413 and the connection
-closed, the rest unread); ``Expect: 100-continue`` is answered before the body is read.
-Anything else is malformed: 400, the connection closed, logged as the dashboard's are
-(net/httpsite.py). Requests on a connection are answered in order, one at a time: what
-a client sends meanwhile waits in the buffer (reading paused past ``MAX_HEAD_BYTES`` and
---max-message), and none is read while the client does not read its replies.
-Connections are kept alive as HTTP/1.1 has it (1.0: only with ``Connection:
-keep-alive``).
+What is read is h11's (RFC 9112): the request line and header fields, at most
+``MAX_HEAD_BYTES``; a body by Content-Length or chunked; ``Expect: 100-continue``
+answered before the body is read; keep-alive as HTTP/1.1 has it (an HTTP/1.0 request
+is answered and its connection closed). What h11 refuses is answered with its status
+hint (400, 431 for a head too large, 501 for a transfer coding other than chunked) as a
+problem, the connection closed and logged as the dashboard's are (net/httpsite.py).
+Refused here besides: an HTTP version other than 1.0 and 1.1 (505), more than
+``MAX_FIELDS`` header fields (431), and, as framing a proxy may read otherwise (request
+smuggling), Content-Length beside Transfer-Encoding and Transfer-Encoding on HTTP/1.0
+(400). A body over --max-message is 413, the connection closed and the rest unread.
+Requests on a connection are answered in order, one at a time: what a client sends
+meanwhile waits unread (reading paused past ``MAX_HEAD_BYTES`` and --max-message), and
+none is read while the client does not read its replies.
 
 Bounds: a request's head must arrive within --message-timeout of the connection or of
 the previous reply (else the connection is closed), its body within --message-timeout of
@@ -30,13 +34,13 @@ closed, net/httpsite.py).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
+
+import h11
 
 from delaywheel.httpapi.messages import ApiRequest, Reply, query_of
 from delaywheel.httpapi.problems import problem
@@ -50,166 +54,64 @@ if TYPE_CHECKING:
 
     from delaywheel.httpapi.site import HttpApi
 
-# A request's line and header fields: at most this many bytes, and fields.
+# A request's line and header fields: at most this many bytes (h11's bound on what it
+# holds of an event not yet whole), and fields.
 MAX_HEAD_BYTES = 16_384
 MAX_FIELDS = 100
-# A chunk-size line (with extensions) or a trailer field: at most this long.
-MAX_CHUNK_LINE = 4096
 # Seconds the requests in flight get to finish when the server stops.
 STOP_GRACE_S = 10.0
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-# Control characters but horizontal tab (CR and LF among them): never in a field value.
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_TARGET = re.compile(rb"[\x21-\x7e]+\Z")
-_ABSOLUTE = re.compile(rb"[hH][tT][tT][pP][sS]?://[^/?]*")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}\Z")
-_CHUNKED = -1  # Head.length of a chunked body
+_VERSIONS = (b"1.1", b"1.0")
+_CONTINUE = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+_END = h11.EndOfMessage()
+# What a held long poll's h11 connection had read, for ``resumed`` to read again.
+_HELD = b"POST / HTTP/1.1\r\nHost: _\r\n\r\n"
+_HELD_CLOSING = b"POST / HTTP/1.1\r\nHost: _\r\nConnection: close\r\n\r\n"
 
 
-class Malformed(Exception):
-    """A request that is not HTTP/1.1 as RFC 9112 has it. Its text names the part
-    that is wrong, never quotes it (the log line must not show headers)."""
+def connection() -> h11.Connection:
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
 
 
-class _TooLarge(Exception):
-    """A body over --max-message."""
+def resumed(closing: bool) -> h11.Connection:
+    """An h11 connection where a held long poll's was let go (``ApiConnection._shed``):
+    a request read, its reply due, the connection closed after it when ``closing``."""
+    http = connection()
+    http.receive_data(_HELD_CLOSING if closing else _HELD)
+    http.next_event()  # the request
+    http.next_event()  # its end
+    return http
 
 
-@dataclass(slots=True)
-class Head:
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]  # lower-cased names, each one's first value
-    length: int  # the body's bytes; _CHUNKED
-    keep_alive: bool
-    expect_continue: bool
+def refused(message: str, status: int = 400) -> h11.RemoteProtocolError:
+    """A request h11 reads but this server refuses, as h11 reports its own."""
+    return h11.RemoteProtocolError(message, error_status_hint=status)
 
 
-def parse_head(raw: bytes) -> Head:
-    """A request's line and fields (``raw``: up to the blank line, not included)."""
-    line, *fields = raw.split(b"\r\n")
-    parts = line.split(b" ")
-    if len(parts) != 3:
-        raise Malformed("the request line is not METHOD TARGET VERSION")
-    method, target, version = parts
-    if not _TOKEN.match(method):
-        raise Malformed("the method is not a token")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0"):
-        raise Malformed("the version is not HTTP/1.1 or HTTP/1.0")
-    if not _TARGET.match(target):
-        raise Malformed("the request target is empty or holds a space or control byte")
-    absolute = _ABSOLUTE.match(target)
-    if absolute is not None:  # absolute-form: the path is what follows the authority
-        target = target[absolute.end() :] or b"/"
-    if len(fields) > MAX_FIELDS:
-        raise Malformed(f"more than {MAX_FIELDS} header fields")
+def read_request(event: h11.Request, remote: str | None) -> tuple[ApiRequest, int | None]:
+    """h11's request head as site.py's request, and its body's length (None: chunked).
+    Raises what the server refuses of it (above)."""
+    if event.http_version not in _VERSIONS:
+        raise refused("the version is not HTTP/1.1 or HTTP/1.0", 505)
+    if len(event.headers) > MAX_FIELDS:
+        raise refused(f"more than {MAX_FIELDS} header fields", 431)
     headers: dict[str, str] = {}
-    lengths: list[bytes] = []
-    codings: list[bytes] = []
-    for field in fields:
-        name, colon, value = field.partition(b":")
-        if not colon or not _TOKEN.match(name):  # a space before the colon, a fold
-            raise Malformed("a header field is not NAME: VALUE")
-        value = value.strip(b" \t")
-        if _BAD_VALUE.search(value):
-            raise Malformed("a header value holds a control byte")
-        key = name.decode("ascii").lower()
-        if key == "content-length":
-            lengths.append(value)
-        elif key == "transfer-encoding":
-            codings.append(value)
-        headers.setdefault(key, value.decode("latin-1"))
-    http11 = version == b"HTTP/1.1"
-    return Head(
-        method.decode("ascii"),
-        *target.decode("ascii").partition("?")[::2],
-        headers,
-        _body_length(lengths, codings, http11),
-        _keep_alive(headers.get("connection", ""), http11),
-        http11 and headers.get("expect", "").lower() == "100-continue",
-    )
-
-
-def _body_length(lengths: list[bytes], codings: list[bytes], http11: bool) -> int:
-    """How the body is framed (RFC 9112 6.3): its length, or _CHUNKED."""
-    if codings:
-        if lengths:  # the two together are how requests get smuggled
-            raise Malformed("both Content-Length and Transfer-Encoding")
-        named = [c.strip().lower() for v in codings for c in v.split(b",")]
-        if not http11 or named != [b"chunked"]:
-            raise Malformed("a transfer coding other than chunked")
-        return _CHUNKED
-    if not lengths:
-        return 0
-    if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 15:
-        raise Malformed("the Content-Length is not one number")
-    return int(lengths[0])
-
-
-def _keep_alive(connection: str, http11: bool) -> bool:
-    options = {option.strip() for option in connection.lower().split(",")}
-    return "close" not in options if http11 else "keep-alive" in options
-
-
-class Chunks:
-    """A chunked body, decoded as it arrives (RFC 9112 7.1); extensions and
-    trailer fields are read past."""
-
-    __slots__ = ("body", "left", "state")
-
-    def __init__(self) -> None:
-        self.body = bytearray()
-        self.left = 0  # bytes of the current chunk not yet read
-        self.state = "size"  # size, data, crlf, trailer
-
-    def feed(self, buffer: bytearray, limit: int) -> bool:
-        """Take what ``buffer`` holds of the body; True once it is whole."""
-        while True:
-            if self.state == "data":
-                taken = min(self.left, len(buffer))
-                if not taken:
-                    return False
-                self.body += buffer[:taken]
-                del buffer[:taken]
-                self.left -= taken
-                if not self.left:
-                    self.state = "crlf"
-            elif self.state == "crlf":
-                if len(buffer) < 2:
-                    return False
-                if buffer[:2] != b"\r\n":
-                    raise Malformed("a chunk does not end with CRLF")
-                del buffer[:2]
-                self.state = "size"
-            else:
-                line = _line(buffer)
-                if line is None:
-                    return False
-                if self.state == "trailer":
-                    if not line:
-                        return True
-                    continue
-                size = line.split(b";", 1)[0].strip(b" \t")
-                if not _HEX.match(size):
-                    raise Malformed("a chunk size is not a hex number")
-                self.left = int(size, 16)
-                if len(self.body) + self.left > limit:
-                    raise _TooLarge
-                self.state = "data" if self.left else "trailer"
-
-
-def _line(buffer: bytearray) -> bytes | None:
-    """The first line of ``buffer``, taken out of it; None while it is not whole."""
-    end = buffer.find(b"\r\n")
-    if end < 0:
-        if len(buffer) > MAX_CHUNK_LINE:
-            raise Malformed(f"a chunk line over {MAX_CHUNK_LINE} bytes")
-        return None
-    line = bytes(buffer[:end])
-    del buffer[: end + 2]
-    return line
+    for name, value in event.headers:  # names lower-cased by h11
+        headers.setdefault(name.decode("ascii"), value.decode("latin-1"))
+    length: int | None = int(headers.get("content-length", "0"))  # checked by h11
+    if "transfer-encoding" in headers:  # h11 lets only "chunked" through
+        if "content-length" in headers:
+            raise refused("both Content-Length and Transfer-Encoding")
+        if event.http_version != b"1.1":
+            raise refused("Transfer-Encoding on HTTP/1.0")
+        length = None
+    target = event.target.decode("ascii")
+    split = None if target.startswith("/") else urlsplit(target)
+    if split is not None and split.scheme in ("http", "https"):  # the absolute form
+        target = (split.path or "/") + ("?" + split.query if split.query else "")
+    path, _, query = target.partition("?")
+    method = event.method.decode("ascii")
+    return ApiRequest(method, path, query_of(query), headers, None, remote), length
 
 
 _date: tuple[int, str] = (0, "")
@@ -224,40 +126,40 @@ def _now_date() -> str:
     return _date[1]
 
 
-def encode(reply: Reply, close: bool, head_only: bool = False) -> bytes:
-    """``reply`` as HTTP/1.1 bytes."""
+def response(reply: Reply, close: bool) -> h11.Response:
+    """``reply``'s status line and header fields (the body is sent after it)."""
     status = reply.status
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Date: {_now_date()}"]
+    headers = [("Date", _now_date())]
     if reply.content_type is not None:
-        lines.append(f"Content-Type: {reply.content_type}")
-    lines += [f"{name}: {value}" for name, value in reply.headers.items()]
+        headers.append(("Content-Type", reply.content_type))
+    headers += reply.headers.items()
     if status != 204:
-        lines.append(f"Content-Length: {len(reply.body)}")
+        headers.append(("Content-Length", str(len(reply.body))))
     if close:
-        lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only or status == 204 else head + reply.body
+        headers.append(("Connection", "close"))
+    return h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase)
 
 
 class ApiConnection(asyncio.Protocol):
     """One connection to the API port: a request read, answered, the next."""
 
     __slots__ = (
-        "buffer", "busy", "cancel", "chunks", "closing", "head", "listener", "paused",
-        "stalled", "timer", "transport",
+        "body", "busy", "cancel", "closing", "http", "listener", "paused", "request", "stalled",
+        "timer", "transport", "unread",
     )  # fmt: skip
 
     def __init__(self, listener: Listener) -> None:
         self.listener = listener
         self.transport: asyncio.Transport | None = None
-        self.buffer: bytearray | None = None  # what has come of the next request
-        self.head: Head | None = None  # the request whose body is coming
-        self.chunks: Chunks | None = None  # its body, when chunked
+        self.http: h11.Connection | None = connection()  # None: let go by ``_shed``
+        self.closing = False  # the held long poll's reply closes the connection
+        self.request: ApiRequest | None = None  # the request whose body is coming
+        self.body: bytearray | None = None  # its body so far
         self.timer: asyncio.TimerHandle | None = None  # for the head, or the body
         self.busy = False  # a request is being answered
         self.stalled = False  # writing paused: the client does not read its replies
-        self.closing = False  # closed after this reply
-        self.paused = False  # reading paused: the buffer is full
+        self.paused = False  # reading paused: too much came unread
+        self.unread = 0  # bytes received while a request was answered (held by h11)
         self.cancel: Callable[[], object] | None = None  # the request being answered's
 
     # -- the transport's calls ------------------------------------------------------
@@ -273,15 +175,15 @@ class ApiConnection(asyncio.Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self.buffer is None:
-            self.buffer = bytearray(data)
-        else:
-            self.buffer += data
+        if self.transport is None or self.transport.is_closing():  # refused, or answered
+            return
+        self._http().receive_data(data)
         if not self.busy and not self.stalled:
             self._read()
-        elif len(self.buffer) > self.listener.buffer_limit and not self.paused:
+            return
+        self.unread += len(data)
+        if self.unread > self.listener.buffer_limit and not self.paused:
             self.paused = True
-            assert self.transport is not None
             self.transport.pause_reading()
 
     def pause_writing(self) -> None:
@@ -293,8 +195,8 @@ class ApiConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.listener.connections.discard(self)
-        self._drop_head()
-        self.transport = self.buffer = None
+        self._drop_request()
+        self.transport = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -305,86 +207,74 @@ class ApiConnection(asyncio.Protocol):
     # -- reading a request ----------------------------------------------------------
 
     def _read(self) -> None:
-        """Read what the buffer holds: a head, a body, then hand the request on."""
-        buffer, listener = self.buffer, self.listener
-        if buffer is None or self.transport is None:
-            return
-        head = self.head
-        if head is None:
-            while buffer[:2] == b"\r\n":  # blank lines before a request are allowed
-                del buffer[:2]
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    self._malformed(Malformed(f"the head is over {MAX_HEAD_BYTES} bytes"))
-                return
-            if end > MAX_HEAD_BYTES:
-                self._malformed(Malformed(f"the head is over {MAX_HEAD_BYTES} bytes"))
-                return
-            raw = bytes(buffer[:end])
-            del buffer[: end + 4]
+        """Read what has come: a head, a body, then hand the request on; again while
+        each is answered at once."""
+        http = self._http()
+        while not self.busy and self.transport is not None and not self.transport.is_closing():
             try:
-                head = parse_head(raw)
-            except Malformed as exc:
+                event = http.next_event()
+                if type(event) is h11.Request:
+                    self._head(event)
+                elif type(event) is h11.Data:
+                    self._data(event.data)
+                elif type(event) is h11.EndOfMessage:
+                    self._start()
+                else:  # NEED_DATA; PAUSED (closing); ConnectionClosed (not fed)
+                    return
+            except h11.RemoteProtocolError as exc:
                 self._malformed(exc)
                 return
-            if head.length > listener.max_body:
-                self._too_large(head.length)
-                return
-            if head.length:
-                # A request whose body is coming is in flight (site.py): a slot is
-                # held until its body is whole.
-                busy = listener.api.take_slot(head.path)
-                if busy is not None:
-                    self._close_with(busy)
-                    return
-                self.head, self.chunks = head, Chunks() if head.length == _CHUNKED else None
-                self._arm()  # the body has --message-timeout from now
-                if head.expect_continue:
-                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body: bytes | None = None
-        if head.length == _CHUNKED:
-            assert self.chunks is not None
-            try:
-                if not self.chunks.feed(buffer, listener.max_body):
-                    return
-            except Malformed as exc:
-                self._malformed(exc)
-                return
-            except _TooLarge:
-                self._too_large(None)
-                return
-            body = bytes(self.chunks.body)
-        elif head.length:
-            if len(buffer) < head.length:
-                return
-            body = bytes(buffer[: head.length])
-            del buffer[: head.length]
-        if not buffer:
-            self.buffer = None
-        self._start(head, body)
 
-    def _start(self, head: Head, body: bytes | None) -> None:
+    def _head(self, event: h11.Request) -> None:
+        transport, listener = self.transport, self.listener
+        assert transport is not None
+        peer = transport.get_extra_info("peername")
+        request, length = read_request(event, peer[0] if isinstance(peer, tuple) else None)
+        if length is not None and length > listener.max_body:
+            self._too_large(length)
+            return
+        if length != 0:
+            # A request whose body is coming is in flight (site.py): a slot is held
+            # until its body is whole.
+            busy = listener.api.take_slot(request.path)
+            if busy is not None:
+                self._close_with(busy)
+                return
+            self.body = bytearray()
+            self._arm()  # the body has --message-timeout from now
+            http = self._http()
+            if http.they_are_waiting_for_100_continue:
+                transport.write(http.send(_CONTINUE))
+        self.request = request
+
+    def _data(self, data: bytes) -> None:
+        body = self.body
+        assert body is not None
+        body += data
+        if len(body) > self.listener.max_body:
+            self._too_large(None)
+
+    def _start(self) -> None:
         """Answer the request: at once, held (a long poll), or by a task."""
-        self._drop_head()
+        request, body = self.request, self.body
+        assert request is not None
+        if body is not None:
+            request.body = bytes(body)
+        self._drop_request()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.busy, self.closing = True, not head.keep_alive
-        transport, api = self.transport, self.listener.api
-        assert transport is not None
-        peer = transport.get_extra_info("peername")
-        remote = peer[0] if isinstance(peer, tuple) else None
-        request = ApiRequest(
-            head.method, head.path, query_of(head.query), head.headers, body, remote
-        )
+        self.busy = True
+        api = self.listener.api
         begun = api.begin(request)
         if isinstance(begun, Reply):
-            self.reply(begun, head_only=head.method == "HEAD")
+            self.reply(begun, head_only=request.method == "HEAD")
             return
         op, params = begun
         if op.long_poll and api.holds_long_polls():
-            self.cancel = api.long_poll(op, params, request, self.reply)
+            self.cancel = api.long_poll(op, params, request, self._polled)
+            if self.cancel is not None:  # it waits
+                self._shed()
             return
         task = asyncio.get_running_loop().create_task(api.answer(op, params, request))
         task.add_done_callback(self._answered)
@@ -400,26 +290,53 @@ class ApiConnection(asyncio.Protocol):
             self.reply(task.result())
         elif self.listener.stopping:  # a forwarded long poll, cut by the stop
             self.reply(Reply(204))
+        self._next()
 
-    def reply(self, reply: Reply, head_only: bool = False) -> None:
-        """Write ``reply``; then the next request, or the connection closed."""
+    def _polled(self, reply: Reply) -> None:
+        """A long poll's answer, maybe from inside the engine's delivery: the next
+        request is read on the next turn, not inside it."""
+        self.reply(reply)
+        if self.transport is not None:
+            asyncio.get_running_loop().call_soon(self._next)
+
+    def reply(self, reply: Reply, head_only: bool = False, close: bool = False) -> None:
+        """Write ``reply``; then the connection waits for the next request, or is
+        closed (``close``, the server stopping, or as the request asked: h11's)."""
         self.cancel, self.busy = None, False
         transport = self.transport
         if transport is None or transport.is_closing():  # the client went away
             return
-        close = self.closing or self.listener.stopping
-        transport.write(encode(reply, close, head_only))
-        if close:
+        http = self._http()
+        close = close or self.listener.stopping
+        head = http.send(response(reply, close))
+        body = b"" if head_only or not reply.body else http.send(h11.Data(data=reply.body))
+        transport.write(head + body + http.send(_END))
+        if http.our_state is h11.MUST_CLOSE:
             transport.close()
             return
+        http.start_next_cycle()
         self._arm()
-        if self.buffer or self.paused:  # the next request: next turn, not inside this one
-            asyncio.get_running_loop().call_soon(self._next)
+
+    def _shed(self) -> None:
+        """A long poll waits: its h11 connection (0.9 kB) is let go, to be made again
+        for the reply (``resumed``) or as soon as the client sends more, so that the
+        wait holds what a blocked reserve does (tests/test_long_poll_memory.py)."""
+        http = self.http
+        assert http is not None
+        if not http.trailing_data[0]:  # no bytes of a next request wait in it
+            self.closing = http.their_state is h11.MUST_CLOSE
+            self.http = None
+
+    def _http(self) -> h11.Connection:
+        if self.http is None:
+            self.http = resumed(self.closing)
+        return self.http
 
     def _next(self) -> None:
         """Read on, once a reply is written and the client reads its replies."""
         if self.busy or self.stalled or self.transport is None:
             return
+        self.unread = 0
         if self.paused:
             self.paused = False
             self.transport.resume_reading()
@@ -435,18 +352,19 @@ class ApiConnection(asyncio.Protocol):
         self.timer = None
         if self.busy or self.transport is None:
             return
-        if self.head is None:  # idle, or a head that never finished: closed
+        if self.request is None:  # idle, or a head that never finished: closed
             self.transport.close()
             return
         timeout_s = self.listener.timeout_s
         detail = f"no complete body for {timeout_s:g} s"
-        self._close_with(problem(408, "bad_request", detail, unquote(self.head.path)))
+        self._close_with(problem(408, "bad_request", detail, unquote(self.request.path)))
 
-    def _malformed(self, exc: Malformed) -> None:
+    def _malformed(self, exc: h11.RemoteProtocolError) -> None:
         assert self.transport is not None
         peer = self.transport.get_extra_info("peername")
-        self.listener.malformed.log(peer[0] if isinstance(peer, tuple) else None, exc)
-        self._close_with(problem(400, "bad_request", f"malformed request: {exc}", ""))
+        status = exc.error_status_hint
+        self.listener.malformed.log(peer[0] if isinstance(peer, tuple) else None, exc, status)
+        self._close_with(problem(status, "bad_request", f"malformed request: {exc}", ""))
 
     def _too_large(self, length: int | None) -> None:
         limit = self.listener.max_body
@@ -456,15 +374,14 @@ class ApiConnection(asyncio.Protocol):
 
     def _close_with(self, reply: Reply) -> None:
         """Answer and close: what is left of the request is not read."""
-        self._drop_head()
-        self.closing = True
-        self.reply(reply)
+        self._drop_request()
+        self.reply(reply, close=True)
 
-    def _drop_head(self) -> None:
-        """Done reading a request's body: its slot in flight is freed."""
-        if self.head is not None:
-            self.head = self.chunks = None
+    def _drop_request(self) -> None:
+        """Done reading a request: the slot its body held in flight is freed."""
+        if self.body is not None:
             self.listener.api.in_flight -= 1
+        self.request = self.body = None
 
 
 class Listener:

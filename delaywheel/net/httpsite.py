@@ -121,13 +121,14 @@ class MalformedLog:
         self._unlogged = 0
         self._logged_s = float("-inf")
 
-    def log(self, peer: str | None, exc: BaseException) -> None:
+    def log(self, peer: str | None, exc: BaseException, status: int | None = None) -> None:
         self.count += 1
         now_s = time.monotonic()
         if now_s - self._logged_s < LOG_EVERY_S:
             self._unlogged += 1
             return
-        status = getattr(exc, "code", 400)
+        if status is None:
+            status = getattr(exc, "code", 400)
         more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
         log.warning(
             "%s: malformed request from %s answered %s (%s)%s",
