@@ -1,7 +1,7 @@
 // Client against a real server: every method, errors as classes, pipelining, reconnect.
 import assert from "node:assert/strict";
 import * as path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import {
   BadRequest,
@@ -15,18 +15,12 @@ import {
   ServerClosed,
   TooLarge,
 } from "delaywheel-client";
-import { Server, removeDir, tempDir, unique } from "./servers.mjs";
+import { Server, removeDir, serverAndClient, tempDir, unique } from "./servers.mjs";
 
 describe("Client on one server", () => {
-  let server;
   let dw;
-  before(async () => {
-    server = await Server.start();
-    dw = new Client({ host: server.host, port: server.port });
-  });
-  after(async () => {
-    dw.close();
-    await server.stop();
+  serverAndClient((_, client) => {
+    dw = client;
   });
 
   test("ping, add, get, reserve, touch, ack", async () => {
