@@ -48,7 +48,7 @@ bounded time: see the package's docstring (__init__.py).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -62,6 +62,7 @@ from delaywheel.store.base import (
     StoreConfigError,
     StoreError,
     StoreUnavailable,
+    Tiers,
     Unconfirmed,
     check_batch_size,
     redact_url,
@@ -262,7 +263,7 @@ class RedisStore(Store):
         writer = self._writer
         return None if writer is None else writer.primary_of(self._keys[lane][1])
 
-    def submit(self, changes: Changes, done: Done) -> None:
+    def submit(self, changes: Changes, done: Done, tiers: Tiers | None = None) -> None:
         """The batch's partitions written as ``submit_lanes`` writes them,
         answered once all are: None, the first error, or ``FencedWrite`` naming
         every partition refused and every one written."""
@@ -303,7 +304,12 @@ class RedisStore(Store):
             holders,
         )
 
-    def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
+    def submit_lanes(
+        self,
+        writes: Sequence[tuple[int, Changes]],
+        done: LanesDone,
+        tiers: Mapping[int, Tiers] | None = None,
+    ) -> None:
         error = self._not_open("write")
         writer = self._writer
         if error is not None or writer is None:
@@ -330,7 +336,9 @@ class RedisStore(Store):
             return
         writer.submit(parts, partial(self._report, done))
 
-    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
+    def submit_lane(
+        self, lane: int, changes: Changes, done: Done, tiers: Tiers | None = None
+    ) -> None:
         if len(changes) != 1:
             self.submit_lanes([(lane, changes)], partial(_one_lane, done))
             return
