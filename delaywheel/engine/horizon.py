@@ -119,14 +119,19 @@ class Horizon:
         """Whether ``task`` (delayed, at or beyond the watermark) goes to the far tier."""
         return task.at_s >= self.watermark_s and not task.id.startswith("s:")
 
-    def tiers_for(self, tasks: dict[str, Task], marked: bool) -> Tiers | None:
-        """What a batch of ``tasks`` does to the far tier (the journal asks at its
-        write's start when a change was marked far or blind, or far_ids is not
-        empty); None: nothing."""
+    def tiers_for(
+        self, tasks: dict[str, Task], marked: bool, records: Collection[str] = ()
+    ) -> Tiers | None:
+        """What a batch of ``tasks`` (and of other ``records``: an ``exists``'
+        rewrite of a task, which goes to the near tier) does to the far tier
+        (the journal asks at its write's start when a change was marked far or
+        blind, or far_ids is not empty); None: nothing."""
         tiers = Tiers()
         far_ids = self.far_ids
         if far_ids:
             for task_id in far_ids.keys() & tasks.keys():
+                tiers.was_far[task_id] = far_ids[task_id][0]
+            for task_id in far_ids.keys() & set(records):
                 tiers.was_far[task_id] = far_ids[task_id][0]
         if marked:
             watermark_s, unconfirmed = self.watermark_s, self.unconfirmed

@@ -96,7 +96,9 @@ class Tiering(Protocol):
 
     far_ids: dict[str, tuple[str, int]]
 
-    def tiers_for(self, tasks: dict[str, Task], marked: bool) -> Tiers | None: ...
+    def tiers_for(
+        self, tasks: dict[str, Task], marked: bool, records: Collection[str] = ()
+    ) -> Tiers | None: ...
 
     def written(
         self, tasks: dict[str, Task], tiers: Tiers, pending: Callable[[Task], bool]
@@ -537,7 +539,7 @@ class Journal:
         batch.size = len(changes)
         tiering = self.tiering
         if tiering is not None and (batch.tiered or tiering.far_ids):
-            batch.tiers = tiering.tiers_for(batch.tasks, batch.tiered)
+            batch.tiers = tiering.tiers_for(batch.tasks, batch.tiered, batch.records or ())
         return batch, changes
 
     def _written(
