@@ -39,7 +39,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/h.db"
 
 
-async def call(engine: Engine, verb: Callable[[], T]) -> T:
+async def call(engine: Engine, verb: Callable[[], T]) -> T:  # noqa: D401
     """``verb`` as the server runs it: a store read first when it needs one."""
     for _ in range(5):
         try:

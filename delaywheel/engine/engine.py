@@ -18,7 +18,7 @@ ready; handing it over is itself a journaled change.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from delaywheel_client.partitions import is_record_key, is_settings_key
 
@@ -28,7 +28,7 @@ from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
 from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
-from delaywheel.engine.horizon import far_cursor
+from delaywheel.engine.horizon import MAX_FETCHES, NeedsStore, far_cursor
 from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.schedules import Hooks, ScheduleTable
@@ -50,6 +50,8 @@ from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.store.base import Store
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S
+
+T = TypeVar("T")
 
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
@@ -223,10 +225,15 @@ class Engine:
         tasks, cursor = self._tasks.page(q.cursor, wanted, q.limit, LIST_SCAN_BUDGET)
         if cursor is None and self.table.packed.count:  # more to decode: come back
             cursor = max(q.cursor, self._tasks.last_seq())
-        next_cursor: int | str | None = cursor
+        shown = [self.describe(task) for task in tasks]
         if cursor is None and self.horizon.far_total and q.state in (None, DELAYED):
-            next_cursor = far_cursor(self.horizon.brought)  # then the far tier's
-        return {"tasks": [self.describe(task) for task in tasks], "next": next_cursor}
+            # Then the far tier's tasks, from this page on if it has room.
+            start = far_cursor(self.horizon.brought)
+            if len(shown) == q.limit:
+                return {"tasks": shown, "next": start}
+            far = self.horizon.list_page(start, q.topic, q.state, q.limit - len(shown))
+            return {"tasks": shown + far["tasks"], "next": far["next"]}
+        return {"tasks": shown, "next": cursor}
 
     def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
         """Reserve the most urgent ready task of ``topics`` now (of those whose
@@ -500,6 +507,21 @@ class Engine:
         if not self.ownership.owns_all:  # as in _checked
             self.ownership.check(checked)
         return checked
+
+    async def through_store(self, verb: Callable[[], T]) -> T:
+        """``verb()`` (a call of a verb) for a caller that may wait: when it
+        needs a store read first (``NeedsStore``, engine/horizon.py), read and
+        call it again (the dashboard's way; a connection has its own)."""
+        horizon = self.horizon
+        try:
+            for _ in range(MAX_FETCHES):
+                try:
+                    return verb()
+                except NeedsStore as need:
+                    await need.fetch()
+            raise RequestError("unavailable", "the store kept changing under the request")
+        finally:
+            horizon.settle()
 
     def _lookup(self, task_id: str) -> Task | None:
         """The task of ``task_id`` in memory; ``NeedsStore`` when only the store

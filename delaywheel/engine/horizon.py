@@ -68,6 +68,9 @@ log = logging.getLogger("delaywheel.horizon")
 MIN_HORIZON_S = 120.0
 # Records read from the far tier per store read (a pull, a page of list).
 PULL_BATCH = 2_000
+# Records one page of list looks at in the far tier, as over memory
+# (engine.py's LIST_SCAN_BUDGET): a filter that matches little stays bounded.
+LIST_SCAN_BUDGET = 20_000
 # A request run again after its fetch more often than this is answered
 # ``unavailable``: the store keeps changing under it.
 MAX_FETCHES = 4
@@ -269,6 +272,7 @@ class Horizon:
         """The request run again is done: what its fetch brought and it did not
         change goes back to being the far tier's alone."""
         self.checked.clear()
+        self.pages.clear()
         fetched, self.fetched = self.fetched, []
         by_id, pending = self.table.index.by_id, self.table.journal.is_pending
         for task in fetched:
@@ -445,37 +449,52 @@ class Horizon:
         topic: str | None,
         limit: int,
     ) -> None:
-        lanes = sorted(self.read_to)
-        lanes = [each for each in lanes if each >= lane]
-        tasks: list[dict[str, Any]] = []
-        next_cursor: str | None = None
+        """Read a far page: lane by lane, up to ``limit`` tasks that match, looking
+        at no more than LIST_SCAN_BUDGET records (as a page over memory)."""
         table = self.table
-        for each in lanes:
+        tasks: list[dict[str, Any]] = []
+        scanned = 0
+        lanes = [each for each in sorted(self.read_to) if each >= lane]
+        for position, each in enumerate(lanes):
             if each != lane:
                 after = None
-            records = await self.store.far_range(each, after, None, limit)
-            for task_id, _, record in records:
-                held = self.far_ids.get(task_id)
-                if task_id in table.index.by_id and (held is None or held[1] <= brought):
-                    continue  # listed with memory's tasks
-                task = table.index.get(task_id)
-                if task is None:
-                    try:
-                        task = from_fields(task_id, read_record(task_id, record))
-                    except ValueError:
-                        continue
-                if topic is None or task.topic == topic:
-                    tasks.append(table.describe(task))
-            if len(records) == limit:
-                last = records[-1]
-                next_cursor = f"f{brought}:{each}:{last[1]!r}:{last[0]}"
-                break
-            if tasks:
-                following = [later for later in lanes if later > each]
-                if following:
-                    next_cursor = f"f{brought}:{following[0]}"
-                break
-        self.pages[key] = {"tasks": tasks, "next": next_cursor}
+            while True:
+                chunk = min(PULL_BATCH, LIST_SCAN_BUDGET - scanned)
+                records = await self.store.far_range(each, after, None, chunk)
+                looked = 0
+                for task_id, due, record in records:
+                    looked += 1
+                    after = (due, task_id)
+                    task = self._listed(task_id, record, brought)
+                    if task is not None and (topic is None or task.topic == topic):
+                        tasks.append(table.describe(task))
+                        if len(tasks) == limit:
+                            break
+                scanned += looked
+                if len(tasks) == limit or scanned >= LIST_SCAN_BUDGET:
+                    assert after is not None
+                    more = looked < len(records) or len(records) == chunk
+                    more = more or position + 1 < len(lanes)
+                    cursor = f"f{brought}:{each}:{after[0]!r}:{after[1]}" if more else None
+                    self.pages[key] = {"tasks": tasks, "next": cursor}
+                    return
+                if len(records) < chunk:
+                    break  # this lane is done
+        self.pages[key] = {"tasks": tasks, "next": None}
+
+    def _listed(self, task_id: str, record: bytes, brought: int) -> Task | None:
+        """A far record as a far page shows it: memory's task when it came in
+        after the pages over memory ended (None when those listed it)."""
+        held = self.far_ids.get(task_id)
+        if task_id in self.table.index.by_id and (held is None or held[1] <= brought):
+            return None
+        task = self.table.index.get(task_id)
+        if task is None:
+            try:
+                task = from_fields(task_id, read_record(task_id, record))
+            except ValueError:
+                return None
+        return task
 
 
 def parse_cursor(cursor: str) -> tuple[int, int, tuple[float, str] | None]:
