@@ -39,7 +39,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/h.db"
 
 
-async def call(engine: Engine, verb: Callable[[], T]) -> T:  # noqa: D401
+async def call(engine: Engine, verb: Callable[[], T]) -> T:
     """``verb`` as the server runs it: a store read first when it needs one."""
     for _ in range(5):
         try:
@@ -529,3 +529,41 @@ TestHorizonMachineSqlite = HorizonMachineSqlite.TestCase
 TestHorizonMachineSqlite.settings = settings(
     max_examples=10, stateful_step_count=30, deadline=None, derandomize=True
 )
+
+
+def test_concurrent_changes_of_far_tasks_over_the_wire(tmp_path: Path) -> None:
+    """Four clients add, move across the horizon and delete at once: a store
+    read of one never misses what another's write just put back far."""
+
+    async def worker(tag: str, address: tuple[str, int]) -> list[str]:
+        wrong: list[str] = []
+        async with AsyncClient(*address) as client:
+            for i in range(300):
+                task_id = f"{tag}-{i}"
+                await client.add(tag, id=task_id, delay=(0, 3600, 3 * 86400)[i % 3])
+                if i % 2:
+                    await client.update(task_id, delay=2 * 86400 + i)
+                if i % 5 == 1 and await client.delete(task_id) is not True:
+                    wrong.append(task_id)
+        return wrong
+
+    async def main() -> None:
+        import time
+
+        url = f"sqlite:///{tmp_path}/c.db"
+        store = open_store(url)
+        await store.open()
+        engine = Engine(store, now_s=time.time(), tick_s=0.05, horizon_s=3600.0)
+        await engine.load(store.load())
+        server = Server(Settings(port=0, store_url=url, tick_s=0.05), engine)
+        address = await server.start()
+        try:
+            wrong = await asyncio.gather(*(worker(f"w{n}", address) for n in range(4)))
+            assert wrong == [[], [], [], []]
+            stats = engine.stats(time.time())
+            assert stats["tasks"] == 4 * 240 and stats["wheel"]["far"] > 400
+        finally:
+            await server.stop()
+            await store.close()
+
+    asyncio.run(main())

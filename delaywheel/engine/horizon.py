@@ -109,10 +109,13 @@ class Horizon:
         # Ids a fetch found absent, for the request run again; tasks it brought.
         self.checked: set[str] = set()
         self.fetched: list[Task] = []
-        # Reads of the far tier in flight, and the ids whose far record a write
-        # removed meanwhile (such a read may still return them: skipped).
-        self.reading = 0
-        self.gone_meanwhile: set[str] = set()
+        # Reads of the far tier in flight (each with the write count when it
+        # started), and the ids whose far record a write changed meanwhile,
+        # with that write's count: such a read may return the record as it was
+        # before, so it is not brought in (a fetch is made again).
+        self.writes = 0
+        self.reads: dict[int, int] = {}
+        self.changed: dict[str, int] = {}
         self.pulling: asyncio.Task[None] | None = None
         self.pages: dict[tuple[Any, ...], dict[str, Any]] = {}  # list's far pages, read
 
@@ -156,10 +159,12 @@ class Horizon:
         table = self.table
         by_id = table.index.by_id
         far_ids = self.far_ids
+        self.writes += 1
+        if self.reads:
+            for task_id in (*tiers.was_far, *tiers.far):
+                self.changed[task_id] = self.writes
         for task_id in tiers.was_far:
             far_ids.pop(task_id, None)
-            if self.reading:
-                self.gone_meanwhile.add(task_id)
         conflicts = tiers.conflicts
         for task_id in tiers.blind:
             task = tasks[task_id]
@@ -256,17 +261,35 @@ class Horizon:
             await self.table.journal.drain()
 
     async def fetch(self, task_ids: list[str]) -> None:
-        """Bring the far records of ``task_ids`` into memory; note the rest absent."""
-        self.reading += 1
+        """Bring the far records of ``task_ids`` into memory; note the rest absent
+        (not one a write changed while it was read: the request asks again)."""
+        token = self._read_started()
         try:
             found = await self.store.far_get(task_ids)
+            records = [(task_id, due, record) for task_id, (due, record) in found.items()]
+            self.fetched += self._bring(records, self.reads[token])
+            since = self.reads[token]
+            changed = self.changed
+            self.checked.update(
+                task_id for task_id in task_ids if changed.get(task_id, -1) <= since
+            )
         finally:
-            self.reading -= 1
-        records = [(task_id, due, record) for task_id, (due, record) in found.items()]
-        self.fetched += self._bring(records)
-        self.checked.update(task_ids)
-        if not self.reading:
-            self.gone_meanwhile.clear()
+            self._read_ended(token)
+
+    def _read_started(self) -> int:
+        token = len(self.reads)
+        while token in self.reads:
+            token += 1
+        self.reads[token] = self.writes
+        return token
+
+    def _read_ended(self, token: int) -> None:
+        del self.reads[token]
+        if not self.reads:
+            self.changed.clear()
+        elif self.changed:
+            oldest = min(self.reads.values())
+            self.changed = {key: n for key, n in self.changed.items() if n > oldest}
 
     def settle(self) -> None:
         """The request run again is done: what its fetch brought and it did not
@@ -285,9 +308,11 @@ class Horizon:
             ):
                 self._forget(task)
 
-    def _bring(self, records: list[FarRecord]) -> list[Task]:
+    def _bring(self, records: list[FarRecord], since: int) -> list[Task]:
         """Far records into memory, scheduled as a start schedules them, unless
-        memory has the id (or a write removed it while it was read)."""
+        memory has the id, or a write changed its far record after write
+        ``since`` (the read may have seen it before)."""
+        changed = self.changed
         table = self.table
         by_id, journal = table.index.by_id, table.journal
         ownership = table.ownership
@@ -296,7 +321,7 @@ class Horizon:
             if (
                 task_id in by_id
                 or task_id in self.unconfirmed
-                or task_id in self.gone_meanwhile
+                or changed.get(task_id, -1) > since
                 or journal.touches(task_id)
                 or (not ownership.owns_all and not ownership.owns(task_id))
             ):
@@ -354,21 +379,21 @@ class Horizon:
         pulled = 0
         while lane in self.read_to:
             after, to_s = self.read_to[lane], self.watermark_s
-            self.reading += 1
+            token = self._read_started()
             try:
                 records = await self.store.far_range(lane, after, to_s, PULL_BATCH)
+                if lane not in self.read_to:
+                    break  # dropped meanwhile (a partition handed over)
+                # A record changed meanwhile is in memory, or gone, or beyond
+                # the watermark now (engine/horizon.py's docstring): skipped.
+                pulled += len(self._bring(records, self.reads[token]))
             finally:
-                self.reading -= 1
-            if lane not in self.read_to:
-                break  # dropped meanwhile (a partition handed over)
-            pulled += len(self._bring(records))
+                self._read_ended(token)
             if records:
                 last = records[-1]
                 self.read_to[lane] = (last[1], last[0])
             if len(records) < PULL_BATCH:
                 break
-        if not self.reading:
-            self.gone_meanwhile.clear()
         return pulled
 
     # -- start, takeover, handover -------------------------------------------------
