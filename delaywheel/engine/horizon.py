@@ -343,7 +343,9 @@ class Horizon:
     # -- time ----------------------------------------------------------------------
 
     def next_pull_s(self) -> float | None:
-        """When the next pull is due (None: the horizon is off, or one runs)."""
+        """When the next pull is due (None: the horizon is off, or one runs: the
+        ticker wakes every second meanwhile, net/ticker.py, and the pull is a
+        horizon ahead of what it brings)."""
         if not self.on or self.pulling is not None or not self.read_to:
             return None
         return self.watermark_s - self.horizon_s
