@@ -462,10 +462,9 @@ class Engine:
         """When ``advance`` next has work: a task's timer or a schedule's, or
         a topic's gate opening for a blocked reserve (engine/flow.py)."""
         fire_s, schedule_s = self.firing.next_fire_s(), self.schedules.next_fire_s()
-        if self.horizon.on:
-            pull_s = self.horizon.next_pull_s()
-            if pull_s is not None:
-                fire_s = pull_s if fire_s is None else min(fire_s, pull_s)
+        pull_s = self.horizon.next_pull_s  # an attribute: read after every change
+        if pull_s is not None and (fire_s is None or pull_s < fire_s):
+            fire_s = pull_s
         if self.flow.limited and (self.queues.has_waiters() or self.attempts.gated):
             open_s = self.flow.next_open_s(self.wheel.now_s, self._held_back)
             if open_s is not None:

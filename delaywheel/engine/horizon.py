@@ -117,6 +117,7 @@ class Horizon:
         self.reads: dict[int, int] = {}
         self.changed: dict[str, int] = {}
         self.pulling: asyncio.Task[None] | None = None
+        self.next_pull_s: float | None = None  # _next_pull
         self.pages: dict[tuple[Any, ...], dict[str, Any]] = {}  # list's far pages, read
 
     # -- the far decision (the task table's, the journal's) -----------------------
@@ -342,13 +343,15 @@ class Horizon:
 
     # -- time ----------------------------------------------------------------------
 
-    def next_pull_s(self) -> float | None:
-        """When the next pull is due (None: the horizon is off, or one runs: the
-        ticker wakes every second meanwhile, net/ticker.py, and the pull is a
-        horizon ahead of what it brings)."""
+    def _next_pull(self) -> None:
+        """Note when the next pull is due, ``next_pull_s`` (None: the horizon is
+        off, or one runs: the ticker wakes every second meanwhile, net/ticker.py,
+        and a pull is a horizon ahead of what it brings). An attribute, not a
+        method: the ticker reads it after every change."""
         if not self.on or self.pulling is not None or not self.read_to:
-            return None
-        return self.watermark_s - self.horizon_s
+            self.next_pull_s = None
+        else:
+            self.next_pull_s = self.watermark_s - self.horizon_s
 
     def advance(self, now_s: float) -> None:
         """Start a pull in the background when its time has come."""
@@ -359,6 +362,7 @@ class Horizon:
             and now_s + self.horizon_s >= self.watermark_s
         ):
             self.pulling = asyncio.get_running_loop().create_task(self._pull_in_background(now_s))
+            self._next_pull()
 
     async def _pull_in_background(self, now_s: float) -> None:
         try:
@@ -367,6 +371,7 @@ class Horizon:
             log.warning("pulling far tasks failed: %s", exc)
         finally:
             self.pulling = None
+            self._next_pull()
 
     async def pull(self, now_s: float) -> int:
         """Move the watermark to ``now + 1.25 horizon`` and read every lane's far
@@ -432,6 +437,7 @@ class Horizon:
             self.read_to[lane] = None
         for lane in lanes:
             await self._pull_lane(lane)
+        self._next_pull()
 
     def drop_lanes(self, lanes: Collection[int], leaving: Callable[[str], bool]) -> None:
         """Partitions handed back: their far counts and far ids go (the store keeps them)."""
@@ -448,6 +454,7 @@ class Horizon:
             del self.far_ids[task_id]
         for task_id in [task_id for task_id in self.unconfirmed if leaving(task_id)]:
             del self.unconfirmed[task_id]
+        self._next_pull()
 
     # -- list ----------------------------------------------------------------------
 

@@ -318,12 +318,11 @@ class Connection(asyncio.Protocol):
 
     # -- handling ----------------------------------------------------------------
 
-    def _handle(self, request: Request, now_s: float, fetches: int = 0) -> None:
-        try:
-            self._handle_now(request, now_s, fetches)
-        except NeedsStore as need:
-            self.fetching = True
-            asyncio.get_running_loop().create_task(self._fetch_first(request, need, fetches + 1))
+    def _fetch_later(self, request: Request, need: NeedsStore, fetches: int) -> None:
+        """The request needs a store read first: nothing more is handled until
+        it has run (``_fetch_first``)."""
+        self.fetching = True
+        asyncio.get_running_loop().create_task(self._fetch_first(request, need, fetches + 1))
 
     async def _fetch_first(self, request: Request, need: NeedsStore, fetches: int) -> None:
         """Read what the request needs from the store, then handle it again,
@@ -362,7 +361,7 @@ class Connection(asyncio.Protocol):
             self.busy = True
             asyncio.get_running_loop().call_soon(self._work)
 
-    def _handle_now(self, request: Request, now_s: float, fetches: int) -> None:
+    def _handle(self, request: Request, now_s: float, fetches: int = 0) -> None:
         msgid, method = request.msgid, request.method
         route = self.server.routes.get(method)
         if route is None:
@@ -380,7 +379,10 @@ class Connection(asyncio.Protocol):
             self._reserve(request, route, now_s)
             return
         if method == "wait":
-            self._wait(request, route)
+            try:
+                self._wait(request, route)
+            except NeedsStore as need:
+                self._fetch_later(request, need, fetches)
             return
         try:
             run = route.run
@@ -391,8 +393,9 @@ class Connection(asyncio.Protocol):
         except RequestError as exc:
             route.failed(exc.code)
             payload = self.encoder.error_response(msgid, exc.code, exc.message, exc.data)
-        except NeedsStore:
-            raise
+        except NeedsStore as need:  # engine/horizon.py: a store read, then again
+            self._fetch_later(request, need, fetches)
+            return
         except Exception as exc:
             route.failed("internal")
             payload = self._internal(msgid, method, exc)
