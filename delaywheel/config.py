@@ -29,6 +29,9 @@ from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_
 # The shortest --horizon: the two windows of packed tasks the engine decodes
 # ahead (engine/cold.py, a minute each) must fit below it.
 MIN_HORIZON_S = 120.0
+# The default's floor: a fast tick shortens the lap, not what memory should hold
+# (an hour of tasks, as the default wheel's lap).
+DEFAULT_HORIZON_S = 3600.0
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3450
@@ -84,7 +87,7 @@ class Settings:
     # How long a dead task is kept before it goes; None: for ever.
     dead_retention_s: float | None = None
     # Delayed tasks due beyond this are kept only in the store (engine/horizon.py);
-    # None: one lap of the wheel (slots x tick), at least MIN_HORIZON_S.
+    # None: one lap of the wheel (slots x tick), at least DEFAULT_HORIZON_S.
     horizon_s: float | None = None
     # A message must complete within this long of the previous one, or the
     # connection is closed: half-sent messages pin memory (msgpack allocates
@@ -349,10 +352,10 @@ class Settings:
     @property
     def horizon(self) -> float:
         """The horizon in seconds: --horizon, else one lap of the wheel (at least
-        MIN_HORIZON_S)."""
+        DEFAULT_HORIZON_S)."""
         if self.horizon_s is not None:
             return self.horizon_s
-        return max(MIN_HORIZON_S, self.slots * self.tick_s)
+        return max(DEFAULT_HORIZON_S, self.slots * self.tick_s)
 
     @property
     def limits(self) -> Limits:

@@ -162,7 +162,7 @@ class _SectionedCommand(click.Command):
     default=None,
     type=Duration(),
     help="Delayed tasks due further ahead than this are kept only in the store, not in "
-    "memory (SQLite, memory://; at least 2m) [default: one lap of the wheel, 1h].",
+    "memory (at least 2m) [default: one lap of the wheel, at least 1h].",
 )
 @_serve_option(
     "--dead-retention",

@@ -578,9 +578,12 @@ class Engine:
         """The store's records with the schedules' and the topics' taken out."""
         return self.topics.split(self.schedules.split(batches))
 
-    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+    async def load_partition(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]], partition: int | None = None
+    ) -> int:
         """Add a partition's tasks, while serving (a takeover): as ``load``, and
-        its attempts in flight at the previous owner's end are sent again.
+        its attempts in flight at the previous owner's end are sent again. With
+        ``partition`` (its lane), its far tier too, as ``load`` reads it.
 
         Those are the tasks the load itself made ``delivering``, noted batch by
         batch. Not every new entry of ``delivering`` once the load is over: the
@@ -602,7 +605,20 @@ class Engine:
                     if task is not None and task_id not in before:
                         adopted.append(task)
 
-        loaded = await self.table.cold.load(self._split(noting_adopted()))
+        horizon = self.horizon
+        far = horizon.on and partition is not None
+        if far:
+            horizon.start(self.wheel.now_s)
+        loaded = await self.table.cold.load(
+            self._split(noting_adopted()),
+            horizon.far_from_s() if far else None,
+            horizon.push,
+        )
+        if far:
+            assert partition is not None
+            before = len(self._tasks)
+            await horizon.load_lanes([partition])
+            loaded += len(self._tasks) - before
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded

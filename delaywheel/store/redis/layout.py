@@ -21,6 +21,9 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>:p007}:tasks      hash: task id -> record, the tasks of partition 7
     {<prefix>:p007}:epoch      integer: bumped by every acquire (the fencing token)
     {<prefix>:p007}:lease      "<epoch> <node> <address>", with PX: the owner
+    {<prefix>:p007}:far        hash: task id -> record, the partition's far tier
+    {<prefix>:p007}:due        zset: task id -> due time, the far tier's time index
+    {<prefix>:p007}:farcount   hash: topic -> far tasks (engine/horizon.py)
 
 The partition number is written with at least three digits (``p007``,
 ``p1000``) so the keys sort in a listing. The lease's value is also the
@@ -84,6 +87,18 @@ class PartitionKeys:
     @property
     def lease(self) -> str:
         return f"{self.tag}:lease"
+
+    @property
+    def far(self) -> str:
+        return f"{self.tag}:far"
+
+    @property
+    def due(self) -> str:
+        return f"{self.tag}:due"
+
+    @property
+    def far_counts(self) -> str:
+        return f"{self.tag}:farcount"
 
 
 class Layout:
