@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 from conftest import RedisCluster
 from delaywheel_client.aio import AsyncClient
+from delaywheel_client.partitions import partition_of
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -26,6 +27,7 @@ from delaywheel.errors import RequestError
 from delaywheel.net.server import Server
 from delaywheel.store import Store, open_store
 from delaywheel.store.base import Tiers
+from delaywheel.store.redis import RedisStore
 
 T = TypeVar("T")
 T0 = 1_800_000_000.0
@@ -633,5 +635,43 @@ def test_an_idle_server_pulls_and_fires_far_tasks_on_time() -> None:
         finally:
             await server.stop()
             await store.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.redis
+def test_a_takeover_reads_a_partitions_far_tier_up_to_the_horizon(redis_url: str) -> None:
+    """A node taking partitions (docs/ha.md) loads each one's tasks hash, then
+    its far tier up to the watermark and its counts; handing them back
+    forgets those counts. The coordinator's calls, made by hand."""
+
+    async def main() -> None:
+        store = open_store(redis_url, partitions=4)
+        await store.open()
+        before = await started(store)
+        for i in range(40):
+            add(before, f"t{i}", 30 + 30 * i)  # t0, t1 near; the rest far
+        await before.journal.drain()
+        await store.close()
+
+        store = open_store(redis_url, partitions=4)
+        await store.open()
+        assert isinstance(store, RedisStore)
+        node = Engine(store, now_s=T0, horizon_s=HORIZON_S, **WHEEL)
+        for p in (0, 1):
+            await node.load_partition(store.load_partition(p), p)
+        mine = [f"t{i}" for i in range(40) if partition_of(f"t{i}", 4) in (0, 1)]
+        stats = node.stats(T0)
+        assert stats["tasks"] == len(mine)
+        assert stats["wheel"]["far"] == len([n for n in mine if n not in ("t0", "t1")])
+        far_one = next(n for n in mine if n not in ("t0", "t1"))
+        assert (await call(node, lambda: node.get(far_one)))["id"] == far_one  # type: ignore[index]
+        assert await call(node, lambda: node.delete(far_one)) is True
+        await node.journal.drain()
+        assert node.stats(T0)["tasks"] == len(mine) - 1
+        node.drop_partitions([0, 1])
+        stats = node.stats(T0)
+        assert (stats["tasks"], stats["wheel"]["far"], stats["states"]["delayed"]) == (0, 0, 0)
+        await store.close()
 
     asyncio.run(main())
