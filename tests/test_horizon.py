@@ -613,20 +613,20 @@ def test_concurrent_changes_of_far_tasks_over_the_wire(tmp_path: Path) -> None:
 
 def test_an_idle_server_pulls_and_fires_far_tasks_on_time() -> None:
     """Nothing but the ticker wakes the server: its pulls keep coming, and a
-    far task is reserved at its time (a horizon of 1.2 s here)."""
+    far task is reserved at its time (a horizon of a second here)."""
 
     async def main() -> None:
         import time
 
         store = open_store("memory://")
         await store.open()
-        engine = Engine(store, now_s=time.time(), slots=20, tick_s=0.05, horizon_s=1.2)
+        engine = Engine(store, now_s=time.time(), slots=20, tick_s=0.05, horizon_s=1.0)
         await engine.load(store.load())
         server = Server(Settings(port=0, store_url="memory://", tick_s=0.05), engine)
         address = await server.start()
         try:
             async with AsyncClient(*address) as client:
-                added = await client.add("t", "far", delay=2.8)
+                added = await client.add("t", "far", delay=2.3)
                 assert len(engine.table.index) == 0 and engine.horizon.far_total == 1
                 task = await client.reserve("t", timeout=5)
                 late_s = time.time() - added["at"]

@@ -568,9 +568,7 @@ class Engine:
         loaded = await self.table.cold.load(
             self._split(batches), horizon.far_from_s(), horizon.push
         )
-        before = len(self._tasks)
-        await horizon.load_lanes(range(self.store.lanes) if horizon.on else ())
-        return loaded + len(self._tasks) - before
+        return loaded + await horizon.load_lanes(range(self.store.lanes) if horizon.on else ())
 
     def _split(
         self, batches: AsyncIterator[list[tuple[str, bytes]]]
@@ -616,9 +614,7 @@ class Engine:
         )
         if far:
             assert partition is not None
-            before = len(self._tasks)
-            await horizon.load_lanes([partition])
-            loaded += len(self._tasks) - before
+            loaded += await horizon.load_lanes([partition])
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded

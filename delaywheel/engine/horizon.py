@@ -423,11 +423,12 @@ class Horizon:
             tiers.far[task_id] = (at_s, topic)
         await self.store.write(changes, tiers)
 
-    async def load_lanes(self, lanes: Collection[int]) -> None:
+    async def load_lanes(self, lanes: Collection[int]) -> int:
         """After the near tier of ``lanes`` is loaded: their far counts (the
-        store's), then their far tier up to the watermark."""
+        store's), then their far tier up to the watermark. Returns how many
+        tasks that brought into memory."""
         if not self.on:
-            return
+            return 0
         counts = self.table.counts
         for lane in lanes:
             found = await self.store.far_counts(lane)
@@ -435,9 +436,11 @@ class Horizon:
                 counts.add(topic, DELAYED, n)
                 self._far_count(lane, topic, n)
             self.read_to[lane] = None
+        pulled = 0
         for lane in lanes:
-            await self._pull_lane(lane)
+            pulled += await self._pull_lane(lane)
         self._next_pull()
+        return pulled
 
     def drop_lanes(self, lanes: Collection[int], leaving: Callable[[str], bool]) -> None:
         """Partitions handed back: their far counts and far ids go (the store keeps them)."""
