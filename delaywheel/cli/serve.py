@@ -54,7 +54,7 @@ HELP_SECTIONS: dict[str, tuple[str, ...]] = {
         "--host", "--port", "--token", "--insecure-no-auth", "--tls-cert", "--tls-key",
         "--tls-client-ca",
     ),
-    "Store": ("--store", "--redis-prefix", "--slow-flush"),
+    "Store": ("--store", "--redis-prefix", "--slow-flush", "--horizon"),
     "The wheel": ("--slots", "--tick"),
     "Limits": (
         "--max-message", "--max-body", "--max-result", "--dead-retention", "--max-connections",
@@ -155,6 +155,14 @@ class _SectionedCommand(click.Command):
     type=int,
     help="Largest result kept with a done task (an ack's, packed; an HTTP answer's body), "
     "in bytes.",
+)
+@_serve_option(
+    "--horizon",
+    "horizon_s",
+    default=None,
+    type=Duration(),
+    help="Delayed tasks due further ahead than this are kept only in the store, not in "
+    "memory (at least 2m) [default: one lap of the wheel, at least 1h].",
 )
 @_serve_option(
     "--dead-retention",

@@ -8,7 +8,9 @@ broker target's attempt in flight) in ``delivering``. A ``delayed`` task is
 out of the wheel in two cases: the wheel fired it and it waits for its
 destination's lane (``waiting``; ``delaywheel.engine.attempts``), or it is
 due after the next window and kept packed (``packed``, ``index`` holding its
-record; ``delaywheel.engine.cold``). Every live task is in ``index`` and
+record; ``delaywheel.engine.cold``), or due beyond the horizon and kept
+only in the store's far tier (``delaywheel.engine.horizon``). Every live
+task in memory is in ``index``, and every task, the far tier's too, is
 counted by state and topic in ``counts``.
 
 This class is the only writer of those containers. A new task comes in
@@ -39,6 +41,7 @@ from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.flow import Flow
+from delaywheel.engine.horizon import Horizon
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
 from delaywheel.engine.queues import Queues, Watch
@@ -96,6 +99,7 @@ class TaskTable:
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
         topic_retain_s: Callable[[str], float] = _retain_nothing,
         topic_dead_retain_s: Callable[[str], float | None] = _dead_kept_for_ever,
+        horizon_s: float | None = None,
     ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
@@ -111,10 +115,13 @@ class TaskTable:
         # For metrics, read only when scraped (delaywheel.tallies): events
         # counted where each is handled.
         self.events = EventCounts()
+        # Delayed tasks beyond --horizon: only in the store (engine/horizon.py).
+        self.horizon = Horizon(self, store, horizon_s)
         self.journal = Journal(
             store,
             Hooks(durable=self.cold.pack, rolled_back=self.rollback),
             slow_flush_s=slow_flush_s,
+            tiering=self.horizon if self.horizon.on else None,
         )
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
@@ -259,6 +266,9 @@ class TaskTable:
                 task_id = self.ownership.new_id(task_id, self._new_id)
         elif task_id in self.index:
             raise self.exists(task_id)
+        elif self.horizon.unconfirmed and task_id in self.horizon.unconfirmed:
+            self.journal.wait_for(task_id)  # the blind add in flight answers for both
+            raise RequestError("exists", f"a task with id {task_id!r} already exists")
         target = new.target
         task = Task(
             task_id,
@@ -272,9 +282,22 @@ class TaskTable:
             completion=None if new.retain_s is None else Completion(new.retain_s),
             priority=new.priority,
         )
-        self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.
         due_later = new.at_s > now_s or target is not None
+        if (
+            new.id is not None
+            and self.horizon.far_total
+            and self.horizon.may_hold(task_id)
+            and not self.journal.touches(task_id)  # a change of it pending: memory knew it
+        ):
+            # The far tier may hold the id: the put is made only if it does not,
+            # and the task joins memory once the store says so (engine/horizon.py).
+            task.state = DELAYED if due_later else READY
+            self.horizon.unconfirmed[task_id] = task
+            self.journal.blind(task)
+            self.events.added += 1
+            return task
+        self.index.add(task)
         # move(task, "add", ...) without its check and unplace: a new task may
         # always be added, and is in no place yet (5 % of the engine's add,
         # docs/performance.md "Measurements behind the code").
@@ -357,6 +380,17 @@ class TaskTable:
             # (``ColdTasks.pack``), so it skips the wheel, whose insert and removal
             # would be a fifth of an add. Nothing fires it before then anyway.
             self.counts.add(task.topic, DELAYED)
+            if task.at_s >= self.horizon.watermark_s:  # beyond the horizon: the far tier's
+                self.journal.mark_far(task)
+        else:
+            self.place(task)
+
+    def adopt(self, task: Task) -> None:
+        """A blind add the store took (engine/horizon.py): into memory as
+        ``create`` puts a task, now that it is durable."""
+        self.index.add(task)
+        if task.state == DELAYED and task.at_s >= self.packed.hold_from(self.wheel.now_s):
+            self.counts.add(task.topic, DELAYED)  # the durable hook packs or schedules it
         else:
             self.place(task)
 

@@ -123,8 +123,11 @@ class Host(Protocol[Kept]):
     ``Kept`` is the engine's task: the coordinator holds the ones a handoff
     keeps (their attempts in flight) and gives them back by id."""
 
-    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
-        """Add a partition's tasks from the store's records; how many."""
+    async def load_partition(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]], partition: int | None = None
+    ) -> int:
+        """Add a partition's tasks from the store's records (its near tier),
+        then its far tier up to the horizon when ``partition`` is given; how many."""
         ...
 
     def drop_partitions(
@@ -407,7 +410,9 @@ class Coordinator:
             # sent again, before the partition is served (its epoch is in
             # every delivery, docs/ha.md).
             self.sharing.load(partition, got)
-            loaded = await self.engine.load_partition(self.keyspace.load_partition(partition))
+            loaded = await self.engine.load_partition(
+                self.keyspace.load_partition(partition), partition
+            )
             # Asked again after the acquire: one sent to a primary that froze
             # is answered when it wakes, maybe after a failover replaced it.
             confirmed = await self._primary_confirmed()

@@ -20,9 +20,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.engine import validate
+from delaywheel.engine.horizon import MAX_FETCHES, NeedsStore
 from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.errors import RequestError
 from delaywheel.net.connection import WAIT_MOVED_RETRY_MS, reserve_params, wait_params
+from delaywheel.store.base import StoreError, reply_for
 
 if TYPE_CHECKING:
     from delaywheel.engine.engine import Engine
@@ -52,7 +54,8 @@ async def durable(engine: Engine, wait: Wait | None = None) -> None:
     batch.add_callback(finished)
     error = await done
     if error is not None:
-        raise RequestError("unavailable", str(error))
+        code, data = reply_for(error) if isinstance(error, StoreError) else ("unavailable", None)
+        raise RequestError(code, str(error), data)
 
 
 # How a call made without a connection is answered: its result, or the error it met.
@@ -94,11 +97,24 @@ async def call(server: Server, method: str, params: list[Any]) -> Any:
     if route is None or route.run is None:  # reserve has its own way; auth is the caller's
         raise RequestError("no_method", f"no method named {method!r} here")
     route.calls += 1
-    try:
-        result = route.run(_Caller(server), params, time.time())  # type: ignore[arg-type]
-    except RequestError as exc:
-        route.failed(exc.code)
-        raise
+    for _ in range(MAX_FETCHES + 1):
+        try:
+            result = route.run(_Caller(server), params, time.time())  # type: ignore[arg-type]
+            break
+        except RequestError as exc:
+            route.failed(exc.code)
+            server.engine.horizon.settle()
+            raise
+        except NeedsStore as need:  # a store read first (engine/horizon.py), then again
+            try:
+                await need.fetch()
+            except StoreError as exc:
+                route.failed("unavailable")
+                raise RequestError("unavailable", str(exc)) from None
+    else:
+        route.failed("unavailable")
+        raise RequestError("unavailable", "the store kept changing under the request")
+    server.engine.horizon.settle()
     if route.mutating:
         wait = server.engine.journal.pending()  # this change's write, before any await
         server.rearm()  # it may have moved the next timer, as a request's change may

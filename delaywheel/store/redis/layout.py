@@ -23,6 +23,9 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>:p007}:lease      "<epoch> <node> <address>", with PX: the owner
     {<prefix>:p007}:topics     hash: topic -> settings record, the copy its owner
                                publishes of the topic settings it holds (ha/topics.py)
+    {<prefix>:p007}:far        hash: task id -> record, the partition's far tier
+    {<prefix>:p007}:due        zset: task id -> due time, the far tier's time index
+    {<prefix>:p007}:farcount   hash: topic -> far tasks (engine/horizon.py)
 
 The partition number is written with at least three digits (``p007``,
 ``p1000``) so the keys sort in a listing. The lease's value is also the
@@ -90,6 +93,18 @@ class PartitionKeys:
     @property
     def topics(self) -> str:
         return f"{self.tag}:topics"
+
+    @property
+    def far(self) -> str:
+        return f"{self.tag}:far"
+
+    @property
+    def due(self) -> str:
+        return f"{self.tag}:due"
+
+    @property
+    def far_counts(self) -> str:
+        return f"{self.tag}:farcount"
 
 
 class Layout:
