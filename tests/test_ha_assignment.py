@@ -34,7 +34,7 @@ from delaywheel.store.redis.layout import Layout
 pytestmark = pytest.mark.redis
 
 PARTITIONS = 16
-LEASE_S = 1.0  # rounds every L/3: a join settles in about a second
+LEASE_S = 2.0  # rounds every 0.5 s; room for a loaded machine to renew in time
 SETTLE_S = 10.0
 LAYOUT = Layout("delaywheel", PARTITIONS)
 
