@@ -31,6 +31,9 @@ from delaywheel.store.redis.scripts import NodeNameError
 
 LAYOUT = Layout("delaywheel", 16)
 
+# Leases of 1 s and keepers that must renew in time: alone, after the parallel run.
+pytestmark = pytest.mark.serial
+
 
 def test_a_held_lease_is_not_acquired_again(redis_url: str) -> None:
     async def scenario() -> None:

@@ -76,10 +76,11 @@ def test_a_schedule_and_its_occurrences_share_a_partition(
 def test_each_partition_keeps_its_keys_under_one_tag() -> None:
     layout = Layout("delaywheel", 16)
     keys = layout.partition(7)
-    assert (keys.tasks, keys.epoch, keys.lease) == (
+    assert (keys.tasks, keys.epoch, keys.lease, keys.topics) == (
         "{delaywheel:p007}:tasks",
         "{delaywheel:p007}:epoch",
         "{delaywheel:p007}:lease",
+        "{delaywheel:p007}:topics",
     )
     assert layout.meta == "{delaywheel}:meta"
     assert layout.single_node_tasks == "{delaywheel}:tasks"  # today's store's key

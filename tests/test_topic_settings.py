@@ -23,6 +23,7 @@ DEFAULT_MAP = {
     "burst": 1,
     "concurrency": None,
     "retain": 0.0,
+    "dead_retain": None,
     "note": "",
 }
 

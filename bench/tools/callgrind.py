@@ -40,8 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._loads import LOADS
+from bench._loads import LOADS, READY_TOPIC
 from bench._procs import LISTENING, private_redis
+from bench._section import add_tasks
 
 WARMUP_CALLS = 300
 DEFAULT_CALLS = 2_000
@@ -126,6 +127,8 @@ def count(
         address = _wait_listening(proc)
         # the server's log goes on being read, so that it never blocks on a full pipe
         drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+        if load.startswith("reserve_"):  # each call takes a ready task: fill first
+            add_tasks(address, warmup + calls, READY_TOPIC, 0)
         with LOADS[load](address) as (step, per_step):
             for _ in range(warmup):
                 step()

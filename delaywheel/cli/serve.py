@@ -161,7 +161,8 @@ class _SectionedCommand(click.Command):
     "dead_retention_s",
     default=None,
     type=float,
-    help="Seconds a dead task is kept before it goes [default: for ever].",
+    help="Seconds a dead task is kept before it goes, for topics without a dead_retain "
+    "of their own [default: for ever].",
 )
 @_serve_option(
     "--max-connections",

@@ -249,7 +249,8 @@ class Engine:
     def topic_dead_retain_s(self, topic: str) -> float | None:
         """How long a dead task of ``topic`` is kept after it died: the topic's
         ``dead_retain`` setting, else ``--dead-retention``; None: for ever."""
-        return self.dead_retention_s
+        kept_s = self.topics.of(topic).dead_retain
+        return self.dead_retention_s if kept_s is None else kept_s
 
     def wait_now(self, task_id: Any) -> dict[str, Any] | None:
         """``wait``'s answer now: the task's map when it is done or dead, None
@@ -387,6 +388,27 @@ class Engine:
 
     def topic_list(self, query: Any, now_s: float) -> dict[str, Any]:
         return self.topics.page(query, now_s)
+
+    def topic_records(self) -> dict[str, bytes]:
+        """The records of the topic settings this node holds, by topic: what it
+        publishes to the other nodes (ha/topics.py)."""
+        return self.topics.records()
+
+    def topics_shared(self, elsewhere: dict[str, bytes]) -> None:
+        """The settings the other nodes hold, as they published them, after a
+        look at who serves which partitions: both applied here, each topic's
+        limits in this node's share (engine/shares.py)."""
+        self.topics.learn(elsewhere)
+        self._reshare()
+
+    def _reshare(self) -> None:
+        flow = self.flow
+        flow.reshare()
+        if flow.woken:  # a gate may have opened
+            now_s = self.wheel.now_s
+            self.table.serve_waiters(now_s)
+            if self.attempts.gated:
+                self.attempts.release_gated(now_s)
 
     def _occurrence_of(self, task_id: str) -> Occurrence | None:
         """A schedule's occurrence as its task's map and deliveries show it (the
@@ -571,6 +593,9 @@ class Engine:
         self.attempts.forget(lambda task_id: of(task_id) in leaving)
         staying = {id(task) for task in kept}
         self.journal.forget(lambda task: id(task) not in staying and of(task.id) in leaving)
+        # Fewer partitions here: a smaller share of each limit, at once (a larger
+        # one waits for the coordinator's round after the partition is served).
+        self.flow.reshare()
         return kept
 
     def sending(self, kept: list[Task]) -> list[Task]:

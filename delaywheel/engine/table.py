@@ -43,6 +43,7 @@ from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
 from delaywheel.engine.queues import Queues, Watch
 from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
+from delaywheel.engine.shares import Basis
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
@@ -59,7 +60,7 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
-from delaywheel.engine.topics import TopicTable
+from delaywheel.engine.topics import TopicSettings, TopicTable
 from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
@@ -138,12 +139,41 @@ class TaskTable:
         # a state in FINAL (``_answer_watches``).
         self.watches: dict[str, list[Watch]] = {}
         # Topic settings and what they hold back (engine/topics.py, engine/flow.py).
-        self.flow = Flow(self.counts)
-        self.topics = TopicTable(self.journal, self._check_served, self.flow.changed)
+        self.flow = Flow(self.counts, self._basis)
+        self.topics = TopicTable(self.journal, self._check_served, self._topic_changed)
 
     def _check_served(self, key: str) -> None:
         if not self.ownership.owns_all:  # no call on one node
             self.ownership.check(key)
+
+    def _basis(self) -> Basis:
+        """Who serves how many partitions, for the topics' shares (engine/shares.py)."""
+        own = self.ownership
+        counts = tuple(sorted(own.partition_counts().items()))
+        return Basis(own.node or "", own.partitions, counts)
+
+    def _topic_changed(self, topic: str, before: TopicSettings, after: TopicSettings) -> None:
+        """What this node applies to ``topic`` changed (engine/topics.py)."""
+        self.flow.changed(topic, after)
+        if after.dead_retain != before.dead_retain:
+            self.retime_dead(topic)
+
+    def retime_dead(self, topic: str) -> None:
+        """``topic``'s dead tasks, each to go when its topic's dead retention
+        now says (a change of the topic's ``dead_retain``)."""
+        for task in self.queues.oldest_dead(topic, self.counts.of_topic(topic).get(DEAD, 0)):
+            if task.scheduled:
+                self.wheel.remove(task)
+            self._time_dead(task)
+
+    def _time_dead(self, task: Task) -> None:
+        """A dead task into the wheel at the time it goes (its death, its
+        ``deadline_s``, plus its topic's dead retention), unless kept for ever
+        or its death is not known (0)."""
+        if task.deadline_s:
+            kept_s = self.topic_dead_retain_s(task.topic)
+            if kept_s is not None:
+                self.wheel.insert(task, task.deadline_s + kept_s)
 
     # -- where a task lives --------------------------------------------------
 
@@ -160,10 +190,7 @@ class TaskTable:
             self.queues.push_ready(task)
         elif state == DEAD:
             self.queues.push_dead(task)
-            if task.deadline_s:
-                kept_s = self.topic_dead_retain_s(task.topic)
-                if kept_s is not None:
-                    self.wheel.insert(task, task.deadline_s + kept_s)
+            self._time_dead(task)
         elif state == DELIVERING:
             self.delivering[task.id] = task
         else:

@@ -9,6 +9,7 @@
 - ``assignment``: which partitions each live node should own, balanced,
   moving the fewest at a join or a leave; what a node claims and hands back.
 - ``failover``: after a Sentinel failover, which partitions may still be served.
+- ``topics``: the topic settings each owner publishes and every node reads.
 - ``coordinator``: the node's rounds: claim, load, serve, hand back, drop.
 
 Below the engine: the coordinator asks of it only what ``coordinator.Host``

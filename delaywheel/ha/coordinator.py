@@ -14,8 +14,10 @@ released partition is taken over in well under a second) the coordinator:
 4. claims the free partitions the record assigns to it (not one it still
    holds: a lease key deleted under it is dropped by the keeper first, then
    claimed anew), and those whose lease names this node but another epoch
-   (this node's previous process, killed: its name is its own), and
-5. hands back a partition the record assigns to another live, registered node.
+   (this node's previous process, killed: its name is its own),
+5. hands back a partition the record assigns to another live, registered node, and
+6. publishes the topic settings it holds and reads those the others hold
+   (ha/topics.py), which the engine applies in this node's share.
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
@@ -74,6 +76,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
+from delaywheel_client.partitions import settings_key
+
 from delaywheel.ha.assignment import moved, plan, rebalance
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
@@ -81,6 +85,7 @@ from delaywheel.ha.membership import Membership, Record
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Owner, Sharing
+from delaywheel.ha.topics import TopicBoard
 from delaywheel.store.redis import Holder, RedisStore
 from delaywheel.tallies import ClusterCounts
 
@@ -148,6 +153,15 @@ class Host(Protocol[Kept]):
         """Wait until every change made so far (of ``partitions``) is durable (or failed)."""
         ...
 
+    def topic_records(self) -> dict[str, bytes]:
+        """The records of the topic settings held here, by topic."""
+        ...
+
+    def topics_shared(self, elsewhere: dict[str, bytes]) -> None:
+        """The settings the other nodes publish, by topic, read after a look at
+        the partitions' owners: apply both."""
+        ...
+
 
 class StopsFirst(Protocol):
     """The server, whose stop runs first, within the node's bound (net/server.py)."""
@@ -182,6 +196,7 @@ class Coordinator:
         # The assignment record this node last read or wrote: followed, and
         # written again if Redis no longer has it (ha/membership.py).
         self.assigned: Record | None = None
+        self.topics = TopicBoard(client, layout, sharing.node, sharing.address)
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.counts = ClusterCounts()
@@ -190,6 +205,7 @@ class Coordinator:
             keyspace.replicas,
             lambda: self.keyspace.topology.replicas_connected(keys),
             self.writes_refused_for_replicas,
+            lambda: self.keyspace.writes_confirmed,
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._busy: set[int] = set()  # partitions being loaded or handed back
@@ -354,6 +370,33 @@ class Coordinator:
             handing = asyncio.get_running_loop().create_task(self._hand_back(leaving))
             self._handing.add(handing)
             handing.add_done_callback(self._handed)
+        try:
+            await self._share_topics()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis away: the settings last known still apply
+            log.debug("sharing the topic settings failed: %r", exc)
+
+    async def _share_topics(self) -> None:
+        """Publish the topic settings held here, per partition served, and hand
+        the engine those the partitions served elsewhere publish."""
+        published = await self.topics.read()
+        serving = dict(self.sharing.serving)
+        held: dict[int, dict[str, bytes]] = {}
+        for topic, record in self.engine.topic_records().items():
+            partition = self.sharing.partition_of(settings_key(topic))
+            held.setdefault(partition, {})[topic] = record
+        for partition, epoch in sorted(serving.items()):
+            have, want = published.get(partition, {}), held.get(partition, {})
+            if have != want and not self._stopping:
+                await self.topics.publish(partition, epoch, have, want)
+        elsewhere = {
+            topic: record
+            for partition, found in published.items()
+            if partition not in self.sharing.serving
+            for topic, record in found.items()
+        }
+        self.engine.topics_shared(elsewhere)
 
     async def _follow(self, live: Collection[str], stored: Record | None) -> dict[int, str]:
         """The assignment to follow this round: the record ``stored``, rebalanced

@@ -208,6 +208,11 @@ TOPIC_SETTINGS: dict[str, Any] = {
         "burst": {"type": ["integer", "null"], "minimum": 1},
         "concurrency": {"type": ["integer", "null"], "minimum": 1},
         "retain": {"type": ["number", "null"], "minimum": 0, "description": "seconds"},
+        "dead_retain": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "description": "seconds a dead task is kept; null: the server's --dead-retention",
+        },
         "note": {"type": ["string", "null"]},
     },
     "additionalProperties": False,

@@ -174,6 +174,21 @@ describe("Client on one server", () => {
     assert.equal(await dw.scheduleGet(id), null);
   });
 
+  test("the topic methods: settings with retain and dead_retain", async () => {
+    const topic = unique("settings");
+    const fresh = await dw.topicGet(topic);
+    assert.equal(fresh.dead_retain, null);
+    assert.equal(fresh.retain, 0);
+    const set = await dw.topicSet(topic, { rate: 5, burst: 2, retain: 60, dead_retain: 3600, note: "n" });
+    assert.deepEqual([set.rate, set.burst, set.retain, set.dead_retain], [5, 2, 60, 3600]);
+    assert.equal((await dw.topicGet(topic)).dead_retain, 3600);
+    const listed = (await dw.topicList({ limit: 1000 })).topics;
+    assert.ok(listed.some((t) => t.topic === topic && t.dead_retain === 3600));
+    const back = await dw.topicSet(topic, { rate: null, burst: null, retain: null, dead_retain: null, note: null });
+    assert.equal(back.dead_retain, null);
+    await assert.rejects(dw.topicSet(topic, { dead_retain: -1 }), BadRequest);
+  });
+
   test("errors are classes with the protocol's codes", async () => {
     const topic = unique("errors");
     await assert.rejects(dw.ack("no-such-task"), (exc) => exc instanceof NotFound && exc.code === "not_found");

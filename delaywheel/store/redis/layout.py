@@ -22,6 +22,8 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>:p007}:tasks      hash: task id -> record, the tasks of partition 7
     {<prefix>:p007}:epoch      integer: bumped by every acquire (the fencing token)
     {<prefix>:p007}:lease      "<epoch> <node> <address>", with PX: the owner
+    {<prefix>:p007}:topics     hash: topic -> settings record, the copy its owner
+                               publishes of the topic settings it holds (ha/topics.py)
 
 The partition number is written with at least three digits (``p007``,
 ``p1000``) so the keys sort in a listing. The lease's value is also the
@@ -85,6 +87,10 @@ class PartitionKeys:
     @property
     def lease(self) -> str:
         return f"{self.tag}:lease"
+
+    @property
+    def topics(self) -> str:
+        return f"{self.tag}:topics"
 
 
 class Layout:

@@ -170,8 +170,10 @@ class RedisStore(Store):
         # once per change, and a partial saves a Python call each time.
         self.lane_of = partial(partition_of, partitions=partitions)  # type: ignore[method-assign]
         self.replicas = replicas
-        # Writes that WAIT found short of --replicas confirmations (ha/replicas.py).
+        # Writes that WAIT found short of --replicas confirmations, and writes
+        # written in full (ha/replicas.py tells "refused again" from "no writes").
         self.short_of_replicas = 0
+        self.writes_confirmed = 0
         self._sole = owner is None
         self.owner: Owner = SoleOwner() if owner is None else owner
         self.epochs = self.owner.epochs  # partition -> epoch this node may write with
@@ -363,6 +365,7 @@ class RedisStore(Store):
             elif epochs.get(p) != epoch:
                 done(self._lost_in_flight())
             else:
+                self.writes_confirmed += 1
                 done(None)
 
         writer.submit_one(p, epoch, keys, task_id, record, answered)
@@ -385,6 +388,7 @@ class RedisStore(Store):
             self.short_of_replicas += 1
         epochs = self.epochs
         if outcome.error is None and not outcome.fenced:  # the commonest: all written
+            self.writes_confirmed += 1
             lost = self._lost_in_flight
             done(
                 [
