@@ -32,6 +32,7 @@ log = logging.getLogger("delaywheel.engine")
 # and every client can carry, where infinity is not).
 PAUSED_FOR_EVER_S = 253_402_300_799.0
 MAX_NOTE_CHARS = 1000
+MAX_COUNT = 2**31 - 1  # burst and concurrency: what every client and store carries
 MAX_RETAIN_S = validate.DEFAULT_MAX_DELAY_S
 RECORD_KIND = "topic"
 # Version 2 added dead_retain; a version 1 record (8 fields) reads with it nil.
@@ -86,17 +87,31 @@ def check_changes(value: Any) -> dict[str, Any]:
                 raise bad(f"rate must be a number > 0 (tasks a second), got {show(field_value)}")
             changes[name] = float(field_value)
         elif name in ("burst", "concurrency"):
-            if type(field_value) is not int or field_value < 1:
-                raise bad(f"{name} must be an int >= 1, got {show(field_value)}")
+            if type(field_value) is not int or not 1 <= field_value <= MAX_COUNT:
+                raise bad(f"{name} must be an int from 1 to {MAX_COUNT}, got {show(field_value)}")
             changes[name] = field_value
         elif name in ("retain", "dead_retain"):
             changes[name] = number(name, field_value, high=MAX_RETAIN_S)
         else:  # note
-            if type(field_value) is not str or len(field_value) > MAX_NOTE_CHARS:
-                raise bad(f"note must be a str of at most {MAX_NOTE_CHARS} characters, "
+            if (
+                type(field_value) is not str
+                or len(field_value) > MAX_NOTE_CHARS
+                or not _utf8(field_value)
+            ):
+                raise bad(f"note must be a str of at most {MAX_NOTE_CHARS} characters "
+                          "(UTF-8: no lone surrogate), "
                           f"got {show(field_value)}")  # fmt: skip
             changes[name] = field_value
     return changes
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored: a lone surrogate (JSON's ``"\\ud974"``) cannot."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def to_record(settings: TopicSettings) -> bytes:
