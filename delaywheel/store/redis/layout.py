@@ -17,6 +17,7 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>}:meta            hash: "partitions" -> P, "layout" -> "spread" (at first use)
     {<prefix>}:members         zset: node -> expiry, ms on Redis's clock (membership.py)
     {<prefix>}:nodes           hash: node -> "host:port" it serves on
+    {<prefix>}:assignment      hash: version, nodes, owners: which node owns each partition
     {<prefix>}:tasks           the single-node release's hash (migrated from)
     {<prefix>:p007}:tasks      hash: task id -> record, the tasks of partition 7
     {<prefix>:p007}:epoch      integer: bumped by every acquire (the fencing token)
@@ -118,6 +119,7 @@ class Layout:
         self.meta = f"{{{prefix}}}:meta"
         self.members = f"{{{prefix}}}:members"
         self.nodes = f"{{{prefix}}}:nodes"
+        self.assignment = f"{{{prefix}}}:assignment"
         self.single_node_tasks = f"{{{prefix}}}:tasks"
         # Every partition under the keyspace's own tag, in one slot: what the
         # previous release used on a Redis Cluster. Only read now, by the
