@@ -145,9 +145,8 @@ class ApiConnection(asyncio.Protocol):
 
     __slots__ = (
         "body", "busy", "cancel", "closing", "continue_due", "field_count", "fields", "head_fed",
-        "listener",
-        "parser", "paused", "pending", "ready", "request", "stalled", "target", "timer",
-        "transport",
+        "listener", "parser", "paused", "pending", "ready", "request", "stalled", "target",
+        "timer", "transport",
     )  # fmt: skip
 
     def __init__(self, listener: Listener) -> None:
