@@ -11,7 +11,9 @@ starts a private redis-server (AOF everysec, as the bench's) and
 set to each ``--tree`` (a source tree of another commit, e.g. made by
 ``git archive COMMIT | tar -x -C DIR``; none given: this checkout), makes
 ``--warmup`` calls (default ``WARMUP_CALLS``) of ``LOAD`` from a client of
-this checkout (``bench._loads``: ``add``, ``ping``, ``get``, ...; ``journal``
+this checkout (``bench._loads``: ``add``, ``ping``, ``get``, ...; ``http_add``: a
+``POST /v1/tasks`` on one keep-alive connection to ``--api-port``, bench/http_api.py,
+so that the HTTP API's way in is measured as the protocol's is; ``journal``
 is the journal section's pipelines, 8,000 adds a call, for which ``--warmup 3
 --calls 5`` is enough), zeroes the counters (``callgrind_control -z``), makes
 ``--calls`` more, dumps (into ``DIR/0``, ``DIR/1``... by tree with ``--keep``, for
@@ -41,8 +43,12 @@ import time
 from pathlib import Path
 
 from bench._loads import LOADS, READY_TOPIC
-from bench._procs import LISTENING, private_redis
+from bench._procs import LISTENING, free_port, private_redis
 from bench._section import add_tasks
+from bench.http_api import load_http_add
+
+# Loads on the HTTP API's own port (given the port; the server is started with it).
+API_LOADS = {"http_add": load_http_add}
 
 WARMUP_CALLS = 300
 DEFAULT_CALLS = 2_000
@@ -106,6 +112,9 @@ def count(
         env.setdefault("DELAYWHEEL_LEASE", str(SLOW_LEASE_S))
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}:{tree / 'client'}"
+    api_port = free_port() if load in API_LOADS else None
+    if api_port is not None:
+        args = [*args, "--api-port", str(api_port)]
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -129,7 +138,8 @@ def count(
         drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
         if load.startswith("reserve_"):  # each call takes a ready task: fill first
             add_tasks(address, warmup + calls, READY_TOPIC, 0)
-        with LOADS[load](address) as (step, per_step):
+        loaded = LOADS[load](address) if api_port is None else API_LOADS[load](api_port)
+        with loaded as (step, per_step):
             for _ in range(warmup):
                 step()
             subprocess.run(
@@ -161,7 +171,7 @@ def count(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.callgrind", description=__doc__)
-    parser.add_argument("load", nargs="?", default="add", choices=sorted(LOADS))
+    parser.add_argument("load", nargs="?", default="add", choices=sorted([*LOADS, *API_LOADS]))
     parser.add_argument("--tree", type=Path, action="append", default=[])
     parser.add_argument("--store", choices=("redis", "memory"), default="redis")
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)

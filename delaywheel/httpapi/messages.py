@@ -1,6 +1,6 @@
 """A request and its reply as the HTTP API reads and writes them, whatever carries them.
 
-The API's own port is served by wire.py (an asyncio protocol of ours over h11, so that
+The API's own port is served by wire.py (an asyncio protocol of ours over httptools, so that
 a held long poll costs what a blocked ``reserve`` costs); the dashboard's port by
 aiohttp (mount.py).
 Both read a request into an ``ApiRequest`` and write the ``Reply`` that site.py makes.

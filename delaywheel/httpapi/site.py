@@ -2,7 +2,7 @@
 flight, the call, the problem), served on its own port and mounted on the dashboard's.
 
 ``HttpApi.start`` listens on the API's own port (``--api-port``) with wire.py (HTTP/1.1
-over h11); ``app()`` is the aiohttp application app.py mounts at /v1 on the dashboard's
+over httptools); ``app()`` is the aiohttp application app.py mounts at /v1 on the dashboard's
 port when that is on too (mount.py). Both read a request into an ``ApiRequest``
 (messages.py) and write the ``Reply`` made here: ``begin`` (auth, the route, the
 document), then ``answer`` (the call), or for a long poll on a node that holds every
