@@ -210,9 +210,9 @@ class BlindWait:
     def error(self) -> StoreError | None:
         batch = self.batch
         error = batch.error
-        if error is not None and not isinstance(error, Unconfirmed):
-            return error
-        if batch.tiers is not None and self.task_id in batch.tiers.conflicts:
+        # ``exists`` acknowledges the task: only once the write that found it
+        # (and wrote its record again) is confirmed, replicas included.
+        if error is None and batch.tiers is not None and self.task_id in batch.tiers.conflicts:
             return ExistsInStore(f"a task with id {self.task_id!r} already exists")
         return error
 

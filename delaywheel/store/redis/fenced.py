@@ -107,7 +107,16 @@ local refused, skip = {}, {}
 for _ = 1, blind do
   local id = ARGV[at]
   at = at + 1
-  if redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[4], id) == 1 then
+  -- An id held already is refused, and its record written again: the flush's
+  -- WAIT then confirms it, since the answer (exists) acknowledges the task.
+  local key = KEYS[2]
+  local held = redis.call('HGET', key, id)
+  if not held then
+    key = KEYS[4]
+    held = redis.call('HGET', key, id)
+  end
+  if held then
+    redis.call('HSET', key, id, held)
     skip[id] = true
     refused[#refused + 1] = id
   end
