@@ -472,12 +472,13 @@ def measure(tree: Path | None, stores: Sequence[str], plan: Plan, with_lateness:
         shutil.rmtree(directory, ignore_errors=True)
     return Report(
         "horizon",
-        f"The horizon at scale: {plan.tasks:,} tasks due over a year, {tree_name(tree)}",
+        f"The horizon: {plan.tasks if stores else 0:,} tasks due over a year"
+        f"{', stream lateness' if with_lateness else ''}, {tree_name(tree)}",
         figures,
         params={
             "tree": tree_name(tree),
-            "tasks": plan.tasks,
-            "restarts": plan.restarts,
+            "tasks": plan.tasks if stores else 0,
+            "restarts": plan.restarts if stores else 0,
             "stores": list(stores),
             "far_tasks": plan.far_tasks if with_lateness else 0,
             "stream_s": plan.stream_s if with_lateness else 0,
