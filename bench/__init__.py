@@ -184,6 +184,7 @@ SECTIONS: dict[str, str] = {
     "lateness": "bench.lateness",
     "wheel": "bench.wheel",
     "journal": "bench.journal",
+    "horizon": "bench.horizon",
     "recovery": "bench.recovery",
     "deliveries": "bench.deliveries",
     "connections": "bench.connections",

@@ -48,10 +48,11 @@ def private_redis(directory: Path) -> Iterator[str | None]:
 
 
 @contextmanager
-def private_redis_process(directory: Path) -> Iterator[tuple[int, str] | None]:
+def private_redis_process(directory: Path, aof: bool = True) -> Iterator[tuple[int, str] | None]:
     """``private_redis``, yielding (pid, URL): for sections that watch the process too.
 
-    AOF with Redis's default ``appendfsync everysec``: fsync about once a second.
+    AOF with Redis's default ``appendfsync everysec``: fsync about once a second;
+    ``aof`` False: none (a fill that measures memory, not durability).
     """
     if shutil.which("redis-server") is None:
         yield None
@@ -66,7 +67,7 @@ def private_redis_process(directory: Path) -> Iterator[tuple[int, str] | None]:
         "--save",
         "",
         "--appendonly",
-        "yes",
+        "yes" if aof else "no",
         "--dir",
         str(directory),
     ]

@@ -5,7 +5,7 @@ runs in a subprocess (as ``make bench`` would, each section in its own
 interpreter); the test checks the JSON it prints and saves: every compare
 figure there with a positive value, the beanstalkd and Redis figures there
 when those are installed and the skip message in their place when not; the
-fire, lateness, journal and recovery figures there, finite and positive (the
+fire, lateness, journal, horizon and recovery figures there, finite and positive (the
 lateness section's early count an int, 0 allowed); the deliveries figures
 likewise, those of RabbitMQ and NATS too: that test is marked ``brokers``, so
 it runs only when both answer (tests/services.py skips it otherwise, and in
@@ -40,6 +40,7 @@ SECTIONS = (
     "lateness",
     "wheel",
     "journal",
+    "horizon",
     "recovery",
     "deliveries",
     "connections",
@@ -225,6 +226,21 @@ def test_the_journal_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) ->
     assert_finite_positive(figures)
     for store in stores:
         assert figures[f"round_trips_{store}"]["target"] == {"op": "<=", "value": 1.0}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_the_horizon_runs_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> None:
+    horizon = quick_run[0]["sections"]["horizon"]
+    assert horizon["params"]["tasks"] == 2_000
+    assert horizon["params"]["far_tasks"] == 0  # no lateness run: a pull takes 30 s
+    figures: dict[str, Any] = horizon["figures"]
+    kinds = ("fill_rate", "rss_added_mb", "restart_listening_s", "restart_serving_s")
+    kinds += ("rss_restarted_mb", "stop_s")
+    # quick: SQLite alone (Redis costs two more server starts)
+    assert set(figures) == {f"sqlite_{kind}" for kind in kinds} | {"sqlite_file_bytes_per_task"}
+    assert_finite_positive(figures)
+    assert figures["sqlite_rss_added_mb"]["target"] == {"op": "<=", "value": 300.0}
+    assert figures["sqlite_restart_serving_s"]["target"] == {"op": "<=", "value": 2.0}
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)

@@ -4,7 +4,7 @@ Not a bench section: wall-clock rates on a shared 2-core machine move with
 the load, instruction counts do not (repeatable to about 0.1 %), so this is
 how two versions of the hot path are compared.
 
-``python -m bench.tools.callgrind [--tree DIR ...] [--store redis|memory] [--calls N]
+``python -m bench.tools.callgrind [--tree DIR ...] [--store redis|sqlite|memory] [--calls N]
 [--warmup N] [--keep DIR] [LOAD] [-- SERVE OPTIONS]``
 starts a private redis-server (AOF everysec, as the bench's) and
 ``delaywheel serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH``
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.callgrind", description=__doc__)
     parser.add_argument("load", nargs="?", default="add", choices=sorted([*LOADS, *API_LOADS]))
     parser.add_argument("--tree", type=Path, action="append", default=[])
-    parser.add_argument("--store", choices=("redis", "memory"), default="redis")
+    parser.add_argument("--store", choices=("redis", "sqlite", "memory"), default="redis")
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)
     parser.add_argument("--warmup", type=int, default=WARMUP_CALLS)
     # the calls' dumps kept there (one directory per tree), for callgrind_annotate
@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
             with private_redis(Path(directory)) as redis_url:
                 if args.store == "redis" and redis_url is None:
                     sys.exit("no redis-server installed")
-                url = redis_url if args.store == "redis" else "memory://"
+                # a fresh SQLite file for each tree
+                sqlite_url = f"sqlite:///{Path(directory) / f'tree{number}.db'}"
+                url = {"redis": redis_url, "sqlite": sqlite_url}.get(args.store, "memory://")
                 assert url is not None
                 keep = None if args.keep is None else args.keep / str(number)
                 per_call, less_idle = count(
