@@ -311,8 +311,11 @@ class SqliteStore(Store):
         self._check_open("far_range")
         where, args = [], []
         if after is not None:
-            where.append("(due > ? OR (due = ? AND id > ?))")
-            args += [after[0], after[0], after[1]]
+            # A row value walks the (due, id) index from ``after``; the same test
+            # spelt with OR made SQLite merge two searches and sort what was left
+            # (a pull of 25,000 from 500,000 far tasks: 0.495 s against 0.067 s).
+            where.append("(due, id) > (?, ?)")
+            args += [after[0], after[1]]
         if before_s is not None:
             where.append("due < ?")
             args.append(before_s)
