@@ -60,7 +60,6 @@ from delaywheel.engine.task import (
     describe,
 )
 from delaywheel.engine.topics import TopicTable
-from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence, occurrence
@@ -222,35 +221,21 @@ class TaskTable:
         else:
             self.journal.wait_for(task_id)
 
-    def create(self, new: NewTask, now_s: float) -> Task:
-        """A new task from checked fields (``Engine._checked``; ``target`` None:
-        the ready queue), indexed and added: delayed, or ready when due now."""
-        task_id = new.id
-        if task_id is None:
+    def create(self, task: Task, now_s: float) -> Task:
+        """Add a new task (``validate.new_task``, its target checked by
+        ``Engine._checked``; None: the ready queue): given an id if the server
+        is to make it (``validate.SERVER_MADE_ID``), indexed and placed:
+        delayed, or ready when due now."""
+        if not task.id:  # SERVER_MADE_ID
             task_id = f"{self._id_prefix}{next(self._id_counter):x}"  # as _new_id, inline
             if not self.ownership.owns_all:  # no call on one node
                 task_id = self.ownership.new_id(task_id, self._new_id)
-        elif task_id in self.index:
-            raise self.exists(task_id)
-        target = new.target
-        # Positional: a class called with keywords packs them into a dict and
-        # unpacks it again for __init__, which cost 4,000 instructions an add,
-        # as much as the rest of building the task (docs/performance.md).
-        task = Task(
-            task_id,
-            new.topic,
-            new.at_s,
-            new.body_packed,
-            new.ttr_s,
-            new.max_attempts,
-            now_s,  # created_s
-            target,
-            None if new.retain_s is None else Completion(new.retain_s),
-            new.priority,
-        )
+            task.id = task_id
+        elif task.id in self.index:
+            raise self.exists(task.id)
         self.index.add(task)
         # A targeted task due now is delayed all the same: the next tick sends it.
-        due_later = new.at_s > now_s or target is not None
+        due_later = task.at_s > now_s or task.target is not None
         # move(task, "add", ...) without its check and unplace: a new task may
         # always be added, and is in no place yet (5 % of the engine's add,
         # docs/performance.md "Measurements behind the code").
