@@ -164,6 +164,10 @@ class Connection(asyncio.Protocol):
         # One lane (memory, SQLite): batches only move forward, so a batch
         # other than ``waiting_on`` is always a new one: no set to keep.
         self.lanes = self.journal.lanes > 1
+        # An inline store (memory) has written every change of a turn when the
+        # turn ends (``Journal.release`` in _work), and _work's last _flush
+        # sends their replies: no callback to register on a write.
+        self.inline = self.journal.inline
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
         # Blocked waits, the same way: each one's timeout timer and msgid.
@@ -276,10 +280,9 @@ class Connection(asyncio.Protocol):
         self.turn_bytes = 0
         decoder, journal = self.decoder, self.journal
         handled = 0
-        inline = journal.inline
-        if (
-            inline
-        ):  # the journal waits for our flush at the end of the turn: no call_soon per change
+        inline = self.inline
+        # The journal waits for our flush at the end of the turn: no call_soon per change.
+        if inline:
             journal.hold()
         try:
             now_s = time.time()
@@ -374,7 +377,7 @@ class Connection(asyncio.Protocol):
                 else:  # one lane: the next batch's replies, a group of their own
                     group = Replies(wait)
                     replies.append(group)
-        if wait is not None:
+        if wait is not None and not self.inline:
             if self.lanes:  # told once a store answer has settled writes
                 if not self.listening:
                     self.listening = True
@@ -482,6 +485,7 @@ class Connection(asyncio.Protocol):
 
     def _failed(self, group: Replies, first: int, end: int, error: StoreError) -> None:
         """The replies ``first:end`` of ``group`` get the error of their write."""
+        self.server.rearm()  # the rollback may have put back an earlier timer
         code, data = reply_for(error)
         message, encode = str(error), self.encoder.error_response
         for i in range(first, end):
