@@ -327,17 +327,20 @@ class Connection(asyncio.Protocol):
             reply = self.encoder.error_response(msgid, "unauthorized", message)
             self._queue(msgid, reply, None, route)
             return
-        if method == "reserve":
-            self.timers_moved = True  # a reservation's deadline is a timer
-            self._reserve(request, route, now_s)
-            return
-        if method == "wait":
-            self._wait(request, route)
+        run = route.run
+        if run is None:  # reserve, wait, or no such method: one check for every other call
+            if method == "reserve":
+                self.timers_moved = True  # a reservation's deadline is a timer
+                self._reserve(request, route, now_s)
+            elif method == "wait":
+                self._wait(request, route)
+            else:
+                route.failed("no_method")
+                message = f"no method named {checks.show(method)}"
+                reply = self.encoder.error_response(msgid, "no_method", message)
+                self._queue(msgid, reply, None, route)
             return
         try:
-            run = route.run
-            if run is None:
-                raise RequestError("no_method", f"no method named {checks.show(method)}")
             self.timers_moved |= route.mutating
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
