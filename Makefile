@@ -18,8 +18,16 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ./client -e '.[test]'
 	touch $(STAMP)
 
+# Two passes: everything but the `serial` tests on $(JOBS) workers, a file to a
+# worker (most tests wait on processes and timers, not the CPU), then the
+# `serial` ones alone (they assert timings, leases or latencies, that a busy
+# machine would break). MARK narrows both by marker: make test MARK='not slow'.
+# Exit status 5 is pytest's "no test selected" (PYTEST_ARGS naming a file).
+JOBS ?= 2
+MARK ?=
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not serial$(if $(MARK), and ($(MARK)))" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "serial$(if $(MARK), and ($(MARK)))" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The unit tests alone, in under a minute: none that starts a process of ours,
 # needs a redis-server, a broker or a build, or takes seconds (tests/README.md).

@@ -42,7 +42,7 @@ class Plan:
 
 
 FULL = Plan(rounds=3, round_s=2.0, processes=8, reserve_fill=60_000, memory_tasks=200_000)
-QUICK = Plan(rounds=2, round_s=0.3, processes=8, reserve_fill=10_000, memory_tasks=20_000)
+QUICK = Plan(rounds=1, round_s=0.3, processes=8, reserve_fill=10_000, memory_tasks=20_000)
 
 
 # -- processes ------------------------------------------------------------------------

@@ -74,7 +74,7 @@ class Plan:
 
 
 FULL = Plan(idle=5_000, answer=(1_000, 5_000), accept=2_000, rounds=3)
-QUICK = Plan(idle=300, answer=(100, 300), accept=200, rounds=2)
+QUICK = Plan(idle=300, answer=(100, 300), accept=200, rounds=1)
 # The figures' keys name the full plan's counts, whatever the plan (params say).
 ANSWER_KEYS = ("1000", "5000")
 

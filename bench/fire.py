@@ -59,7 +59,7 @@ class Plan:
 
 
 FULL = Plan(tasks=200_000, runs=3)
-QUICK = Plan(tasks=20_000, runs=2)
+QUICK = Plan(tasks=20_000, runs=1)
 
 
 def add_in_batches(address: Address, tasks: Iterable[Mapping[str, Any]]) -> None:

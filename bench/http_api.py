@@ -25,7 +25,8 @@ import json
 import socket
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from delaywheel_client import AsyncClient, Client
@@ -95,6 +96,17 @@ class RawHttp:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@contextmanager
+def load_http_add(port: int) -> Iterator[tuple[Callable[[], None], int]]:
+    """``RawHttp.add`` as a load of bench/tools/callgrind.py (``http_add``): one
+    ``POST /v1/tasks`` a call on one keep-alive connection to the API port ``port``."""
+    http = RawHttp(port)
+    try:
+        yield http.add, 1
+    finally:
+        http.close()
 
 
 def _timed(step: Callable[[], object], seconds: float) -> int:

@@ -117,6 +117,7 @@ def _assemble(
         ownership=sharing,
         slow_flush_s=settings.slow_flush_s,
         dead_retention_s=settings.dead_retention_s,
+        horizon_s=settings.horizon,
     )
     deliveries = Deliveries(
         rules,

@@ -26,6 +26,13 @@ from delaywheel.store.redis.layout import check_partitions
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S as DEFAULT_SLOW_FLUSH_S
 from delaywheel.wheel import DEFAULT_SLOTS, DEFAULT_TICK_S, MAX_SLOTS, MIN_TICK_S
 
+# The shortest --horizon: the two windows of packed tasks the engine decodes
+# ahead (engine/cold.py, a minute each) must fit below it.
+MIN_HORIZON_S = 120.0
+# The default's floor: a fast tick shortens the lap, not what memory should hold
+# (an hour of tasks, as the default wheel's lap).
+DEFAULT_HORIZON_S = 3600.0
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3450
 DEFAULT_STORE = "redis://127.0.0.1:6379/0"
@@ -79,6 +86,9 @@ class Settings:
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     # How long a dead task is kept before it goes; None: for ever.
     dead_retention_s: float | None = None
+    # Delayed tasks due beyond this are kept only in the store (engine/horizon.py);
+    # None: one lap of the wheel (slots x tick), at least DEFAULT_HORIZON_S.
+    horizon_s: float | None = None
     # A message must complete within this long of the previous one, or the
     # connection is closed: half-sent messages pin memory (msgpack allocates
     # containers from their headers), so a peer may not park them forever.
@@ -168,6 +178,13 @@ class Settings:
             math.isfinite(self.dead_retention_s) and self.dead_retention_s > 0
         ):
             raise ConfigError(f"dead retention must be > 0 s, got {self.dead_retention_s}")
+        if self.horizon_s is not None and not (
+            math.isfinite(self.horizon_s) and self.horizon_s >= MIN_HORIZON_S
+        ):
+            raise ConfigError(
+                f"horizon must be at least {MIN_HORIZON_S:g} s (two minutes),"
+                f" got {self.horizon_s:g}"
+            )
         if self.max_connections < 1:
             raise ConfigError(f"max connections must be at least 1, got {self.max_connections}")
         if not self.message_timeout_s > 0:
@@ -331,6 +348,14 @@ class Settings:
     def open_to_anyone(self) -> bool:
         """Listening beyond loopback with no token and no client certificates."""
         return self.token is None and self.tls_client_ca is None and not _is_loopback(self.host)
+
+    @property
+    def horizon(self) -> float:
+        """The horizon in seconds: --horizon, else one lap of the wheel (at least
+        DEFAULT_HORIZON_S)."""
+        if self.horizon_s is not None:
+            return self.horizon_s
+        return max(DEFAULT_HORIZON_S, self.slots * self.tick_s)
 
     @property
     def limits(self) -> Limits:

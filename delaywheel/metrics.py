@@ -76,7 +76,7 @@ _EVENTS = (
         "lapsed",
         "delaywheel_tasks_lapsed_total",
         "Done tasks dropped once their retain seconds were over, and dead ones once "
-        "--dead-retention was.",
+        "their topic's dead_retain (else --dead-retention) was.",
     ),
 )
 

@@ -11,6 +11,7 @@ node's /metrics) are for the HA tests' waits and checks.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -83,12 +84,19 @@ def settled(nodes: list[ServerProcess]) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def two_nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
-    nodes = [node(module_redis_url, "a"), node(module_redis_url, "b")]
+@contextlib.contextmanager
+def node_pair(store: str, *args: str) -> Iterator[list[ServerProcess]]:
+    """Nodes ``a`` and ``b`` on ``store`` (``args`` to both), once settled; stopped after."""
+    nodes = [node(store, name, *args) for name in ("a", "b")]
     try:
         wait_until(lambda: settled(nodes), SETTLE_TIMEOUT_S, "two nodes sharing the partitions")
         yield nodes
     finally:
         for proc in nodes:
             proc.stop()
+
+
+@pytest.fixture(scope="module")
+def two_nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
+    with node_pair(module_redis_url) as nodes:
+        yield nodes

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio import RedisCluster as AsyncRedisCluster
 
 from delaywheel.ha.lease import LeaseError, LeaseKeeper, Leases
-from delaywheel.ha.membership import Membership
+from delaywheel.ha.membership import Membership, Record
 from delaywheel.store.redis.layout import (
     Holder,
     Layout,
@@ -30,6 +30,9 @@ from delaywheel.store.redis.layout import (
 from delaywheel.store.redis.scripts import NodeNameError
 
 LAYOUT = Layout("delaywheel", 16)
+
+# Leases of 1 s and keepers that must renew in time: alone, after the parallel run.
+pytestmark = pytest.mark.serial
 
 
 def test_a_held_lease_is_not_acquired_again(redis_url: str) -> None:
@@ -260,6 +263,55 @@ def test_membership_ignores_the_local_clock(redis_url: str) -> None:
     run(scenario)
 
 
+def test_the_assignment_record_is_written_only_over_the_version_read(redis_url: str) -> None:
+    """Compare-and-set: a write over a version another node replaced is refused
+    and answered with the stored record, which a look gives every node alike."""
+    everything_a = dict.fromkeys(range(16), "a")
+    halves = {p: "ab"[p % 2] for p in range(16)}
+
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            a = Membership(client, LAYOUT, "a", "h:1")
+            b = Membership(client, LAYOUT, "b", "h:2")
+            await a.load()
+            await a.register(60_000)
+            empty = await a.look()
+            assert (empty.live, empty.version, empty.record) == ({"a": "h:1"}, None, None)
+            first = Record.new(1, everything_a)
+            assert await a.propose(None, first) == (True, first)
+            # b read no record too: its write is refused, and it is given a's.
+            assert await b.propose(None, Record.new(1, halves)) == (False, first)
+            seen = await b.look()
+            assert (seen.version, seen.record) == (first.version, first)
+            assert seen.record is not None and seen.record.generation == 1
+            # A look that knows the version gets no body.
+            assert (await b.look(first.version)).record is None
+            second = Record.new(2, halves)
+            assert await b.propose(first.version, second) == (True, second)
+            assert await a.propose(first.version, Record.new(2, everything_a)) == (False, second)
+            assert await client.hgetall(LAYOUT.assignment) == {
+                b"version": second.version.encode(),
+                b"nodes": b"a b",
+                b"owners": b"0 1 " * 7 + b"0 1",
+            }
+            # Deleted: a write over the version read is refused, and none is stored.
+            await client.delete(LAYOUT.assignment)
+            assert await a.propose(second.version, Record.new(3, halves)) == (False, None)
+            assert (await a.look(second.version)).version is None
+
+    run(scenario)
+
+
+def test_a_record_that_is_not_the_keyspaces_assigns_nothing() -> None:
+    """Written by hand, say: the next round writes a whole one over it."""
+    assert Record.decode(b"4:ab", b"a b", b"0 1 1", 16).owners == {}
+    assert Record.decode(b"4:ab", b"a b", b"0 1 2" + b" 0" * 13, 16).owners == {}
+    assert Record.decode(b"x", b"a", b"0" + b" 0" * 15, 16) == Record(
+        "x", dict.fromkeys(range(16), "a")
+    )
+    assert Record("x", {}).generation == 0
+
+
 def test_every_script_is_legal_on_redis_cluster(redis_cluster: RedisCluster) -> None:
     """Each partition's keys in one slot, the keyspace's own under {prefix}: no
     CROSSSLOT, and the partitions spread over the primaries."""
@@ -274,6 +326,9 @@ def test_every_script_is_legal_on_redis_cluster(redis_cluster: RedisCluster) -> 
             await record_partitions(client, LAYOUT)
             await members.register(60_000)
             assert await members.live() == {"a": "h:1"}
+            record = Record.new(1, dict.fromkeys(range(16), "a"))
+            assert await members.propose(None, record) == (True, record)
+            assert (await members.look()).record == record
             for p in range(16):
                 assert await leases.acquire(p, 5000) == 1
                 assert await leases.renew(p, 1, 5000)

@@ -36,7 +36,7 @@ from hascenario import explain, finish, loaded, seeds
 from serverproc import ServerProcess, free_port
 from waiting import wait_until
 
-pytestmark = [pytest.mark.process, pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.serial]
 
 LEASE_S = 3.0
 PARTITIONS = 16

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from redisfarm import ClusterFarm
 
 pytest_plugins = ("redisfarm",)
-pytestmark = [pytest.mark.redis, pytest.mark.process, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.process, pytest.mark.slow, pytest.mark.serial]
 
 LEASE_S = 3.0
 NODE_TIMEOUT_MS = 2000

@@ -30,7 +30,7 @@ from test_connections import rss_bytes
 
 from delaywheel.config import ConfigError, Settings
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 TOKEN = "s3cret-token-for-hardening"
 # 1,000 nested array headers each claiming 100,000 entries, never finished (5 kB).

@@ -197,8 +197,14 @@ def test_topic_settings_and_priority(api: Api, topic: str) -> None:
     assert topic in [t["topic"] for t in listed.data["topics"]]
     urgent = api.request("POST", "/tasks", {"topic": topic, "priority": 0, "body": "u"})
     assert api.request("GET", f"/tasks/{urgent.data['id']}").data["priority"] == 0
-    back = api.request("PATCH", f"/topics/{topic}", {"concurrency": None, "rate": None})
+    kept = api.request("PATCH", f"/topics/{topic}", {"dead_retain": 3600})
+    assert kept.status == 200 and kept.data["dead_retain"] == 3600
+    problem_of(api.request("PATCH", f"/topics/{topic}", {"dead_retain": -1}), 422, "bad_request")
+    back = api.request(
+        "PATCH", f"/topics/{topic}", {"concurrency": None, "rate": None, "dead_retain": None}
+    )
     assert back.data["concurrency"] is None and back.data["rate"] is None
+    assert back.data["dead_retain"] is None
 
 
 def test_schedules(api: Api, topic: str) -> None:

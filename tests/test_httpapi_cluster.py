@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from apicalls import Api, api_url
-from clusternodes import PARTITIONS, SETTLE_TIMEOUT_S, node, served, settled
+from clusternodes import PARTITIONS, node_pair, served
 from delaywheel_client import Client
 from delaywheel_client.partitions import partition_of
 from serverproc import ServerProcess
@@ -20,13 +20,8 @@ pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
-    procs = [node(module_redis_url, name, "--api-port", "0") for name in ("a", "b")]
-    try:
-        wait_until(lambda: settled(procs), SETTLE_TIMEOUT_S, "two nodes sharing the partitions")
+    with node_pair(module_redis_url, "--api-port", "0") as procs:
         yield procs
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 def ids_owned_by(proc: ServerProcess, prefix: str, count: int) -> list[str]:

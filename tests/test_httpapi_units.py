@@ -299,7 +299,7 @@ def test_query_numbers_are_read_as_the_protocol_takes_them() -> None:
 
 def test_a_build_leaves_the_checks_to_the_protocol() -> None:
     add = next(op for op in OPERATIONS if op.op_id == "addTask")
-    method, params = add.build(Inputs({}, {}, {"topic": 5}, {"Idempotency-Key": "k"}))
+    method, params = add.build(Inputs({}, {}, {"topic": 5}, {"idempotency-key": "k"}))
     assert (method, params) == ("add", [{"topic": 5, "id": "k"}])
     with pytest.raises(RequestError):
         validate.new_task(params[0], 0.0, validate.Limits())

@@ -406,6 +406,13 @@ def check_events(
         "delaywheel.auth",
     )
     one(events, "shutting down", "INFO", "delaywheel")
+    # The first node of a keyspace writes its first assignment record (docs/ha.md).
+    one(
+        events,
+        r"assignment generation 1: 1 node\(s\), 0 partition\(s\) move",
+        "INFO",
+        "delaywheel.cluster",
+    )
     # A node of a keyspace says what its stop handed over (docs/ha.md).
     stopped, match = one(
         events, r"stopped: handed back (\d+) partitions in [\d.]+ s", "INFO", "delaywheel.cluster"

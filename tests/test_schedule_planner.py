@@ -138,6 +138,15 @@ def test_next_takes_1_to_1000(n: Any) -> None:
         planner.render_next(schedule(every=60), NOW_MS, n)
 
 
+@pytest.mark.parametrize(("every", "listed"), [(3.5e80, 0), (1e12, 0), (1e9, 2)])
+def test_next_lists_only_the_next_50_years(every: float, listed: int) -> None:
+    # Before: an every of years answered times past year 9999, an internal error.
+    preview = check_preview({"every": every}, TICK_S)
+    times = planner.render_next(preview, NOW_MS, 1000)["times"]
+    assert len(times) == listed  # 1e9: 2033 and 2065, not 2096
+    assert all(t["utc"] * 1000 - NOW_MS <= 50 * 365.25 * 86400_000 for t in times)
+
+
 def test_every_is_described() -> None:
     text = planner.render_next(schedule(every=900), NOW_MS, 1)["description"]
     assert text.startswith("Every 15 minutes, counted from 1970-01-01T00:00:00+00:00")

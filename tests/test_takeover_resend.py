@@ -38,7 +38,7 @@ from waiting import wait_until
 
 from delaywheel.engine.record import from_record, to_record
 from delaywheel.engine.task import DELAYED, DELIVERING, Task
-from delaywheel.ha.membership import assignment
+from delaywheel.ha.assignment import rebalance
 from delaywheel.store.redis.layout import Layout
 
 pytestmark = [pytest.mark.process, pytest.mark.redis, pytest.mark.slow]
@@ -138,9 +138,7 @@ def test_a_handoff_does_not_wait_for_an_attempt_it_only_holds(
         held = _record(receiver, DELIVERING, now_s - 1, deadline_s=now_s + 60)
         _taken_again(store, node, partition, held, epoch=2)
     name = next(
-        f"joining-{n}"
-        for n in range(100)
-        if assignment(["solo", f"joining-{n}"], PARTITIONS)[partition] == f"joining-{n}"
+        f"joining-{n}" for n in range(100) if _joined(f"joining-{n}")[partition] == f"joining-{n}"
     )
     joined_s = time.monotonic()
     other = ServerProcess(
@@ -183,6 +181,11 @@ def test_deliveries_right_after_a_load_carry_the_partitions_epoch(
     assert sorted(d.task_id for d in receiver.received()) == sorted(ids)
 
 
+def _joined(name: str) -> dict[int, str]:
+    """The assignment record once ``name`` joined "solo", which owned every partition."""
+    return rebalance(dict.fromkeys(range(PARTITIONS), "solo"), ["solo", name], PARTITIONS)
+
+
 def _partition(task_id: str) -> int:
     return zlib.crc32(task_id.encode()) % PARTITIONS
 
@@ -202,9 +205,7 @@ def test_a_node_stays_registered_through_a_handback_longer_than_its_lease(
     others saw the node gone mid-handback)."""
     endpoint.slow_s = 4 * LEASE_S
     name = "joining-0"
-    partition = next(
-        p for p, owner in assignment(["solo", name], PARTITIONS).items() if owner == name
-    )
+    partition = next(p for p, owner in _joined(name).items() if owner == name)
     task_id = next(i for i in (f"slow-{n}" for n in range(2000)) if _partition(i) == partition)
     target = {"type": "http", "url": endpoint.url("/slow"), "timeout": 30}
     with Client(*node.address) as dw:

@@ -23,6 +23,7 @@ DEFAULT_MAP = {
     "burst": 1,
     "concurrency": None,
     "retain": 0.0,
+    "dead_retain": None,
     "note": "",
 }
 
@@ -63,6 +64,9 @@ def test_set_changes_only_the_fields_given_and_nil_puts_one_back() -> None:
         ({"burst": 2.5}, "2.5"),
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": True}, "True"),
+        ({"concurrency": 2**80}, "1208925819614629174706176"),  # schemathesis found it: a 500
+        ({"burst": 2**31}, "2147483648"),
+        ({"note": "\ud974"}, "surrogate"),
         ({"paused_until": "tomorrow"}, "'tomorrow'"),
         ({"paused_until": float("inf")}, "inf"),
         ({"retain": -1}, "retain"),

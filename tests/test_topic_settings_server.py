@@ -60,8 +60,17 @@ def test_the_cli_pauses_resumes_limits_shows_and_lists(address: str) -> None:
     assert not cli_json(address, "topic", "resume", topic)["paused"]
     limited = cli_json(address, "topic", "limit", topic, "--no-rate", "--concurrency", "4")
     assert (limited["rate"], limited["concurrency"]) == (None, 4)
+    kept = cli_json(address, "topic", "limit", topic, "--retain", "1d", "--dead-retain", "7d")
+    assert (kept["retain"], kept["dead_retain"], kept["concurrency"]) == (86_400.0, 604_800.0, 4)
+    shown = cli(address, "topic", "show", topic)
+    assert "dead retain: 7d" in shown.stdout, shown.stdout
+    said = cli(address, "topic", "limit", topic, "--no-dead-retain")
+    assert said.exit_code == 0 and said.stdout.strip().endswith("kept: done 1d"), said.stdout
+    assert "the server's --dead-retention" in cli(address, "topic", "show", topic).stdout
     refused = cli(address, "topic", "limit", topic)
     assert refused.exit_code == 2 and "nothing to change" in refused.stderr
+    refused = cli(address, "topic", "limit", topic, "--dead-retain", "1h", "--no-dead-retain")
+    assert refused.exit_code == 2 and "--no-dead-retain" in refused.stderr
     refused = cli(address, "topic", "limit", topic, "--rate", "0")
     assert refused.exit_code == 2 and "0" in refused.stderr
 

@@ -11,15 +11,16 @@ serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH`` set to each
 ``--tree`` (a source tree of another commit, e.g. made by ``git archive COMMIT
 | tar -x -C DIR``; none given: this checkout), makes ``--warmup`` calls
 (default ``WARMUP_CALLS``) of ``LOAD`` from a client of this checkout
-(``bench._loads``: ``add``, ``ping``, ``get``, ...; ``journal`` is the journal
-section's pipelines, 8,000 adds a call, for which ``--warmup 3 --calls 5`` is
-enough; ``reserve_ack``'s queue is filled first, a ready task per call;
-``--store sqlite`` is a fresh file per tree), zeroes the counters
-(``callgrind_control -z``), makes ``--calls`` more, dumps (into ``DIR/0``,
-``DIR/1``... by tree with ``--keep``, for ``callgrind_annotate``), and prints
-the server's instructions per call (every thread: the main loop and any
-helper). The server runs about 50 times slower under callgrind; start-up takes
-a minute or so.
+(``bench._loads``: ``add``, ``ping``, ``get``, ...; ``http_add``: a ``POST
+/v1/tasks`` on one keep-alive connection to ``--api-port``, bench/http_api.py,
+so that the HTTP API's way in is measured as the protocol's is; ``journal`` is
+the journal section's pipelines, 8,000 adds a call, for which ``--warmup 3
+--calls 5`` is enough; ``--store sqlite`` is a fresh file per tree), zeroes
+the counters (``callgrind_control -z``), makes ``--calls`` more, dumps (into
+``DIR/0``, ``DIR/1``... by tree with ``--keep``, for ``callgrind_annotate``),
+and prints the server's instructions per call (every thread: the main loop and
+any helper). The server runs about 50 times slower under callgrind; start-up
+takes a minute or so.
 
 "less idle": the same less what the server does while idle for as long as
 the calls took (counted next, in a second dump). A node of several (issue
@@ -43,17 +44,18 @@ import time
 from pathlib import Path
 
 from bench._loads import LOADS, READY_TOPIC
-from bench._procs import LISTENING, private_redis
+from bench._procs import LISTENING, free_port, private_redis
 from bench._section import add_tasks
+from bench.http_api import load_http_add
+
+# Loads on the HTTP API's own port (given the port; the server is started with it).
+API_LOADS = {"http_add": load_http_add}
 
 WARMUP_CALLS = 300
 DEFAULT_CALLS = 2_000
 START_TIMEOUT_S = 300.0
 SLOW_LEASE_S = 600
 STOP_TIMEOUT_S = 10.0
-# Loads whose every call takes a ready task: the queue is filled with one per
-# call (warm-up included) before the first.
-TAKES_READY_TASKS = frozenset({"reserve_ack"})
 TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
@@ -111,6 +113,9 @@ def count(
         env.setdefault("DELAYWHEEL_LEASE", str(SLOW_LEASE_S))
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}:{tree / 'client'}"
+    api_port = free_port() if load in API_LOADS else None
+    if api_port is not None:
+        args = [*args, "--api-port", str(api_port)]
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -132,9 +137,10 @@ def count(
         address = _wait_listening(proc)
         # the server's log goes on being read, so that it never blocks on a full pipe
         drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
-        if load in TAKES_READY_TASKS:  # filled before the counters start
+        if load.startswith("reserve_"):  # each call takes a ready task: fill first
             add_tasks(address, warmup + calls, READY_TOPIC, 0)
-        with LOADS[load](address) as (step, per_step):
+        loaded = LOADS[load](address) if api_port is None else API_LOADS[load](api_port)
+        with loaded as (step, per_step):
             for _ in range(warmup):
                 step()
             subprocess.run(
@@ -166,7 +172,7 @@ def count(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.callgrind", description=__doc__)
-    parser.add_argument("load", nargs="?", default="add", choices=sorted(LOADS))
+    parser.add_argument("load", nargs="?", default="add", choices=sorted([*LOADS, *API_LOADS]))
     parser.add_argument("--tree", type=Path, action="append", default=[])
     parser.add_argument("--store", choices=("redis", "memory", "sqlite"), default="redis")
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)

@@ -382,7 +382,8 @@ class Commands:
     @command(("topic",), read_only=True, route=by_topic)
     def topic_get(self, topic: str) -> dict[str, Any]:
         """A topic's settings: ``topic``, ``paused`` (now), ``paused_until``, ``rate``,
-        ``burst``, ``concurrency``, ``retain``, ``note`` (the defaults when never set)."""
+        ``burst``, ``concurrency``, ``retain``, ``dead_retain``, ``note`` (the defaults when
+        never set)."""
         return self._send("topic_get", (topic,))
 
     @command(("topic", "settings"), route=by_topic)

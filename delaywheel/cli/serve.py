@@ -54,7 +54,7 @@ HELP_SECTIONS: dict[str, tuple[str, ...]] = {
         "--host", "--port", "--token", "--insecure-no-auth", "--tls-cert", "--tls-key",
         "--tls-client-ca",
     ),
-    "Store": ("--store", "--redis-prefix", "--slow-flush"),
+    "Store": ("--store", "--redis-prefix", "--slow-flush", "--horizon"),
     "The wheel": ("--slots", "--tick"),
     "Limits": (
         "--max-message", "--max-body", "--max-result", "--dead-retention", "--max-connections",
@@ -157,11 +157,20 @@ class _SectionedCommand(click.Command):
     "in bytes.",
 )
 @_serve_option(
+    "--horizon",
+    "horizon_s",
+    default=None,
+    type=Duration(),
+    help="Delayed tasks due further ahead than this are kept only in the store, not in "
+    "memory (at least 2m) [default: one lap of the wheel, at least 1h].",
+)
+@_serve_option(
     "--dead-retention",
     "dead_retention_s",
     default=None,
     type=float,
-    help="Seconds a dead task is kept before it goes [default: for ever].",
+    help="Seconds a dead task is kept before it goes, for topics without a dead_retain "
+    "of their own [default: for ever].",
 )
 @_serve_option(
     "--max-connections",

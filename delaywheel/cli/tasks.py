@@ -250,8 +250,8 @@ def get(env: Env, task_id: str) -> None:
     "--cursor",
     "cursor_text",
     metavar="CURSOR",
-    help="Start after this cursor (a previous page's next: a number, or with several "
-    'servers the JSON ["host:port", number]).',
+    help="Start after this cursor (a previous page's next: a number, f... past the "
+    'horizon, or with several servers the JSON ["host:port", cursor]).',
 )
 @click.option("--all", "follow", is_flag=True, help="Follow cursors to the last page.")
 @client_command
@@ -283,19 +283,22 @@ def list_(
         return
     click.echo(task_table(tasks) if tasks else "no tasks")
     if cursor is not None:
-        shown = cursor if isinstance(cursor, int) else f"'{json.dumps(cursor)}'"
+        shown = cursor if isinstance(cursor, int | str) else f"'{json.dumps(cursor)}'"
         click.echo(f"more tasks: use --all, or --cursor {shown} for the next page", err=True)
 
 
 def _cursor(text: str | None) -> Any:
-    """``--cursor``: a node's cursor (a number) or a cluster's (``["host:port", n]``)."""
+    """``--cursor``: a node's cursor (a number; ``f...`` in the tasks beyond the
+    horizon) or a cluster's (``["host:port", cursor]``)."""
     if text is None:
         return None
+    if text.startswith("f"):
+        return text
     try:
         value = json.loads(text)
     except ValueError:
         value = None
-    if type(value) is int or (
+    if type(value) in (int, str) or (
         type(value) is list and len(value) == 2 and isinstance(value[0], str)
     ):
         return value

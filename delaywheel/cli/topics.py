@@ -47,6 +47,20 @@ def _limit_text(settings: dict[str, Any]) -> str:
     return ", ".join(parts) or "none"
 
 
+def _kept_text(settings: dict[str, Any]) -> str:
+    """What a topic's retention says, when it says anything but the defaults."""
+    parts = []
+    if settings.get("retain"):
+        parts.append(f"done {seconds_text(settings['retain'])}")
+    if settings.get("dead_retain") is not None:
+        parts.append(f"dead {seconds_text(settings['dead_retain'])}")
+    return f"; kept: {', '.join(parts)}" if parts else ""
+
+
+def _dead_retain_text(kept_s: float | None) -> str:
+    return "the server's --dead-retention" if kept_s is None else seconds_text(kept_s)
+
+
 def settings_text(settings: dict[str, Any]) -> str:
     now_s = time.time()
     rows = [
@@ -56,6 +70,7 @@ def settings_text(settings: dict[str, Any]) -> str:
         ("burst", str(settings.get("burst"))),
         ("concurrency", str(settings.get("concurrency") or "none")),
         ("retain", seconds_text(settings.get("retain", 0))),
+        ("dead retain", _dead_retain_text(settings.get("dead_retain"))),
         ("note", settings.get("note") or "-"),
     ]
     width = max(len(key) for key, _ in rows) + 1
@@ -126,6 +141,13 @@ def resume(env: Env, topic: str) -> None:
 @click.option("--concurrency", type=click.IntRange(min=1), help="Reserved or delivering at once.")
 @click.option("--no-rate", is_flag=True, help="Remove the rate limit.")
 @click.option("--no-concurrency", is_flag=True, help="Remove the concurrency limit.")
+@click.option(
+    "--retain", type=DURATION, help="How long a completed task is kept (30m, 1d; 0: not at all)."
+)
+@click.option("--dead-retain", type=DURATION, help="How long a dead task is kept (7d, 1h).")
+@click.option(
+    "--no-dead-retain", is_flag=True, help="Dead tasks kept as the server's --dead-retention says."
+)
 @client_command
 def limit(
     env: Env,
@@ -135,21 +157,29 @@ def limit(
     concurrency: int | None,
     no_rate: bool,
     no_concurrency: bool,
+    retain: float | None,
+    dead_retain: float | None,
+    no_dead_retain: bool,
 ) -> None:
     """Limit how fast (--rate, --burst) and how many at once (--concurrency) a
-    topic's tasks are handed out, to reserve and to targets together."""
+    topic's tasks are handed out, to reserve and to targets together, and how
+    long its completed (--retain) and dead (--dead-retain) tasks are kept."""
     changes: dict[str, Any] = {}
     for name, value, unset in (
         ("rate", rate, no_rate),
         ("concurrency", concurrency, no_concurrency),
+        ("dead-retain", dead_retain, no_dead_retain),
     ):
         if value is not None and unset:
             raise click.UsageError(f"--{name} and --no-{name} given together")
         if value is not None or unset:
+            changes[name.replace("-", "_")] = value
+    for name, value in (("burst", burst), ("retain", retain)):
+        if value is not None:
             changes[name] = value
-    if burst is not None:
-        changes["burst"] = burst
     if not changes:
-        raise click.UsageError("nothing to change: give --rate, --burst or --concurrency")
+        raise click.UsageError(
+            "nothing to change: give --rate, --burst, --concurrency, --retain or --dead-retain"
+        )
     settings = env.client().topic_set(topic, changes)
-    env.emit(settings, lambda: f"{topic}: limits {_limit_text(settings)}")
+    env.emit(settings, lambda: f"{topic}: limits {_limit_text(settings)}{_kept_text(settings)}")

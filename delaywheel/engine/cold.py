@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from delaywheel.engine.record import (
@@ -218,22 +218,39 @@ class ColdTasks:
         for task_id in self._table.packed.take(limit, by_s):
             get(task_id)  # decodes the task if it is still packed
 
-    async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+    async def load(
+        self,
+        batches: AsyncIterator[list[tuple[str, bytes]]],
+        far_from_s: float | None = None,
+        push: Callable[[list[tuple[str, bytes, float, str]]], Awaitable[None]] | None = None,
+    ) -> int:
         """Load every record of ``batches`` (``(id, record)`` lists, each id once)
         into the table; corrupt ones are logged with their id and skipped.
-        Returns how many tasks were loaded."""
+        Returns how many tasks were loaded. With ``far_from_s``, a delayed
+        task due from then on is not loaded but handed to ``push``, a batch
+        at a time, to be moved to the far tier (engine/horizon.py)."""
         loaded = 0
         next_report = LOAD_PROGRESS_EVERY
         now_s = self._table.wheel.now_s
         async for batch in batches:
-            loaded += self._load_batch(batch, now_s)
+            far: list[tuple[str, bytes, float, str]] = []
+            loaded += self._load_batch(batch, now_s, far_from_s, far)
+            if far and push is not None:
+                await push(far)
             if loaded >= next_report:
                 log.info("loaded %d tasks so far", loaded, extra={"tasks": loaded})
                 next_report += LOAD_PROGRESS_EVERY
         return loaded
 
-    def _load_batch(self, batch: list[tuple[str, bytes]], now_s: float) -> int:
-        """One batch of ``load``: read, then placed, indexed and counted in bulk."""
+    def _load_batch(
+        self,
+        batch: list[tuple[str, bytes]],
+        now_s: float,
+        far_from_s: float | None = None,
+        far: list[tuple[str, bytes, float, str]] | None = None,
+    ) -> int:
+        """One batch of ``load``: read, then placed, indexed and counted in bulk;
+        the far tier's (due from ``far_from_s`` on) into ``far``, not loaded."""
         table = self._table
         wheel, index, counts, packed = table.wheel, table.index, table.counts, table.packed
         hold_from_s = packed.hold_from(now_s)
@@ -252,6 +269,14 @@ class ColdTasks:
                 log.error("skipping corrupt record for task %r: %s", task_id, exc)
                 continue
             if fields[STATE_FIELD] == delayed and fields[AT_FIELD] >= hold_from_s:
+                if (
+                    far is not None
+                    and far_from_s is not None
+                    and fields[AT_FIELD] >= far_from_s
+                    and not task_id.startswith("s:")
+                ):
+                    far.append((task_id, item[1], fields[AT_FIELD], fields[TOPIC_FIELD]))
+                    continue
                 held.append(item)
                 held_at.append(fields[AT_FIELD])
                 held_topics.append(fields[TOPIC_FIELD])

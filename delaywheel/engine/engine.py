@@ -18,7 +18,7 @@ ready; handing it over is itself a journaled change.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from delaywheel_client.partitions import is_record_key, is_settings_key
 
@@ -28,6 +28,7 @@ from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine import validate
 from delaywheel.engine.attempts import Attempts
 from delaywheel.engine.firing import Firing
+from delaywheel.engine.horizon import MAX_FETCHES, NeedsStore, far_cursor
 from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.engine.schedules import Hooks, ScheduleTable
@@ -50,6 +51,8 @@ from delaywheel.schedules.occurrence import Occurrence
 from delaywheel.store.base import Store
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S
 
+T = TypeVar("T")
+
 # How many tasks one list call may look at before it returns a short page: a
 # filter that matches little must not stall the loop scanning millions.
 LIST_SCAN_BUDGET = 20_000
@@ -69,7 +72,10 @@ class Engine:
         ownership: Ownership | None = None,
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
         dead_retention_s: float | None = None,
+        horizon_s: float | None = None,
     ) -> None:
+        """``horizon_s``: delayed tasks due beyond it are kept only in the store
+        (engine/horizon.py); None: every task in memory."""
         self.store = store
         self.dead_retention_s = dead_retention_s  # --dead-retention: None, for ever
         # Which ids this node serves (ha/ownership.py): all of them unless given.
@@ -86,7 +92,9 @@ class Engine:
             slow_flush_s=slow_flush_s,
             topic_retain_s=self.topic_retain_s,
             topic_dead_retain_s=self.topic_dead_retain_s,
+            horizon_s=horizon_s,
         )
+        self.horizon = table.horizon
         # The table's parts the verbs use (and the server reads).
         self.wheel, self.queues, self.journal = table.wheel, table.queues, table.journal
         self._tasks, self.events = table.index, table.events
@@ -121,6 +129,10 @@ class Engine:
             try:
                 new = self._checked(fields, now_s)
                 if new.id:  # given, not SERVER_MADE_ID
+                    if new.id not in self._tasks and (
+                        self.horizon.far_total or self.horizon.unconfirmed
+                    ):
+                        self.horizon.misses(_ids_given(tasks, self._tasks.by_id))
                     if new.id in self._tasks:
                         raise self.table.exists(new.id)
                     if new.id in seen:
@@ -183,7 +195,7 @@ class Engine:
         return self.describe(task)
 
     def delete(self, task_id: Any) -> bool:
-        task = self._tasks.get(self._served(task_id))
+        task = self._lookup(self._served(task_id))
         if task is None:
             return False
         self.table.move(task, "delete", GONE)
@@ -193,11 +205,13 @@ class Engine:
         return True
 
     def get(self, task_id: Any) -> dict[str, Any] | None:
-        task = self._tasks.get(self._served(task_id))
+        task = self._lookup(self._served(task_id))
         return None if task is None else self.describe(task)
 
     def list_tasks(self, query: Any) -> dict[str, Any]:
         q = validate.list_query(query)
+        if type(q.cursor) is str:  # a page of the far tier (engine/horizon.py)
+            return self.horizon.list_page(q.cursor, q.topic, q.state, q.limit)
 
         def wanted(task: Task) -> bool:
             return (q.topic is None or task.topic == q.topic) and (
@@ -207,10 +221,19 @@ class Engine:
         # Packed tasks join the creation order as they are decoded, after
         # every task there: a client paging to the end meets each once.
         self.table.cold.thaw(LIST_SCAN_BUDGET)
+        assert type(q.cursor) is int
         tasks, cursor = self._tasks.page(q.cursor, wanted, q.limit, LIST_SCAN_BUDGET)
         if cursor is None and self.table.packed.count:  # more to decode: come back
             cursor = max(q.cursor, self._tasks.last_seq())
-        return {"tasks": [self.describe(task) for task in tasks], "next": cursor}
+        shown = [self.describe(task) for task in tasks]
+        if cursor is None and self.horizon.far_total and q.state in (None, DELAYED):
+            # Then the far tier's tasks, from this page on if it has room.
+            start = far_cursor(self.horizon.brought)
+            if len(shown) == q.limit:
+                return {"tasks": shown, "next": start}
+            far = self.horizon.list_page(start, q.topic, q.state, q.limit - len(shown))
+            return {"tasks": shown + far["tasks"], "next": far["next"]}
+        return {"tasks": shown, "next": cursor}
 
     def try_reserve(self, topics: Any, now_s: float) -> dict[str, Any] | None:
         """Reserve the most urgent ready task of ``topics`` now (of those whose
@@ -249,7 +272,8 @@ class Engine:
     def topic_dead_retain_s(self, topic: str) -> float | None:
         """How long a dead task of ``topic`` is kept after it died: the topic's
         ``dead_retain`` setting, else ``--dead-retention``; None: for ever."""
-        return self.dead_retention_s
+        kept_s = self.topics.of(topic).dead_retain
+        return self.dead_retention_s if kept_s is None else kept_s
 
     def wait_now(self, task_id: Any) -> dict[str, Any] | None:
         """``wait``'s answer now: the task's map when it is done or dead, None
@@ -388,6 +412,27 @@ class Engine:
     def topic_list(self, query: Any, now_s: float) -> dict[str, Any]:
         return self.topics.page(query, now_s)
 
+    def topic_records(self) -> dict[str, bytes]:
+        """The records of the topic settings this node holds, by topic: what it
+        publishes to the other nodes (ha/topics.py)."""
+        return self.topics.records()
+
+    def topics_shared(self, elsewhere: dict[str, bytes]) -> None:
+        """The settings the other nodes hold, as they published them, after a
+        look at who serves which partitions: both applied here, each topic's
+        limits in this node's share (engine/shares.py)."""
+        self.topics.learn(elsewhere)
+        self._reshare()
+
+    def _reshare(self) -> None:
+        flow = self.flow
+        flow.reshare()
+        if flow.woken:  # a gate may have opened
+            now_s = self.wheel.now_s
+            self.table.serve_waiters(now_s)
+            if self.attempts.gated:
+                self.attempts.release_gated(now_s)
+
     def _occurrence_of(self, task_id: str) -> Occurrence | None:
         """A schedule's occurrence as its task's map and deliveries show it (the
         table's look-up: each schedule knows its zone)."""
@@ -421,6 +466,8 @@ class Engine:
         (``delaywheel.engine.schedules``); returns how many moved."""
         lapsed = self.events.lapsed
         moved = self.firing.advance(now_s)
+        if self.horizon.on:
+            self.horizon.advance(now_s)
         if self.flow.limited:  # a timed pause's end, a token
             self.table.serve_waiters(now_s)
         if self.attempts.gated:
@@ -437,6 +484,9 @@ class Engine:
         """When ``advance`` next has work: a task's timer or a schedule's, or
         a topic's gate opening for a blocked reserve (engine/flow.py)."""
         fire_s, schedule_s = self.firing.next_fire_s(), self.schedules.next_fire_s()
+        pull_s = self.horizon.next_pull_s  # an attribute: read after every change
+        if pull_s is not None and (fire_s is None or pull_s < fire_s):
+            fire_s = pull_s
         if self.flow.limited and (self.queues.has_waiters() or self.attempts.gated):
             open_s = self.flow.next_open_s(self.wheel.now_s, self._held_back)
             if open_s is not None:
@@ -479,8 +529,31 @@ class Engine:
             self.ownership.check(checked)
         return checked
 
+    async def through_store(self, verb: Callable[[], T]) -> T:
+        """``verb()`` (a call of a verb) for a caller that may wait: when it
+        needs a store read first (``NeedsStore``, engine/horizon.py), read and
+        call it again (the dashboard's way; a connection has its own)."""
+        horizon = self.horizon
+        try:
+            for _ in range(MAX_FETCHES):
+                try:
+                    return verb()
+                except NeedsStore as need:
+                    await need.fetch()
+            raise RequestError("unavailable", "the store kept changing under the request")
+        finally:
+            horizon.settle()
+
+    def _lookup(self, task_id: str) -> Task | None:
+        """The task of ``task_id`` in memory; ``NeedsStore`` when only the store
+        may hold it (engine/horizon.py)."""
+        task = self._tasks.get(task_id)
+        if task is None and (self.horizon.far_total or self.horizon.unconfirmed):
+            self.horizon.miss(task_id)
+        return task
+
     def _find(self, task_id: Any) -> Task:
-        task = self._tasks.get(self._served(task_id))
+        task = self._lookup(self._served(task_id))
         if task is None:
             raise RequestError("not_found", f"no task with id {task_id!r}")
         return task
@@ -508,8 +581,16 @@ class Engine:
 
     async def load(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
         """Rebuild every task from store records; corrupt ones are logged and
-        skipped. Returns how many loaded (see ``delaywheel.engine.cold``)."""
-        return await self.table.cold.load(self._split(batches))
+        skipped. Returns how many loaded (see ``delaywheel.engine.cold``). With
+        a horizon, records beyond it are moved to the far tier as they are met
+        (a store written before it), then the far tier is read up to it
+        (engine/horizon.py); those pulled count as loaded."""
+        horizon = self.horizon
+        horizon.start(self.wheel.now_s)
+        loaded = await self.table.cold.load(
+            self._split(batches), horizon.far_from_s(), horizon.push
+        )
+        return loaded + await horizon.load_lanes(range(self.store.lanes) if horizon.on else ())
 
     def _split(
         self, batches: AsyncIterator[list[tuple[str, bytes]]]
@@ -517,9 +598,12 @@ class Engine:
         """The store's records with the schedules' and the topics' taken out."""
         return self.topics.split(self.schedules.split(batches))
 
-    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
+    async def load_partition(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]], partition: int | None = None
+    ) -> int:
         """Add a partition's tasks, while serving (a takeover): as ``load``, and
-        its attempts in flight at the previous owner's end are sent again.
+        its attempts in flight at the previous owner's end are sent again. With
+        ``partition`` (its lane), its far tier too, as ``load`` reads it.
 
         Those are the tasks the load itself made ``delivering``, noted batch by
         batch. Not every new entry of ``delivering`` once the load is over: the
@@ -541,7 +625,18 @@ class Engine:
                     if task is not None and task_id not in before:
                         adopted.append(task)
 
-        loaded = await self.table.cold.load(self._split(noting_adopted()))
+        horizon = self.horizon
+        far = horizon.on and partition is not None
+        if far:
+            horizon.start(self.wheel.now_s)
+        loaded = await self.table.cold.load(
+            self._split(noting_adopted()),
+            horizon.far_from_s() if far else None,
+            horizon.push,
+        )
+        if far:
+            assert partition is not None
+            loaded += await horizon.load_lanes([partition])
         self.attempts.adopt(adopted, self.wheel.now_s)
         self.table.serve_waiters(self.wheel.now_s)
         return loaded
@@ -565,12 +660,17 @@ class Engine:
         kept by an earlier drop), not the whole table."""
         of = self.ownership.partition_of
         leaving = frozenset(partitions)
+        if self.horizon.on:
+            self.horizon.drop_lanes(leaving, lambda key: of(key) in leaving)
         self.schedules.drop(lambda key: of(key) in leaving)
         self.topics.drop(lambda key: of(key) in leaving)
         kept = self.table.drop(lambda task_id: of(task_id) in leaving, keep_delivering, among)
         self.attempts.forget(lambda task_id: of(task_id) in leaving)
         staying = {id(task) for task in kept}
         self.journal.forget(lambda task: id(task) not in staying and of(task.id) in leaving)
+        # Fewer partitions here: a smaller share of each limit, at once (a larger
+        # one waits for the coordinator's round after the partition is served).
+        self.flow.reshare()
         return kept
 
     def sending(self, kept: list[Task]) -> list[Task]:
@@ -582,3 +682,12 @@ class Engine:
         """Wait until every change made so far is durable or has failed; of
         ``partitions`` only, when given (a keyspace's lane is its partition)."""
         await self.journal.drain(None if partitions is None else list(partitions))
+
+
+def _ids_given(tasks: list[Any], held: Collection[str]) -> list[str]:
+    """The ids ``add_many``'s tasks name that memory does not hold."""
+    return [
+        task_id
+        for fields in tasks
+        if type(fields) is dict and type(task_id := fields.get("id")) is str and task_id not in held
+    ]

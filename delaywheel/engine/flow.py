@@ -14,6 +14,10 @@ Only topics whose settings can hold anything back are in ``limited``: with
 none, the checks cost the hot paths one empty-dict test. Nothing here
 changes a task: a task waiting on a gate is ready (counted so) and keeps
 its TTR, attempts and place in its queue.
+
+On several nodes a gate holds this node's share of the limits
+(engine/shares.py), made again when the partitions it serves, or those it
+knows the others serve, change (``reshare``).
 """
 
 from __future__ import annotations
@@ -21,14 +25,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from delaywheel.engine.index import TaskCounts
+from delaywheel.engine.shares import ALONE, Basis, Gate, gate_of
 from delaywheel.engine.task import DELIVERING, READY, RESERVED
 from delaywheel.engine.topics import PAUSED_FOR_EVER_S, TopicSettings
 
 
+def _alone() -> Basis:
+    return ALONE
+
+
 class Flow:
-    def __init__(self, counts: TaskCounts) -> None:
+    def __init__(self, counts: TaskCounts, basis: Callable[[], Basis] = _alone) -> None:
         self._counts = counts
-        self.limited: dict[str, TopicSettings] = {}  # only topics that hold something back
+        self._basis_now = basis  # who serves what, now (the engine's ownership)
+        self._basis = basis()
+        self.limited: dict[str, Gate] = {}  # only topics that hold something back
+        self._settings: dict[str, TopicSettings] = {}  # theirs, whole
         self._buckets: dict[str, tuple[float, float]] = {}  # topic: (tokens, as of when)
         # Topics whose gate may have opened since the last look (a settings
         # change, a slot freed): their waiters are looked at again.
@@ -40,17 +52,34 @@ class Flow:
     def changed(self, topic: str, settings: TopicSettings) -> None:
         """A topic's settings changed (``TopicTable``): keep them if they hold back."""
         if settings.limits():
-            before = self.limited.get(topic)
-            self.limited[topic] = settings
+            before = self._settings.get(topic)
+            self._settings[topic] = settings
+            self.limited[topic] = gate_of(topic, settings, self._basis)
             if before is not None and (before.rate, before.burst) != (
                 settings.rate,
                 settings.burst,
             ):
                 self._buckets.pop(topic, None)  # a new bucket, full
         else:
+            self._settings.pop(topic, None)
             self.limited.pop(topic, None)
             self._buckets.pop(topic, None)
         self.woken.add(topic)
+
+    def reshare(self) -> None:
+        """The partitions served here or elsewhere may have changed: each gate
+        anew, for this node's share (a bucket keeps its tokens, up to its new burst)."""
+        basis = self._basis_now()
+        if basis == self._basis:
+            return
+        self._basis = basis
+        for topic, settings in self._settings.items():
+            self.limited[topic] = gate_of(topic, settings, basis)
+            self.woken.add(topic)
+
+    def shares(self) -> dict[str, dict[str, float | int | None]]:
+        """What this node applies to each limited topic, for ``stats``."""
+        return {topic: gate.to_map() for topic, gate in sorted(self.limited.items())}
 
     def freed(self, topic: str) -> None:
         """A task of ``topic`` left ``reserved`` or ``delivering``: a slot may be free."""
@@ -58,23 +87,23 @@ class Flow:
             self.woken.add(topic)
 
     def is_open(self, topic: str, now_s: float) -> bool:
-        settings = self.limited.get(topic)
-        if settings is None:
+        gate = self.limited.get(topic)
+        if gate is None:
             return True
-        if settings.paused(now_s):
+        if gate.paused(now_s):
             return False
-        if settings.concurrency is not None and self.in_flight(topic) >= settings.concurrency:
+        if gate.concurrency is not None and self.in_flight(topic) >= gate.concurrency:
             return False
-        return settings.rate is None or self._tokens(topic, settings, now_s) >= 1.0
+        return gate.rate is None or self._tokens(topic, gate, now_s) >= 1.0
 
     def open_topics(self, topics: Iterable[str], now_s: float) -> list[str]:
         return [topic for topic in topics if self.is_open(topic, now_s)]
 
     def took(self, topic: str, now_s: float) -> None:
         """A task of ``topic`` was handed out: one token less."""
-        settings = self.limited.get(topic)
-        if settings is not None and settings.rate is not None:
-            self._buckets[topic] = (self._tokens(topic, settings, now_s) - 1.0, now_s)
+        gate = self.limited.get(topic)
+        if gate is not None and gate.rate is not None:
+            self._buckets[topic] = (self._tokens(topic, gate, now_s) - 1.0, now_s)
 
     def starting(self, topic: str, n: int) -> None:
         """``n`` more (or fewer) deliveries of ``topic`` let through, not begun."""
@@ -88,26 +117,26 @@ class Flow:
         counts = self._counts.of_topic(topic)
         return counts.get(RESERVED, 0) + counts.get(DELIVERING, 0) + self._starting.get(topic, 0)
 
-    def _tokens(self, topic: str, settings: TopicSettings, now_s: float) -> float:
-        assert settings.rate is not None
-        tokens, as_of_s = self._buckets.get(topic, (float(settings.burst), now_s))
-        return min(float(settings.burst), tokens + max(0.0, now_s - as_of_s) * settings.rate)
+    def _tokens(self, topic: str, gate: Gate, now_s: float) -> float:
+        assert gate.rate is not None
+        tokens, as_of_s = self._buckets.get(topic, (float(gate.burst), now_s))
+        return min(float(gate.burst), tokens + max(0.0, now_s - as_of_s) * gate.rate)
 
     def next_open_s(self, now_s: float, waiting: Callable[[str], bool]) -> float | None:
         """When the first shut gate of a topic with something ``waiting`` opens
         by time alone (a timed pause ends, a token comes); None: none will."""
         first: float | None = None
-        for topic, settings in self.limited.items():
+        for topic, gate in self.limited.items():
             if not waiting(topic):
                 continue
             when_s: float | None = None
-            if settings.paused(now_s):
-                if settings.paused_until is not None and settings.paused_until < PAUSED_FOR_EVER_S:
-                    when_s = settings.paused_until
-            elif settings.rate is not None:
-                tokens = self._tokens(topic, settings, now_s)
+            if gate.paused(now_s):
+                if gate.paused_until is not None and gate.paused_until < PAUSED_FOR_EVER_S:
+                    when_s = gate.paused_until
+            elif gate.rate:  # a share of 0 (no partition here) never opens by time
+                tokens = self._tokens(topic, gate, now_s)
                 if tokens < 1.0:
-                    when_s = now_s + (1.0 - tokens) / settings.rate
+                    when_s = now_s + (1.0 - tokens) / gate.rate
             if when_s is not None and (first is None or when_s < first):
                 first = when_s
         return first

@@ -59,12 +59,12 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from delaywheel.engine.cold import Written
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
-from delaywheel.store.base import LaneOutcomes, Store, StoreError, Unconfirmed
+from delaywheel.store.base import LaneOutcomes, Store, StoreError, Tiers, Unconfirmed
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S, StoreWatch
 
 log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
@@ -91,6 +91,29 @@ class Hooks:
     rolled_back: Callable[[Undo], None]
 
 
+class Tiering(Protocol):
+    """What the journal asks the horizon (engine/horizon.py)."""
+
+    far_ids: dict[str, tuple[str, int]]
+
+    def tiers_for(
+        self, tasks: dict[str, Task], marked: bool, records: Collection[str] = ()
+    ) -> Tiers | None: ...
+
+    def written(
+        self, tasks: dict[str, Task], tiers: Tiers, pending: Callable[[Task], bool]
+    ) -> None: ...
+
+    def failed(self, tiers: Tiers | None) -> None: ...
+
+
+class ExistsInStore(StoreError):
+    """A blind add's put the store refused: a task of that id was there."""
+
+    reply_code = "exists"
+    reply_data = None
+
+
 class Batch:
     __slots__ = (
         "callbacks",
@@ -100,6 +123,8 @@ class Batch:
         "records_undo",
         "size",
         "tasks",
+        "tiered",
+        "tiers",
         "undo",
     )
 
@@ -118,6 +143,8 @@ class Batch:
         # settled (a connection then writes their replies at once).
         self.finished = False
         self.error: StoreError | None = None
+        self.tiered = False  # a change marked for the far tier, or a blind add
+        self.tiers: Tiers | None = None  # made at the write's start
 
     def has_changes(self) -> bool:
         return bool(self.tasks) or self.records is not None
@@ -166,7 +193,34 @@ class Joint:
         self.callbacks.append(callback)
 
 
-Wait = Batch | Joint
+class BlindWait:
+    """A blind add's wait: its batch's, answering ``exists`` when the store
+    refused the put (a task of that id was in the far tier)."""
+
+    __slots__ = ("batch", "task_id")
+
+    def __init__(self, batch: Batch, task_id: str) -> None:
+        self.batch, self.task_id = batch, task_id
+
+    @property
+    def finished(self) -> bool:
+        return self.batch.finished
+
+    @property
+    def error(self) -> StoreError | None:
+        batch = self.batch
+        error = batch.error
+        # ``exists`` acknowledges the task: only once the write that found it
+        # (and wrote its record again) is confirmed, replicas included.
+        if error is None and batch.tiers is not None and self.task_id in batch.tiers.conflicts:
+            return ExistsInStore(f"a task with id {self.task_id!r} already exists")
+        return error
+
+    def add_callback(self, callback: Callback) -> None:
+        self.batch.add_callback(lambda _error: callback(self.error))
+
+
+Wait = Batch | Joint | BlindWait
 
 
 class Lane:
@@ -205,10 +259,17 @@ class _Turn:
 
 class Journal:
     def __init__(
-        self, store: Store, hooks: Hooks, *, slow_flush_s: float = DEFAULT_SLOW_FLUSH_S
+        self,
+        store: Store,
+        hooks: Hooks,
+        *,
+        slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
+        tiering: Tiering | None = None,
     ) -> None:
         self._store = store
         self._hooks = hooks
+        self.tiering = tiering  # the horizon's, on a store with a far tier
+        self._blind: tuple[Batch, str] | None = None  # the next pending()'s blind add
         self.inline = store.inline
         self.lanes = lanes = store.lanes
         # None: one lane (memory, SQLite), whose path is the single-node one.
@@ -281,6 +342,24 @@ class Journal:
         if not lane.queued and lane.writing is None:
             self._queue(lane)
 
+    def mark_far(self, task: Task) -> None:
+        """``task``'s change (recorded next) may go to the far tier."""
+        self._lane(task.id).gathering.tiered = True
+
+    def blind(self, task: Task) -> None:
+        """Journal a blind add (engine/horizon.py): the next ``pending()`` is its
+        ``BlindWait``."""
+        self.record(task, None)
+        batch = self._lane(task.id).gathering
+        batch.tiered = True
+        self._blind = (batch, task.id)
+
+    def touches(self, key: str) -> bool:
+        """Whether a batch not yet durable holds a change of ``key``."""
+        lane = self._lane(key)
+        writing = lane.writing
+        return key in lane.gathering.tasks or (writing is not None and key in writing.tasks)
+
     def wait_for(self, key: str) -> None:
         """Make the next ``pending()`` wait for what is not yet durable in
         ``key``'s lane (an answer that reads a change of it, ``exists``)."""
@@ -343,6 +422,16 @@ class Journal:
         if wait is None:
             return self.newest()
         self._wait = None
+        if self._blind is not None:
+            batch, task_id = self._blind
+            self._blind = None
+            if self._more is None and wait is batch:
+                return BlindWait(batch, task_id)
+            more, self._more = self._more or [], None
+            found: list[Any] = [
+                BlindWait(batch, task_id) if each is batch else each for each in (wait, *more)
+            ]
+            return Joint(found) if len(found) > 1 else found[0]
         if self._more is not None:
             more, self._more = self._more, None
             found = [batch for batch in (wait, *more) if not batch.finished]
@@ -394,7 +483,10 @@ class Journal:
             started_s = 0.0 if self.inline else self.watch.started()
             done = partial(self._written, lane, batch, changes, started_s)
             try:
-                if self._lane_of is None:
+                tiers = batch.tiers
+                if tiers is not None:
+                    self._store.submit_lane(lane.index, changes, done, tiers)
+                elif self._lane_of is None:
                     self._store.submit(changes, done)
                 else:
                     self._store.submit_lane(lane.index, changes, done)
@@ -407,6 +499,7 @@ class Journal:
         self._ready = []
         writes: list[tuple[int, Mapping[str, bytes | None]]] = []
         started: dict[int, tuple[Batch, dict[str, bytes | None]]] = {}
+        lane_tiers: dict[int, Tiers] | None = None
         size = 0
         for lane in ready:
             lane.queued = False
@@ -414,10 +507,16 @@ class Journal:
             writes.append((lane.index, changes))
             started[lane.index] = (batch, changes)
             size += batch.size
+            if batch.tiers is not None:
+                lane_tiers = lane_tiers or {}
+                lane_tiers[lane.index] = batch.tiers
         turn = _Turn(len(writes), size, self.watch.started())
         done = partial(self._lanes_written, turn, started)
         try:
-            self._store.submit_lanes(writes, done)
+            if lane_tiers is None:
+                self._store.submit_lanes(writes, done)
+            else:
+                self._store.submit_lanes(writes, done, lane_tiers)
         except Exception as exc:  # a store bug: fail the batches rather than hang their waiters
             log.exception("store submit raised")
             error = StoreError(f"store write failed: {exc!r}")
@@ -438,6 +537,9 @@ class Journal:
             # recorded after it in this batch must win over
             changes = {**batch.records, **changes}
         batch.size = len(changes)
+        tiering = self.tiering
+        if tiering is not None and (batch.tiered or tiering.far_ids):
+            batch.tiers = tiering.tiers_for(batch.tasks, batch.tiered, batch.records or ())
         return batch, changes
 
     def _written(
@@ -467,6 +569,8 @@ class Journal:
                         self.watch.recovered(lane.index, self._store.lane_group(lane.index))
             else:  # in the store, not confirmed: kept, its waiters told (module docstring)
                 self._unconfirmed(lane, batch, error, started_s)
+            if batch.tiers is not None:
+                self._tiers_written(batch, lane)
             try:  # _durable, written out: this is each request's path on memory://
                 self._hooks.durable([(batch.tasks, changes, lane.is_pending)])
             except Exception:  # the write is in the store: its replies must still go
@@ -511,10 +615,14 @@ class Journal:
                     continue
                 # In the store, not confirmed: kept, its waiters told (module docstring).
                 self._unconfirmed(lane, batch, error, turn.started_s)
+                if batch.tiers is not None:
+                    self._tiers_written(batch, lane)
                 written.append((batch.tasks, changes, lane.is_pending))
                 continue
             if watch.lost:
                 watch.recovered(lane.index, self._store.lane_group(lane.index))
+            if batch.tiers is not None:
+                self._tiers_written(batch, lane)
             written.append((batch.tasks, changes, lane.is_pending))
         if written:  # once for the lanes of this answer, before any of their replies
             self._durable(written)
@@ -539,6 +647,13 @@ class Journal:
         if self._ready and not self._flush_scheduled:
             self._start()  # together: the lanes this answer freed, and any waiting
 
+    def _tiers_written(self, batch: Batch, lane: Lane) -> None:
+        assert self.tiering is not None and batch.tiers is not None
+        try:
+            self.tiering.written(batch.tasks, batch.tiers, lane.is_pending)
+        except Exception:  # the write is durable: its replies must still go
+            log.exception("far tier hook failed")
+
     def _durable(self, written: Written) -> None:
         try:
             self._hooks.durable(written)
@@ -556,6 +671,10 @@ class Journal:
         later = lane.gathering
         lane.gathering = Batch()
         lane.touched = set()
+        if self.tiering is not None:
+            self.tiering.failed(batch.tiers)
+            if later.tiered:
+                self.tiering.failed(self.tiering.tiers_for(later.tasks, True))
         # Newest first: the gathering batch built on the failed one.
         self._hooks.rolled_back(list(reversed(later.undo)) + list(reversed(batch.undo)))
         for undo in [*reversed(later.records_undo or ()), *reversed(batch.records_undo or ())]:

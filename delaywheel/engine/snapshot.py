@@ -31,6 +31,7 @@ class Snapshot:
     tick_s: float
     wheel: WheelStats
     packed: int  # delayed tasks held packed, counted in tasks and counts
+    far: int  # delayed tasks only in the store's far tier, counted in tasks and counts
     waiting_reserves: int
     blocked_waits: int  # ``wait`` calls blocked on a task
     flushes: int
@@ -62,12 +63,13 @@ class Snapshot:
             version=__version__,
             store=store,
             started_s=started_s,
-            tasks=len(table.index),
+            tasks=len(table.index) + table.horizon.far_total,
             counts=table.counts,
             slots=table.wheel.slots,
             tick_s=table.wheel.tick_s,
             wheel=table.wheel.stats(),
             packed=table.packed.count,
+            far=table.horizon.far_total,
             waiting_reserves=table.queues.waiter_count(),
             blocked_waits=sum(len(line) for line in table.watches.values()),
             flushes=journal.flushes,
@@ -100,6 +102,7 @@ class Snapshot:
                 "above_ring": wheel.above_ring,
                 "buckets": wheel.buckets,
                 "packed": self.packed,
+                "far": self.far,
             },
             "waiting_reserves": self.waiting_reserves,
             "blocked_waits": self.blocked_waits,

@@ -8,7 +8,9 @@ broker target's attempt in flight) in ``delivering``. A ``delayed`` task is
 out of the wheel in two cases: the wheel fired it and it waits for its
 destination's lane (``waiting``; ``delaywheel.engine.attempts``), or it is
 due after the next window and kept packed (``packed``, ``index`` holding its
-record; ``delaywheel.engine.cold``). Every live task is in ``index`` and
+record; ``delaywheel.engine.cold``), or due beyond the horizon and kept
+only in the store's far tier (``delaywheel.engine.horizon``). Every live
+task in memory is in ``index``, and every task, the far tier's too, is
 counted by state and topic in ``counts``.
 
 This class is the only writer of those containers. A new task comes in
@@ -39,10 +41,12 @@ from typing import Any
 
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.flow import Flow
+from delaywheel.engine.horizon import Horizon
 from delaywheel.engine.index import TaskCounts, TaskIndex
 from delaywheel.engine.journal import Hooks, Journal, Undo
 from delaywheel.engine.queues import Queues, Watch
 from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
+from delaywheel.engine.shares import Basis
 from delaywheel.engine.task import (
     DEAD,
     DELAYED,
@@ -59,7 +63,7 @@ from delaywheel.engine.task import (
     check_transition,
     describe,
 )
-from delaywheel.engine.topics import TopicTable
+from delaywheel.engine.topics import TopicSettings, TopicTable
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence, occurrence
@@ -94,6 +98,7 @@ class TaskTable:
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
         topic_retain_s: Callable[[str], float] = _retain_nothing,
         topic_dead_retain_s: Callable[[str], float | None] = _dead_kept_for_ever,
+        horizon_s: float | None = None,
     ) -> None:
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
@@ -109,10 +114,13 @@ class TaskTable:
         # For metrics, read only when scraped (delaywheel.tallies): events
         # counted where each is handled.
         self.events = EventCounts()
+        # Delayed tasks beyond --horizon: only in the store (engine/horizon.py).
+        self.horizon = Horizon(self, store, horizon_s)
         self.journal = Journal(
             store,
             Hooks(durable=self.cold.pack, rolled_back=self.rollback),
             slow_flush_s=slow_flush_s,
+            tiering=self.horizon if self.horizon.on else None,
         )
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
@@ -137,12 +145,41 @@ class TaskTable:
         # a state in FINAL (``_answer_watches``).
         self.watches: dict[str, list[Watch]] = {}
         # Topic settings and what they hold back (engine/topics.py, engine/flow.py).
-        self.flow = Flow(self.counts)
-        self.topics = TopicTable(self.journal, self._check_served, self.flow.changed)
+        self.flow = Flow(self.counts, self._basis)
+        self.topics = TopicTable(self.journal, self._check_served, self._topic_changed)
 
     def _check_served(self, key: str) -> None:
         if not self.ownership.owns_all:  # no call on one node
             self.ownership.check(key)
+
+    def _basis(self) -> Basis:
+        """Who serves how many partitions, for the topics' shares (engine/shares.py)."""
+        own = self.ownership
+        counts = tuple(sorted(own.partition_counts().items()))
+        return Basis(own.node or "", own.partitions, counts)
+
+    def _topic_changed(self, topic: str, before: TopicSettings, after: TopicSettings) -> None:
+        """What this node applies to ``topic`` changed (engine/topics.py)."""
+        self.flow.changed(topic, after)
+        if after.dead_retain != before.dead_retain:
+            self.retime_dead(topic)
+
+    def retime_dead(self, topic: str) -> None:
+        """``topic``'s dead tasks, each to go when its topic's dead retention
+        now says (a change of the topic's ``dead_retain``)."""
+        for task in self.queues.oldest_dead(topic, self.counts.of_topic(topic).get(DEAD, 0)):
+            if task.scheduled:
+                self.wheel.remove(task)
+            self._time_dead(task)
+
+    def _time_dead(self, task: Task) -> None:
+        """A dead task into the wheel at the time it goes (its death, its
+        ``deadline_s``, plus its topic's dead retention), unless kept for ever
+        or its death is not known (0)."""
+        if task.deadline_s:
+            kept_s = self.topic_dead_retain_s(task.topic)
+            if kept_s is not None:
+                self.wheel.insert(task, task.deadline_s + kept_s)
 
     # -- where a task lives --------------------------------------------------
 
@@ -159,10 +196,7 @@ class TaskTable:
             self.queues.push_ready(task)
         elif state == DEAD:
             self.queues.push_dead(task)
-            if task.deadline_s:
-                kept_s = self.topic_dead_retain_s(task.topic)
-                if kept_s is not None:
-                    self.wheel.insert(task, task.deadline_s + kept_s)
+            self._time_dead(task)
         elif state == DELIVERING:
             self.delivering[task.id] = task
         else:
@@ -226,16 +260,32 @@ class TaskTable:
         ``Engine._checked``; None: the ready queue): given an id if the server
         is to make it (``validate.SERVER_MADE_ID``), indexed and placed:
         delayed, or ready when due now."""
-        if not task.id:  # SERVER_MADE_ID
+        # A targeted task due now is delayed all the same: the next tick sends it.
+        due_later = task.at_s > now_s or task.target is not None
+        task_id = task.id
+        if not task_id:  # SERVER_MADE_ID
             task_id = f"{self._id_prefix}{next(self._id_counter):x}"  # as _new_id, inline
             if not self.ownership.owns_all:  # no call on one node
                 task_id = self.ownership.new_id(task_id, self._new_id)
             task.id = task_id
-        elif task.id in self.index:
-            raise self.exists(task.id)
+        elif task_id in self.index:
+            raise self.exists(task_id)
+        elif self.horizon.unconfirmed and task_id in self.horizon.unconfirmed:
+            self.journal.wait_for(task_id)  # the blind add in flight answers for both
+            raise RequestError("exists", f"a task with id {task_id!r} already exists")
+        elif (
+            self.horizon.far_total
+            and self.horizon.may_hold(task_id)
+            and not self.journal.touches(task_id)  # a change of it pending: memory knew it
+        ):
+            # The far tier may hold the id: the put is made only if it does not,
+            # and the task joins memory once the store says so (engine/horizon.py).
+            task.state = DELAYED if due_later else READY
+            self.horizon.unconfirmed[task_id] = task
+            self.journal.blind(task)
+            self.events.added += 1
+            return task
         self.index.add(task)
-        # A targeted task due now is delayed all the same: the next tick sends it.
-        due_later = task.at_s > now_s or task.target is not None
         # move(task, "add", ...) without its check and unplace: a new task may
         # always be added, and is in no place yet (5 % of the engine's add,
         # docs/performance.md "Measurements behind the code").
@@ -318,6 +368,17 @@ class TaskTable:
             # (``ColdTasks.pack``), so it skips the wheel, whose insert and removal
             # would be a fifth of an add. Nothing fires it before then anyway.
             self.counts.add(task.topic, DELAYED)
+            if task.at_s >= self.horizon.watermark_s:  # beyond the horizon: the far tier's
+                self.journal.mark_far(task)
+        else:
+            self.place(task)
+
+    def adopt(self, task: Task) -> None:
+        """A blind add the store took (engine/horizon.py): into memory as
+        ``create`` puts a task, now that it is durable."""
+        self.index.add(task)
+        if task.state == DELAYED and task.at_s >= self.packed.hold_from(self.wheel.now_s):
+            self.counts.add(task.topic, DELAYED)  # the durable hook packs or schedules it
         else:
             self.place(task)
 

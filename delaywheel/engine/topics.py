@@ -1,4 +1,4 @@
-"""Topic settings: pause, rate, burst, concurrency, retain and a note, kept durable.
+"""Topic settings: pause, rate, burst, concurrency, retain, dead_retain and a note, kept durable.
 
 A topic has settings only once ``topic_set`` gave it some: the others have
 the defaults (``DEFAULTS``) and no record. A topic's record is stored under
@@ -32,9 +32,14 @@ log = logging.getLogger("delaywheel.engine")
 # and every client can carry, where infinity is not).
 PAUSED_FOR_EVER_S = 253_402_300_799.0
 MAX_NOTE_CHARS = 1000
+MAX_COUNT = 2**31 - 1  # burst and concurrency: what every client and store carries
 MAX_RETAIN_S = validate.DEFAULT_MAX_DELAY_S
 RECORD_KIND = "topic"
-RECORD_VERSION = 1
+# Version 2 added dead_retain; a version 1 record (8 fields) reads with it nil.
+RECORD_VERSION = 2
+RECORD_FIELDS = (
+    "paused_until", "rate", "burst", "concurrency", "retain", "dead_retain", "note",
+)  # fmt: skip
 LIST_FIELDS = frozenset({"paused", "limit", "cursor"})
 
 
@@ -45,6 +50,7 @@ class TopicSettings:
     burst: int = 1  # the rate's bucket: how many may go at once after a quiet time
     concurrency: int | None = None  # reserved or delivering at once; None: no limit
     retain: float = 0.0  # seconds a completed task is kept
+    dead_retain: float | None = None  # seconds a dead task is kept; None: --dead-retention
     note: str = ""
 
     def paused(self, now_s: float) -> bool:
@@ -61,6 +67,8 @@ class TopicSettings:
 
 
 DEFAULTS = TopicSettings()
+# A topic, what this node applied to it before a change and what it applies after.
+Changed = Callable[[str, TopicSettings, TopicSettings], None]
 FIELDS = frozenset(f.name for f in fields(TopicSettings))
 
 
@@ -79,33 +87,36 @@ def check_changes(value: Any) -> dict[str, Any]:
                 raise bad(f"rate must be a number > 0 (tasks a second), got {show(field_value)}")
             changes[name] = float(field_value)
         elif name in ("burst", "concurrency"):
-            if type(field_value) is not int or field_value < 1:
-                raise bad(f"{name} must be an int >= 1, got {show(field_value)}")
+            if type(field_value) is not int or not 1 <= field_value <= MAX_COUNT:
+                raise bad(f"{name} must be an int from 1 to {MAX_COUNT}, got {show(field_value)}")
             changes[name] = field_value
-        elif name == "retain":
+        elif name in ("retain", "dead_retain"):
             changes[name] = number(name, field_value, high=MAX_RETAIN_S)
         else:  # note
-            if type(field_value) is not str or len(field_value) > MAX_NOTE_CHARS:
-                raise bad(f"note must be a str of at most {MAX_NOTE_CHARS} characters, "
+            if (
+                type(field_value) is not str
+                or len(field_value) > MAX_NOTE_CHARS
+                or not _utf8(field_value)
+            ):
+                raise bad(f"note must be a str of at most {MAX_NOTE_CHARS} characters "
+                          "(UTF-8: no lone surrogate), "
                           f"got {show(field_value)}")  # fmt: skip
             changes[name] = field_value
     return changes
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored: a lone surrogate (JSON's ``"\\ud974"``) cannot."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def to_record(settings: TopicSettings) -> bytes:
-    return msgpack.packb(  # type: ignore[no-any-return]
-        (
-            RECORD_KIND,
-            RECORD_VERSION,
-            settings.paused_until,
-            settings.rate,
-            settings.burst,
-            settings.concurrency,
-            settings.retain,
-            settings.note,
-        ),
-        use_bin_type=True,
-    )
+    fields_kept = (getattr(settings, name) for name in RECORD_FIELDS)
+    return msgpack.packb((RECORD_KIND, RECORD_VERSION, *fields_kept), use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def read_record(record: bytes) -> TopicSettings:
@@ -114,11 +125,14 @@ def read_record(record: bytes) -> TopicSettings:
         fields_read = msgpack.unpackb(record, raw=False)
     except Exception as exc:  # msgpack raises several types for bad bytes
         raise ValueError(f"unreadable record: {exc}") from exc
-    if type(fields_read) is not list or len(fields_read) != 8 or fields_read[0] != RECORD_KIND:
+    if type(fields_read) is not list or len(fields_read) < 2 or fields_read[0] != RECORD_KIND:
         raise ValueError(f"not a topic's settings: {fields_read!r:.80}")
-    if fields_read[1] != RECORD_VERSION:
-        raise ValueError(f"unknown version {fields_read[1]!r}")
-    names = ("paused_until", "rate", "burst", "concurrency", "retain", "note")
+    version = fields_read[1]
+    names = [name for name in RECORD_FIELDS if version == RECORD_VERSION or name != "dead_retain"]
+    if version not in (1, RECORD_VERSION):
+        raise ValueError(f"unknown version {version!r}")
+    if len(fields_read) != 2 + len(names):
+        raise ValueError(f"not a topic's settings: {fields_read!r:.80}")
     try:
         changes = check_changes(dict(zip(names, fields_read[2:], strict=True)))
     except Exception as exc:
@@ -127,33 +141,56 @@ def read_record(record: bytes) -> TopicSettings:
 
 
 class TopicTable:
-    """Every topic's settings this node holds (those of the partitions it serves)."""
+    """Every topic's settings this node holds (those of the partitions it serves),
+    and those it learned from the nodes that hold the others (``learn``)."""
 
     def __init__(
         self,
         journal: Journal,
         check_served: Callable[[str], None],
-        changed: Callable[[str, TopicSettings], None],
+        changed: Changed,
     ) -> None:
         self._journal = journal
         self._check_served = check_served  # raises moved/tryagain for another node's key
         self.settings: dict[str, TopicSettings] = {}
-        # Called with a topic and its settings each time they change (flow control's).
+        # On several nodes, the settings of topics whose record another node
+        # holds, as it published them (ha/topics.py), and their records as read.
+        self.elsewhere: dict[str, TopicSettings] = {}
+        self._elsewhere_records: dict[str, bytes] = {}
+        # What this node applies: its own, else learned (one look-up on an ack).
+        self._applied: dict[str, TopicSettings] = {}
+        # Called with a topic and its settings before and after, each time what
+        # this node applies to the topic changes (flow control's, dead tasks').
         self._changed = changed
 
     def of(self, topic: str) -> TopicSettings:
-        return self.settings.get(topic, DEFAULTS)
+        """The settings this node applies to ``topic``: its own, else learned."""
+        return self._applied.get(topic, DEFAULTS)
+
+    def _apply(self, topic: str) -> None:
+        """``topic``'s applied settings anew, from the held and the learned;
+        the change, if any, to ``changed``."""
+        before = self._applied.get(topic, DEFAULTS)
+        after = self.settings.get(topic) or self.elsewhere.get(topic) or DEFAULTS
+        if after == DEFAULTS:
+            self._applied.pop(topic, None)
+        else:
+            self._applied[topic] = after
+        if after != before:
+            self._changed(topic, before, after)
 
     # -- the verbs ---------------------------------------------------------------
 
+    # get and set are served by the node that holds the record: its own are the truth.
+
     def get(self, topic: Any, now_s: float) -> dict[str, Any]:
         name = self._checked(topic)
-        return self.of(name).to_map(name, now_s)
+        return self.settings.get(name, DEFAULTS).to_map(name, now_s)
 
     def set(self, topic: Any, changes: Any, now_s: float) -> dict[str, Any]:
         name = self._checked(topic)
         before = self.settings.get(name)
-        after = replace(self.of(name), **check_changes(changes))
+        after = replace(before or DEFAULTS, **check_changes(changes))
         self._keep(name, after)
         record = None if after == DEFAULTS else to_record(after)
         self._journal.record_other(settings_key(name), record, lambda: self._keep(name, before))
@@ -195,7 +232,37 @@ class TopicTable:
             self.settings.pop(topic, None)
         else:
             self.settings[topic] = settings
-        self._changed(topic, settings or DEFAULTS)
+            # Held here now: a copy learned from its previous holder is stale.
+            self.elsewhere.pop(topic, None)
+            self._elsewhere_records.pop(topic, None)
+        self._apply(topic)
+
+    # -- several nodes (ha/topics.py) ------------------------------------------------
+
+    def records(self) -> dict[str, bytes]:
+        """The records of the settings held here, by topic, for the other nodes."""
+        return {name: to_record(settings) for name, settings in self.settings.items()}
+
+    def learn(self, records: dict[str, bytes]) -> None:
+        """The settings the other nodes hold, by topic, as they published them:
+        kept in ``elsewhere`` (a topic held here is left out: ours is newer)."""
+        records = {name: r for name, r in records.items() if name not in self.settings}
+        if records == self._elsewhere_records:  # most rounds: nothing changed
+            return
+        learned: dict[str, TopicSettings] = {}
+        for name, record in records.items():
+            known = self.elsewhere.get(name)
+            if known is not None and self._elsewhere_records.get(name) == record:
+                learned[name] = known
+                continue
+            try:
+                learned[name] = read_record(record)
+            except ValueError as exc:  # said once: its record is kept as seen
+                log.error("skipping corrupt topic settings of %r published: %s", name, exc)
+        touched = self.elsewhere.keys() | learned.keys()
+        self.elsewhere, self._elsewhere_records = learned, records
+        for name in sorted(touched):
+            self._apply(name)
 
     # -- the store -----------------------------------------------------------------
 
@@ -208,10 +275,14 @@ class TopicTable:
         self._keep(topic_of_settings_key(key), settings)
 
     def drop(self, leaving: Callable[[str], bool]) -> int:
-        """Forget the settings of a partition handed back or lost (no write)."""
+        """Forget the settings of a partition handed back or lost (no write).
+        They still apply here, as if learned, until the next ``learn`` says
+        what their next holder publishes: a handoff holds the topic back."""
         gone = [name for name in self.settings if leaving(settings_key(name))]
         for name in gone:
-            self._keep(name, None)
+            settings = self.settings.pop(name)
+            self.elsewhere[name] = settings
+            self._elsewhere_records[name] = to_record(settings)
         return len(gone)
 
     async def split(

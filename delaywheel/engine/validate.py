@@ -230,7 +230,7 @@ class ListQuery:
     topic: str | None
     state: str | None
     limit: int
-    cursor: int
+    cursor: int | str  # a str: a page of the far tier's (engine/horizon.py)
 
 
 def list_query(value: Any) -> ListQuery:
@@ -244,6 +244,8 @@ def list_query(value: Any) -> ListQuery:
     cursor = fields.get("cursor")
     if cursor is None:
         cursor = 0
+    elif type(cursor) is str and cursor.startswith("f"):
+        pass  # a page of the far tier: engine/horizon.py reads it
     elif type(cursor) is not int or cursor < 0:
         raise bad(f"cursor must be a value returned as next by list, got {show(cursor)}")
     found_topic = fields.get("topic")

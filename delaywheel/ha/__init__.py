@@ -5,8 +5,11 @@
 - ``lease``: acquiring, renewing and releasing a partition's lease, and the
   keeper that renews them and self-fences a partition it may have lost.
 - ``membership``: the live nodes (registered with expiries from Redis
-  ``TIME``) and the assignment of partitions over them.
+  ``TIME``) and the assignment record in Redis that every node follows.
+- ``assignment``: which partitions each live node should own, balanced,
+  moving the fewest at a join or a leave; what a node claims and hands back.
 - ``failover``: after a Sentinel failover, which partitions may still be served.
+- ``topics``: the topic settings each owner publishes and every node reads.
 - ``coordinator``: the node's rounds: claim, load, serve, hand back, drop.
 
 Below the engine: the coordinator asks of it only what ``coordinator.Host``

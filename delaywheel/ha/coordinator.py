@@ -4,14 +4,20 @@ Every ``period_s`` (a third of the lease, at most half a second, so that a
 released partition is taken over in well under a second) the coordinator:
 
 1. registers this node (ha/membership.py; the expiry from Redis TIME),
-2. reads the live members and every partition's lease (the owner map that
-   ``cluster`` answers and ``moved`` names),
-3. claims the free partitions assigned to it (balanced rendezvous over the
-   live nodes, cluster/membership.py; not one it still holds: a lease key
-   deleted under it is dropped by the keeper first, then claimed anew), and those whose lease
-   names this node but another epoch (this node's previous process, killed:
-   its name is its own), and
-4. hands back a partition assigned to another live, registered node.
+2. reads the live members and the assignment record (one script), and every
+   partition's lease (the owner map that ``cluster`` answers and ``moved``
+   names),
+3. follows the record: when it is not balanced over the live members (a
+   join, a leave) proposes the next one, the fewest moves from it
+   (ha/assignment.py, compare-and-set: the first writer wins and the others
+   follow it); with none stored, writes back the one it followed last,
+4. claims the free partitions the record assigns to it (not one it still
+   holds: a lease key deleted under it is dropped by the keeper first, then
+   claimed anew), and those whose lease names this node but another epoch
+   (this node's previous process, killed: its name is its own),
+5. hands back a partition the record assigns to another live, registered node, and
+6. publishes the topic settings it holds and reads those the others hold
+   (ha/topics.py), which the engine applies in this node's share.
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
@@ -70,12 +76,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
+from delaywheel_client.partitions import settings_key
+
+from delaywheel.ha.assignment import moved, plan, rebalance
 from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
-from delaywheel.ha.membership import Membership, plan
+from delaywheel.ha.membership import Membership, Record
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Owner, Sharing
+from delaywheel.ha.topics import TopicBoard
 from delaywheel.store.redis import Holder, RedisStore
 from delaywheel.tallies import ClusterCounts
 
@@ -118,8 +128,11 @@ class Host(Protocol[Kept]):
     ``Kept`` is the engine's task: the coordinator holds the ones a handoff
     keeps (their attempts in flight) and gives them back by id."""
 
-    async def load_partition(self, batches: AsyncIterator[list[tuple[str, bytes]]]) -> int:
-        """Add a partition's tasks from the store's records; how many."""
+    async def load_partition(
+        self, batches: AsyncIterator[list[tuple[str, bytes]]], partition: int | None = None
+    ) -> int:
+        """Add a partition's tasks from the store's records (its near tier),
+        then its far tier up to the horizon when ``partition`` is given; how many."""
         ...
 
     def drop_partitions(
@@ -141,6 +154,15 @@ class Host(Protocol[Kept]):
 
     async def drain(self, partitions: Collection[int] | None = None) -> None:
         """Wait until every change made so far (of ``partitions``) is durable (or failed)."""
+        ...
+
+    def topic_records(self) -> dict[str, bytes]:
+        """The records of the topic settings held here, by topic."""
+        ...
+
+    def topics_shared(self, elsewhere: dict[str, bytes]) -> None:
+        """The settings the other nodes publish, by topic, read after a look at
+        the partitions' owners: apply both."""
         ...
 
 
@@ -174,6 +196,10 @@ class Coordinator:
         layout = keyspace.layout
         self.leases = Leases(client, layout, sharing.node, sharing.address)
         self.membership = Membership(client, layout, sharing.node, sharing.address)
+        # The assignment record this node last read or wrote: followed, and
+        # written again if Redis no longer has it (ha/membership.py).
+        self.assigned: Record | None = None
+        self.topics = TopicBoard(client, layout, sharing.node, sharing.address)
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.counts = ClusterCounts()
@@ -182,6 +208,7 @@ class Coordinator:
             keyspace.replicas,
             lambda: self.keyspace.topology.replicas_connected(keys),
             self.writes_refused_for_replicas,
+            lambda: self.keyspace.writes_confirmed,
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._busy: set[int] = set()  # partitions being loaded or handed back
@@ -305,7 +332,11 @@ class Coordinator:
     async def _round(self) -> None:
         sharing = self.sharing
         await self.membership.register(round(sharing.lease_s * 1000))
-        live = await self.membership.live()
+        known = None if self.assigned is None else self.assigned.version
+        look = await self.membership.look(known)
+        live = look.live
+        # The record stored now: the one this node has when its version is known.
+        stored = None if look.version is None else (look.record or self.assigned)
         holders = await self.leases.holders()
         owners: dict[int, str | None] = {}
         for partition in range(sharing.partitions):
@@ -323,8 +354,9 @@ class Coordinator:
         # (when it moved, the epochs are being read again: claim next round, there).
         if not await self._primary_confirmed():
             return
+        assigned = await self._follow(live, stored)
         held = self.keeper.held
-        todo = plan(sharing.node, live, sharing.partitions, owners, held)
+        todo = plan(sharing.node, live, assigned, owners, held)
         stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
         for partition in sorted(todo.claim | stale):
             if self._stopping:
@@ -341,6 +373,76 @@ class Coordinator:
             handing = asyncio.get_running_loop().create_task(self._hand_back(leaving))
             self._handing.add(handing)
             handing.add_done_callback(self._handed)
+        try:
+            await self._share_topics()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis away: the settings last known still apply
+            log.debug("sharing the topic settings failed: %r", exc)
+
+    async def _share_topics(self) -> None:
+        """Publish the topic settings held here, per partition served, and hand
+        the engine those the partitions served elsewhere publish."""
+        published = await self.topics.read()
+        serving = dict(self.sharing.serving)
+        held: dict[int, dict[str, bytes]] = {}
+        for topic, record in self.engine.topic_records().items():
+            partition = self.sharing.partition_of(settings_key(topic))
+            held.setdefault(partition, {})[topic] = record
+        for partition, epoch in sorted(serving.items()):
+            have, want = published.get(partition, {}), held.get(partition, {})
+            if have != want and not self._stopping:
+                await self.topics.publish(partition, epoch, have, want)
+        elsewhere = {
+            topic: record
+            for partition, found in published.items()
+            if partition not in self.sharing.serving
+            for topic, record in found.items()
+        }
+        self.engine.topics_shared(elsewhere)
+
+    async def _follow(self, live: Collection[str], stored: Record | None) -> dict[int, str]:
+        """The assignment to follow this round: the record ``stored``, rebalanced
+        over the live members and proposed when they changed (ha/membership.py)."""
+        partitions = self.sharing.partitions
+        members = {*live, self.sharing.node}  # this node is live, whatever Redis says
+        # With no record stored (deleted, or lost by Redis): this node's last copy.
+        base = stored if stored is not None else self.assigned
+        previous = {} if base is None else base.owners
+        wanted = rebalance(previous, members, partitions)
+        if stored is not None and wanted == stored.owners:
+            self.assigned = stored
+            return stored.owners
+        proposal = Record.new((0 if base is None else base.generation) + 1, wanted)
+        read = None if stored is None else stored.version
+        written, found = await self.membership.propose(read, proposal)
+        if written:
+            restored = stored is None and base is not None
+            self._say_assignment(proposal, previous, len(members), restored=restored)
+        if found is None:  # none stored still (deleted meanwhile): the next round writes it
+            return wanted
+        self.assigned = found
+        return found.owners
+
+    def _say_assignment(
+        self, record: Record, previous: dict[int, str], nodes: int, *, restored: bool
+    ) -> None:
+        """One line per record this node wrote (only the writer says it)."""
+        moves = moved(previous, record.owners) if previous else 0
+        fields = {"generation": record.generation, "nodes": nodes, "moves": moves}
+        if restored:  # someone deleted the key, or Redis lost it
+            log.warning(
+                "assignment record missing: written again from this node's copy,"
+                " generation %d: %d node(s), %d partition(s) move",
+                *fields.values(),
+                extra=fields,
+            )
+        else:
+            log.info(
+                "assignment generation %d: %d node(s), %d partition(s) move",
+                *fields.values(),
+                extra=fields,
+            )
 
     def _primary_moves(self) -> int:
         return self.keyspace.topology.primary_moves
@@ -364,7 +466,9 @@ class Coordinator:
             # sent again, before the partition is served (its epoch is in
             # every delivery, docs/ha.md).
             self.sharing.load(partition, got)
-            loaded = await self.engine.load_partition(self.keyspace.load_partition(partition))
+            loaded = await self.engine.load_partition(
+                self.keyspace.load_partition(partition), partition
+            )
             # Asked again after the acquire: one sent to a primary that froze
             # is answered when it wakes, maybe after a failover replaced it.
             confirmed = await self._primary_confirmed()

@@ -1,4 +1,4 @@
-"""Which nodes are live, and which partitions each should own (balanced rendezvous).
+"""Which nodes are live, and the assignment record every node follows.
 
 Membership: a node registers in ``{<prefix>}:members`` (a zset of node ->
 expiry in ms) and ``{<prefix>}:nodes`` (node -> address), and re-registers
@@ -6,33 +6,44 @@ well within its time to live. The expiry is computed inside the script from
 Redis ``TIME``, never from the node's clock, so nodes whose clocks disagree
 still agree on who is live. The same scripts drop the entries that expired.
 
-Assignment: balanced rendezvous. Each (node, partition) pair has a score,
-a hash (rendezvous hashing, highest random weight). Plain rendezvous gives
-each partition to the live node of the highest score, which is not
-balanced: with 16 partitions two nodes owned 5 and 11. Here each of N live
-nodes owns ``P // N`` or ``P // N + 1``: the pairs are taken highest score
-first, and a partition goes to the node of its pair unless it has one
-already or the node is full (at ``P // N + 1``, or at ``P // N`` once
-``P % N`` nodes have ``P // N + 1``: which nodes own one more is the
-scores' choice, not the names'). A function of the member list alone, as
-plain rendezvous is: every node computes the same assignment from the same
-member list, even with no lease to read (every lease key deleted, or lost
-by Redis), and the lease settles any race between two nodes that saw
-different lists for a moment. Keeping partitions with their current owners
-would move fewer, but the assignment would then depend on the lease map,
-and with every lease key gone (HA scenario 5) the nodes took partitions
-from each other while still serving them. The price of the balance is a
-few moves more than plain rendezvous at a join or a leave, 6 % to 15 %
-(docs/ha.md, "Which node owns which partitions": no balanced function of
-the member list can match it).
+The assignment record, ``{<prefix>}:assignment`` (a hash: ``version``,
+``nodes``, ``owners``), says which node owns each partition. A balanced
+assignment that moves few partitions at a join or a leave needs history:
+no balanced function of the member list alone moves as few as plain
+rendezvous (docs/ha.md, "Which node owns which partitions"). The history is
+this record, not the lease map: with every lease key deleted (HA scenario
+5), an assignment computed from the leases forgot who owned what, and the
+nodes took partitions from each other while still serving them. The record
+is another key, so each node takes back its own.
+
+- ``look`` reads the live members and the record in one script, so a node
+  never sees a record written for members it does not see yet; the record's
+  body comes only when its version differs from the one the node has.
+- ``propose`` writes a record only if the stored version is still the one
+  the node read (compare-and-set), or there is none when it read none. A
+  node whose round finds the record unbalanced over the live members (a
+  join, a leave) proposes ``rebalance(record, live)`` (ha/assignment.py),
+  the fewest moves balance allows, with the next generation. Nodes that saw
+  the same change compute the same record; a loser gets the stored record
+  in the same reply and follows it.
+- With the record missing (deleted, or lost by Redis), each node goes on
+  following its last copy and proposes it again; a node that never saw one
+  (a new keyspace) proposes ``assignment(live)``, from the member list
+  alone. The first write wins and the others follow it. (Falling back to
+  the member list alone instead, with the record and every lease key
+  deleted, a node claimed partitions whose holder had not yet found its
+  lease gone, and both served them for a moment: tests/test_ha_assignment.py.)
+
+The record says where partitions should go; the leases still decide who
+serves one: a node claims only a free lease, and a holder hands back
+(stops serving, then releases) before the next one acquires.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Collection, Iterable, Mapping
+import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from delaywheel.store.redis.scripts import NodeScripts, Script, text
@@ -52,7 +63,8 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return {string.format('%d', now_ms), string.format('%d', expires_ms)}
 """
 )
-_LIVE = Script(
+# The live members, and the record when its version is not ARGV[1]'s.
+_LOOK = Script(
     """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -62,7 +74,31 @@ for _, node in ipairs(live) do
   found[#found + 1] = node
   found[#found + 1] = redis.call('HGET', KEYS[2], node) or ''
 end
-return found
+local version = redis.call('HGET', KEYS[3], 'version')
+if not version then
+  return {found}
+end
+if version == ARGV[1] then
+  return {found, version}
+end
+local record = redis.call('HMGET', KEYS[3], 'nodes', 'owners')
+return {found, version, record[1] or '', record[2] or ''}
+"""
+)
+# Write the record if the stored version is still ARGV[1] ('': none stored);
+# else the stored one.
+_PROPOSE = Script(
+    """
+local version = redis.call('HGET', KEYS[1], 'version') or ''
+if version == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'nodes', ARGV[3], 'owners', ARGV[4])
+  return {1}
+end
+if version == '' then
+  return {0}
+end
+local record = redis.call('HMGET', KEYS[1], 'nodes', 'owners')
+return {0, version, record[1] or '', record[2] or ''}
 """
 )
 _LEAVE = Script(
@@ -79,10 +115,56 @@ class Registration:
     expires_ms: int
 
 
-class Membership(NodeScripts):
-    """This node's registration, and the live members, on one redis-py client."""
+@dataclass(frozen=True)
+class Record:
+    """The assignment every node follows, as stored: partition -> node."""
 
-    SCRIPTS = (_REGISTER, _LIVE, _LEAVE)
+    version: str  # "<generation>:<random hex>", new at each write: what a write compares
+    owners: dict[int, str]
+
+    @classmethod
+    def new(cls, generation: int, owners: Mapping[int, str]) -> Record:
+        # The random part: two records of one generation (one lost by a Redis
+        # failover, one written after it) never pass for each other.
+        return cls(f"{generation}:{secrets.token_hex(4)}", dict(owners))
+
+    @property
+    def generation(self) -> int:
+        head = self.version.partition(":")[0]
+        return int(head) if head.isdigit() else 0
+
+    def encode(self) -> tuple[str, str]:
+        """``nodes`` (names, spaced) and ``owners`` (each partition's index into them)."""
+        names = sorted(set(self.owners.values()))
+        index = {node: i for i, node in enumerate(names)}
+        owners = " ".join(str(index[self.owners[p]]) for p in sorted(self.owners))
+        return " ".join(names), owners
+
+    @classmethod
+    def decode(cls, version: Any, nodes: Any, owners: Any, partitions: int) -> Record:
+        """A stored record; one that is not P partitions' (written by hand, say)
+        assigns nothing, so the next round writes a whole one over it."""
+        names = text(nodes).split()
+        found = text(owners).split()
+        if len(found) != partitions or not all(i.isdigit() and int(i) < len(names) for i in found):
+            return cls(text(version), {})
+        return cls(text(version), {p: names[int(i)] for p, i in enumerate(found)})
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at the group: the live members and the assignment record."""
+
+    live: dict[str, str]  # node -> address
+    version: str | None  # the record's; None: there is none
+    record: Record | None  # None when there is none or its version is the one known
+
+
+class Membership(NodeScripts):
+    """This node's registration, the live members and the assignment record, on
+    one redis-py client."""
+
+    SCRIPTS = (_REGISTER, _LOOK, _LEAVE, _PROPOSE)
 
     async def register(self, ttl_ms: int) -> Registration:
         """Register (or stay registered) until Redis's ``TIME`` + ``ttl_ms``."""
@@ -93,94 +175,40 @@ class Membership(NodeScripts):
 
     async def live(self) -> dict[str, str]:
         """node -> address of every member whose registration has not expired."""
-        reply: list[Any] = await _LIVE.run(self.client, self._keys(), [])
-        return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply), 2)}
+        return (await self.look()).live
+
+    async def look(self, known: str | None = None) -> Look:
+        """The live members and the record; its body only when its version is not
+        ``known``."""
+        keys = [*self._keys(), self.layout.assignment]
+        reply: list[Any] = await _LOOK.run(self.client, keys, [known or ""])
+        found = reply[0]
+        live = {text(found[i]): text(found[i + 1]) for i in range(0, len(found), 2)}
+        if len(reply) == 1:
+            return Look(live, None, None)
+        if len(reply) == 2:
+            return Look(live, text(reply[1]), None)
+        return Look(live, text(reply[1]), self._record(reply[1:]))
+
+    async def propose(self, read: str | None, record: Record) -> tuple[bool, Record | None]:
+        """Write ``record`` if the stored version is still ``read`` (None: there is
+        still none). (True, record) when written, else (False, the stored one or None)."""
+        nodes, owners = record.encode()
+        reply: list[Any] = await _PROPOSE.run(
+            self.client, [self.layout.assignment], [read or "", record.version, nodes, owners]
+        )
+        if reply[0] == 1:
+            return True, record
+        if len(reply) == 1:
+            return False, None
+        return False, self._record(reply[1:])
+
+    def _record(self, stored: list[Any]) -> Record:
+        version, nodes, owners = stored
+        return Record.decode(version, nodes, owners, self.layout.partitions)
 
     async def leave(self) -> None:
         await _LEAVE.run(self.client, self._keys(), [self.node])
 
     def _keys(self) -> list[str]:
         return [self.layout.members, self.layout.nodes]
-
-
-@lru_cache(maxsize=65_536)  # each round asks P x N of them: the same ones
-def weight(node: str, partition: int) -> int:
-    """The rendezvous score of ``node`` for ``partition``: 64 bits of BLAKE2b.
-
-    (Not CRC-32: its linearity makes the scores of one partition correlate
-    across node names, which skews the balance.)
-    """
-    digest = hashlib.blake2b(f"{partition}/{node}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
-def ranking(partition: int, nodes: Iterable[str]) -> list[str]:
-    """``nodes`` best first for ``partition`` (ties, unlikely, by name)."""
-    return sorted(nodes, key=lambda node: (weight(node, partition), node), reverse=True)
-
-
-def first_choice(partition: int, nodes: Iterable[str]) -> str | None:
-    """The node that ranks ``partition`` first; None when there are no nodes."""
-    return max(nodes, key=lambda node: (weight(node, partition), node), default=None)
-
-
-def assignment(nodes: Collection[str], partitions: int) -> dict[int, str]:
-    """partition -> its node over ``nodes`` (none: {}), balanced (see the module
-    docstring)."""
-    names = sorted(set(nodes))
-    if not names:
-        return {}
-    low, larger = divmod(partitions, len(names))  # ``larger`` nodes own low + 1
-    loads = dict.fromkeys(names, 0)
-    pairs = sorted((weight(node, p), node, p) for node in names for p in range(partitions))
-    placed: dict[int, str] = {}
-    for _, node, p in reversed(pairs):  # the highest score first
-        if p in placed or loads[node] > low or (loads[node] == low and not larger):
-            continue
-        if loads[node] == low:  # its low + 1st: one fewer node may own that many
-            larger -= 1
-        placed[p] = node
-        loads[node] += 1
-        if len(placed) == partitions:
-            break
-    return placed
-
-
-@dataclass(frozen=True)
-class Plan:
-    claim: frozenset[int]  # free, and assigned to this node: acquire them
-    hand_back: frozenset[int]  # held, but assigned to another live, registered node
-
-
-def plan(
-    node: str,
-    live: Collection[str],
-    partitions: int,
-    owners: Mapping[int, str | None],
-    held: Collection[int] = (),
-) -> Plan:
-    """What ``node`` should claim and hand back.
-
-    ``live`` is the registered members (``Membership.live()``); this node
-    counts as live whatever its registration says, so a node whose own
-    registration lapsed keeps what it holds rather than hand it to nobody.
-    ``owners`` says who holds each partition's lease (absent or None: free).
-    A held partition is handed back only to a node in ``live``: a node that
-    is not registered (not started yet, or expired) is never waited for.
-    ``held`` is what this node holds and serves now: never claimed again,
-    even when its lease key is gone (deleted, or lost by Redis). Claiming it
-    would load its tasks a second time beside the ones served, and fire
-    each twice; the keeper's next renewal finds the lease gone and drops
-    the partition, and the round after that claims it with a new epoch.
-    """
-    members = set(live) | {node}
-    assigned = assignment(members, partitions)
-    claim, hand_back = set(), set()
-    for p in range(partitions):
-        to = assigned[p]
-        owner = owners.get(p)
-        if owner is None and to == node and p not in held:
-            claim.add(p)
-        elif owner == node and to != node:
-            hand_back.add(p)
-    return Plan(frozenset(claim), frozenset(hand_back))

@@ -33,8 +33,19 @@ class Ownership(Protocol):
         """This node's name among several; None for a single node."""
         ...
 
+    @property
+    def partitions(self) -> int:
+        """P: how many partitions the keyspace has (1 for a single node)."""
+        ...
+
     def partition_of(self, task_id: str) -> int:
         """The partition of ``task_id``."""
+        ...
+
+    def partition_counts(self) -> dict[str, int]:
+        """How many partitions each node serves, by name: this node's from what
+        it serves now, the others' from the leases last read (a topic's limits
+        are split by them: engine/shares.py)."""
         ...
 
     def owns(self, task_id: str) -> bool:
@@ -73,9 +84,13 @@ class WholeKeyspace:
         # (the hot paths read owns_all on every add).
         self.owns_all = True
         self.node: str | None = None
+        self.partitions = 1
 
     def partition_of(self, task_id: str) -> int:
         return 0
+
+    def partition_counts(self) -> dict[str, int]:
+        return {"": 1}
 
     def owns(self, task_id: str) -> bool:
         return True

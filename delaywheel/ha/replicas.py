@@ -59,18 +59,22 @@ class ReplicaWatch:
         wanted: int,
         read_counts: ReadCounts,
         refused: Callable[[], int],
+        confirmed: Callable[[], int],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``wanted``: ``--replicas``; ``read_counts``: each primary's replicas;
-        ``refused``: the writes refused for lack of replicas so far (a count)."""
+        ``refused``: the writes refused for lack of replicas so far (a count);
+        ``confirmed``: the writes confirmed in full so far."""
         self.wanted = wanted
         self._read_counts = read_counts
         self._refused = refused
+        self._confirmed = confirmed
         self._clock = clock
         self.connected: dict[str, int] = {}  # as last read
         self._seen = False  # a first reading was made
         self._refused_seen = 0  # the count at the last look
+        self._confirmed_seen = 0  # likewise
         self._refusing_since_s: float | None = None
         self._refused_in_line = 0  # refused since the last line said so
         self._line_s = 0.0  # when the last refusal line was written
@@ -97,14 +101,15 @@ class ReplicaWatch:
             except Exception as exc:  # Redis away: the store's own lines say so
                 log.debug("reading the replicas connected failed: %r", exc)
                 counts = None
-            self.observe(counts, self._refused())
+            self.observe(counts, self._refused(), self._confirmed())
             await asyncio.sleep(CHECK_EVERY_S)
 
-    def observe(self, counts: Mapping[str, int] | None, refused: int) -> None:
-        """One look: ``counts`` (None: not read this time) and the refusals so far."""
+    def observe(self, counts: Mapping[str, int] | None, refused: int, confirmed: int) -> None:
+        """One look: ``counts`` (None: not read this time), the refusals and the
+        confirmed writes so far."""
         if counts is not None:
             self._counts_seen(counts)
-        self._refusals_seen(refused)
+        self._refusals_seen(refused, confirmed)
 
     def _counts_seen(self, counts: Mapping[str, int]) -> None:
         """One line per kind of change (a Cluster's primaries together)."""
@@ -140,9 +145,12 @@ class ReplicaWatch:
                 extra=_fields(safe, wanted, failover_stops_writes=False),
             )
 
-    def _refusals_seen(self, refused: int) -> None:
+    def _refusals_seen(self, refused: int, confirmed: int) -> None:
         now_s = self._clock()
         new, self._refused_seen = refused - self._refused_seen, refused
+        # A look with no refusal is not a write confirmed: no write may have been made.
+        confirmed_any = confirmed > self._confirmed_seen
+        self._confirmed_seen = confirmed
         if new > 0:
             self._refused_in_line += new
             self._refused_since += new
@@ -151,7 +159,7 @@ class ReplicaWatch:
                 self._refused_line(now_s, 0.0)
             elif now_s - self._line_s >= REFUSED_LINE_EVERY_S:
                 self._refused_line(now_s, now_s - self._line_s)
-        elif self._refusing_since_s is not None:
+        elif self._refusing_since_s is not None and confirmed_any:
             took_s = now_s - self._refusing_since_s
             log.info(
                 "writes confirmed by replicas again: %d writes were refused for lack of"

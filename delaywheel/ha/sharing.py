@@ -77,6 +77,17 @@ class Sharing:
     def partition_of(self, task_id: str) -> int:
         return partition_of(task_id, self.partitions)
 
+    def partition_counts(self) -> dict[str, int]:
+        """This node's partitions served now; the others' as the leases showed
+        (a partition it let go of and still sees as its own counts for no one)."""
+        counts = {self.node: len(self.serving)}
+        serving = self.serving
+        for partition, owner in self.owners.items():
+            node = owner.node
+            if node is not None and node != self.node and partition not in serving:
+                counts[node] = counts.get(node, 0) + 1
+        return counts
+
     def owns(self, task_id: str) -> bool:
         # Serving every partition (one node, the default), every id is ours: no
         # hash per add (docs/performance.md, "Measurements behind the code").

@@ -35,7 +35,8 @@ from delaywheel.net.connection import MAX_RESERVE_TIMEOUT_S
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a request carries: its path's params, query, JSON body and headers."""
+    """What a request carries: its path's params, query, JSON body and headers (by
+    lower-cased name)."""
 
     path: Mapping[str, str]
     query: Mapping[str, str]
@@ -182,7 +183,7 @@ def _add(inputs: Inputs) -> tuple[str, list[Any]]:
             [body_in(t, f"task {i}: ") if isinstance(t, dict) else t for i, t in enumerate(tasks)]
         ]
     task = body_in(body)
-    key = inputs.headers.get("Idempotency-Key")
+    key = inputs.headers.get("idempotency-key")
     if key is not None and "id" not in task:
         task["id"] = key  # the protocol's id check applies to it
     return "add", [task]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiohttp import web
-
 from delaywheel.errors import RequestError
+from delaywheel.httpapi.messages import Reply
 from delaywheel.httpapi.values import BadInput
 
 MEDIA_TYPE = "application/problem+json"
@@ -44,8 +43,11 @@ TITLES: dict[int, str] = {
     413: "Content Too Large",
     422: "Unprocessable Content",
     429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
 }
 
 
@@ -62,7 +64,7 @@ def problem(
     instance: str,
     data: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
+) -> Reply:
     """One problem response; 503 and 429 say when to come back (``Retry-After``)."""
     document: dict[str, Any] = {
         "type": TYPE_PREFIX + code,
@@ -77,15 +79,10 @@ def problem(
     all_headers = dict(headers or {})
     if status in (429, 503):
         all_headers.setdefault("Retry-After", str(RETRY_AFTER_S))
-    return web.Response(
-        status=status,
-        body=json.dumps(document).encode(),
-        content_type=MEDIA_TYPE,
-        headers=all_headers,
-    )
+    return Reply(status, json.dumps(document).encode(), MEDIA_TYPE, all_headers)
 
 
-def from_error(exc: RequestError, instance: str) -> web.Response:
+def from_error(exc: RequestError, instance: str) -> Reply:
     return problem(status_of(exc), exc.code, exc.message, instance, exc.data)
 
 

@@ -1,8 +1,14 @@
-"""The HTTP API's aiohttp side: the routes from the operations, auth, the bounds, listening.
+"""The HTTP API: a request to its reply (auth, the route, the bound on requests in
+flight, the call, the problem), served on its own port and mounted on the dashboard's.
 
-``HttpApi.app()`` makes the ``/v1`` application: one route per ``Operation``
-(operations.py) and ``/openapi.json``; app.py mounts it on the API's own port
-(``--api-port``, ``start``) and on the dashboard's when that is on too.
+``HttpApi.start`` listens on the API's own port (``--api-port``) with wire.py (HTTP/1.1
+over httptools); ``app()`` is the aiohttp application app.py mounts at /v1 on the dashboard's
+port when that is on too (mount.py). Both read a request into an ``ApiRequest``
+(messages.py) and write the ``Reply`` made here: ``begin`` (auth, the route, the
+document), then ``answer`` (the call), or for a long poll on a node that holds every
+partition ``long_poll``, which holds it as a connection holds a blocked ``reserve``: a
+place in the engine's line, a timer, the callback that writes the reply; no task, no
+coroutine frame, nothing of the request kept (net/calls.py).
 
 Every request but the document's needs ``Authorization: Bearer TOKEN`` on a server with
 a token; failed tokens count against the address on the same rule as every other door
@@ -11,55 +17,57 @@ at once (a long poll that waits is not counted: it holds what a blocked ``reserv
 holds, and its connection); past that, 503 with ``Retry-After``. A body is at most
 ``--max-message`` bytes (413 past it) and must arrive within ``--message-timeout`` (408
 and the connection closed), as a protocol message must; the headers and a keep-alive
-connection's idle time have the same bound (net/httpsite.py), and at most
-``API_CONNECTIONS`` connections are open.
+connection's idle time have the same bound, and at most ``API_CONNECTIONS`` connections
+are open (wire.py; net/httpsite.py on the dashboard's port).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-from aiohttp import web
+from urllib.parse import unquote
 
 from delaywheel.errors import RequestError
 from delaywheel.httpapi import openapi
-from delaywheel.httpapi.forward import Calls
+from delaywheel.httpapi.forward import ELSEWHERE, Calls
+from delaywheel.httpapi.messages import JSON, ApiRequest, Reply, json_reply
 from delaywheel.httpapi.operations import OPERATIONS, Inputs, Operation
 from delaywheel.httpapi.problems import from_error, problem
+from delaywheel.httpapi.routes import DOCUMENT_PATH, Router
 from delaywheel.httpapi.values import BadInput
-from delaywheel.net.httpsite import BoundedSite
-from delaywheel.net.limits import API_CONNECTIONS
+from delaywheel.httpapi.wire import Listener
 
 if TYPE_CHECKING:
     import ssl
+
+    from aiohttp import web
 
     from delaywheel.net.server import Server
 
 log = logging.getLogger("delaywheel.http")  # the listeners' logger (net/httpsite.py)
 
-
-# A path segment holding an id or a topic: anything but a slash (aiohttp's default
-# refuses { and }, which ids may hold). A slash in an id arrives as %2F.
-SEGMENT = "[^/]+"
-
-
-class _SlowBody(Exception):
-    """The body did not arrive within --message-timeout."""
-
-
-def _route_path(path: str) -> str:
-    for name in ("id", "topic"):
-        path = path.replace("{" + name + "}", "{" + name + ":" + SEGMENT + "}")
-    return path
+# What a long poll's answer reads: its result alone (``_task_or_no_content``).
+_NO_INPUTS = Inputs({}, {})
 
 
 def _no_constants(text: str) -> Any:
     raise ValueError(f"{text} is not JSON")
+
+
+def json_body(raw: bytes | None, required: bool = True) -> Any:
+    """The body as JSON; None for an empty one that is not ``required``."""
+    if raw is None or not raw.strip():
+        if not required:
+            return None
+        raise BadInput("this operation takes a JSON body")
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(f"the body is not JSON: {exc}") from None
 
 
 class HttpApi:
@@ -67,86 +75,141 @@ class HttpApi:
         self.server = server
         self.settings = server.settings
         self.calls = Calls(server)
+        self.router = Router(OPERATIONS)
         self.in_flight = 0
         self.refused = 0  # requests answered 503 for being over --api-max-requests
-        self._runner: web.AppRunner | None = None
-        self._site: BoundedSite | None = None
+        self._listener: Listener | None = None
         self._document: bytes | None = None
 
-    def app(self, prefix: str = "") -> web.Application:
-        """A new application of the operations under ``prefix``: one per port (the
-        dashboard mounts one with none at /v1; the API's own port serves one with
-        /v1 as its root, sparing every request a sub-application's lookup)."""
-        app = web.Application(middlewares=[self._guard])
-        for op in OPERATIONS:
-            app.router.add_route(op.http, prefix + _route_path(op.path), self._handler(op))
-        app.router.add_get(prefix + "/openapi.json", self._openapi)
-        return app
+    def app(self) -> web.Application:
+        """The API as an aiohttp application, for the dashboard's port to mount at /v1."""
+        from delaywheel.httpapi.mount import mounted
+
+        return mounted(self)
 
     # -- listening on its own port ------------------------------------------------------
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[str, int]:
-        root = self.app(openapi.PREFIX)
-        # handler_cancellation: a client that goes away cancels its handler, so that a
-        # long poll leaves the line of waiters instead of reserving a task for no one.
-        self._runner = runner = web.AppRunner(
-            root, access_log=None, handle_signals=False, handler_cancellation=True
-        )
-        await runner.setup()
-        self._site = site = BoundedSite(
-            runner,
-            max_connections=API_CONNECTIONS,
-            name="HTTP API",
-            idle_timeout_s=self.settings.message_timeout_s,
-        )
-        try:
-            return await site.start(host, port, tls)
-        except BaseException:
-            await runner.cleanup()
-            raise
+        self._listener = Listener(self)
+        return await self._listener.start(host, port, tls)
 
     async def stop(self) -> None:
         """Answer the waiting long polls (204), stop listening, let the requests in
         flight finish, then close the forwarding client."""
+        if self._listener is not None:
+            self._listener.stopping = True  # the long polls' answers close their connections
         self.calls.reserves.stop()
-        if self._site is not None:
-            await self._site.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._listener is not None:
+            await self._listener.stop()
         await self.calls.close()
 
-    # -- every request ------------------------------------------------------------------
+    # -- a request ------------------------------------------------------------------------
 
-    @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def respond(self, request: ApiRequest) -> Reply:
+        """``request``'s reply, whatever it is."""
+        begun = self.begin(request)
+        if isinstance(begun, Reply):
+            return begun
+        return await self.answer(*begun, request)
+
+    def begin(self, request: ApiRequest) -> Reply | tuple[Operation, dict[str, str]]:
+        """Auth and the route: the operation and its path params, or the reply now
+        (refused, no such operation, the document)."""
+        is_document = request.path == DOCUMENT_PATH
         token = self.settings.token
-        if token is not None and not request.path.endswith("/openapi.json"):
+        if token is not None and not is_document:
             refused = self._refused(request, token)
             if refused is not None:
                 return refused
-        try:
-            response: web.StreamResponse = await handler(request)
-        except web.HTTPException as exc:  # no such route, or not with this method
-            if exc.status < 400:
-                raise
-            # The protocol's code for a method it does not have.
-            code = "no_method" if exc.status in (404, 405) else "bad_request"
-            detail = f"no operation {request.method} {request.path}"
-            return problem(exc.status, code, detail, request.path)
-        return response
+        if is_document and request.method == "GET":
+            return self._openapi()
+        found = self.router.match(request.method, request.path)
+        if isinstance(found, int):
+            path = unquote(request.path)
+            detail = f"no operation {request.method} {path}"
+            return problem(found, "no_method", detail, path)
+        return found
 
-    def _refused(self, request: web.Request, token: str) -> web.Response | None:
+    def holds_long_polls(self) -> bool:
+        """Whether ``long_poll`` may hold one here: this node holds every partition
+        (on several, a long poll collects from them all or follows its task)."""
+        return self.server.engine.ownership.owns_all
+
+    def long_poll(
+        self,
+        op: Operation,
+        params: dict[str, str],
+        request: ApiRequest,
+        done: Callable[[Reply], None],
+    ) -> Callable[[], None] | None:
+        """Start a long poll (``op.long_poll``; ``holds_long_polls``): ``done`` gets its
+        reply, now or once answered. Returns how to leave the line (the client went
+        away), or None when ``done`` has been called or is about to be."""
+        path = unquote(request.path)
+        try:
+            method, call = op.build(Inputs(params, request.query, None, request.headers))
+            held = _LongPoll(op, path, done)
+            reserves = self.calls.reserves
+            start = reserves.reserve_then if method == "reserve" else reserves.wait_then
+            return start(call, held.reply)
+        except RequestError as exc:
+            done(from_error(exc, path))
+        except Exception as exc:  # a bug: logged, answered as the protocol's internal
+            log.exception("internal error in %s %s", request.method, op.path, exc_info=exc)
+            done(problem(500, "internal", f"internal error in {op.op_id}: {exc!r}", path))
+        return None
+
+    async def answer(self, op: Operation, params: dict[str, str], request: ApiRequest) -> Reply:
+        """Call ``op`` for ``request`` within the bound on requests in flight."""
+        if op.long_poll:  # not counted: it waits as a blocked reserve does
+            return await self._call(op, params, request)
+        busy = self.take_slot(request.path)
+        if busy is not None:
+            return busy
+        try:
+            return await self._call(op, params, request)
+        finally:
+            self.in_flight -= 1
+
+    def take_slot(self, path: str) -> Reply | None:
+        """Count a request in flight; 503 when ``--api-max-requests`` already are.
+        The caller takes 1 off ``in_flight`` when it is done."""
+        limit = self.settings.api_max_requests
+        if self.in_flight >= limit:
+            self.refused += 1
+            detail = f"too many requests in flight (limit {limit}, --api-max-requests)"
+            return problem(503, "unavailable", detail, unquote(path))
+        self.in_flight += 1
+        return None
+
+    async def _call(self, op: Operation, params: dict[str, str], request: ApiRequest) -> Reply:
+        path = unquote(request.path)
+        try:
+            body = json_body(request.body, op.body_required) if op.body is not None else None
+            inputs = Inputs(params, request.query, body, request.headers)
+            method, call = op.build(inputs)
+            result = await self.calls.run(method, call)
+            status, payload = op.answer(result, inputs)
+        except RequestError as exc:
+            return from_error(exc, path)
+        except Exception as exc:  # a bug: logged, answered as the protocol's internal
+            log.exception("internal error in %s %s", request.method, op.path, exc_info=exc)
+            return problem(500, "internal", f"internal error in {op.op_id}: {exc!r}", path)
+        return json_reply(status, payload)
+
+    def _refused(self, request: ApiRequest, token: str) -> Reply | None:
         signins, address = self.server.signins, request.remote
+        path = unquote(request.path)
         wait_s = signins.retry_in_s(address, "api")
         if wait_s:  # the token is not even looked at (net/signins.py)
             return problem(
                 429,
                 "unauthorized",
                 f"too many failed sign-ins from this address: try again in {math.ceil(wait_s)} s",
-                request.path,
+                path,
                 headers={"Retry-After": str(math.ceil(wait_s))},
             )
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             if given:  # a token was tried: a guess, as far as we know
                 signins.failed(address, "api")
@@ -154,107 +217,34 @@ class HttpApi:
                 401,
                 "unauthorized",
                 "send Authorization: Bearer TOKEN (the server's --token)",
-                request.path,
+                path,
                 headers={"WWW-Authenticate": "Bearer"},
             )
         signins.succeeded(address)
         return None
 
-    def _handler(self, op: Operation) -> Any:
-        async def handle(request: web.Request) -> web.StreamResponse:
-            counted = not op.long_poll
-            if counted:
-                if self.in_flight >= self.settings.api_max_requests:
-                    self.refused += 1
-                    limit = self.settings.api_max_requests
-                    return problem(
-                        503,
-                        "unavailable",
-                        f"too many requests in flight (limit {limit}, --api-max-requests)",
-                        request.path,
-                    )
-                self.in_flight += 1
-            try:
-                return await self._answer(op, request)
-            finally:
-                if counted:
-                    self.in_flight -= 1
-
-        return handle
-
-    async def _answer(self, op: Operation, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await self._json(request, op.body_required) if op.body is not None else None
-            inputs = Inputs(request.match_info, request.query, body, request.headers)
-            method, params = op.build(inputs)
-            result = await self.calls.run(method, params)
-            status, payload = op.answer(result, inputs)
-        except _SlowBody:
-            timeout_s = self.settings.message_timeout_s
-            response = problem(
-                408, "bad_request", f"no complete body for {timeout_s:g} s", request.path
-            )
-            # Sent now, then the connection closed: aiohttp would otherwise keep
-            # reading what is left of the body for its lingering time.
-            await response.prepare(request)
-            await response.write_eof()
-            request.protocol.force_close()
-            return response
-        except RequestError as exc:
-            response = from_error(exc, request.path)
-            if exc.code == "too_large" and op.body is not None:
-                response.force_close()  # what is left of the body is not read
-            return response
-        except Exception as exc:  # a bug: logged, answered as the protocol's internal
-            log.exception("internal error in %s %s", request.method, op.path, exc_info=exc)
-            detail = f"internal error in {op.op_id}: {exc!r}"
-            return problem(500, "internal", detail, request.path)
-        if payload is None:
-            return web.Response(status=status)
-        return web.Response(
-            status=status, body=json.dumps(payload).encode(), content_type="application/json"
-        )
-
-    async def _json(self, request: web.Request, required: bool = True) -> Any:
-        """The body as JSON, read within the bounds (see the module docstring);
-        None for an empty one that is not ``required``."""
-        limit = self.settings.max_message_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            raise RequestError(
-                "too_large",
-                f"the body is {length} bytes, over the {limit}-byte limit (--max-message)",
-            )
-        if request.content.is_eof():
-            # All of it has arrived (a small body mostly comes with the head): no timer.
-            raw = await _read(request, limit)
-        else:
-            try:
-                raw = await asyncio.wait_for(_read(request, limit), self.settings.message_timeout_s)
-            except asyncio.TimeoutError:
-                raise _SlowBody from None
-        if not raw.strip():
-            if not required:
-                return None
-            raise BadInput("this operation takes a JSON body")
-        try:
-            return json.loads(raw, parse_constant=_no_constants)
-        except (ValueError, RecursionError) as exc:
-            raise BadInput(f"the body is not JSON: {exc}") from None
-
-    async def _openapi(self, request: web.Request) -> web.StreamResponse:
+    def _openapi(self) -> Reply:
         if self._document is None:
             self._document = json.dumps(openapi.document()).encode()
-        return web.Response(body=self._document, content_type="application/json")
+        return Reply(200, self._document, JSON)
 
 
-async def _read(request: web.Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(
-                "too_large", f"the body is over the {limit}-byte limit (--max-message)"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
+class _LongPoll:
+    """What a held long poll keeps besides its place in the line: how to answer."""
+
+    __slots__ = ("done", "op", "path")
+
+    def __init__(self, op: Operation, path: str, done: Callable[[Reply], None]) -> None:
+        self.op, self.path, self.done = op, path, done
+
+    def reply(self, result: Any, error: RequestError | None) -> None:
+        """Called from the engine's delivery or the store's answer: it must not raise."""
+        try:
+            if error is None:
+                self.done(json_reply(*self.op.answer(result, _NO_INPUTS)))
+                return
+            if error.code in ELSEWHERE:  # its task's partition left while it waited
+                error = RequestError("unavailable", f"{error.message}: send it again")
+            self.done(from_error(error, self.path))
+        except Exception:
+            log.exception("the answer to a long poll on %s failed", self.path)

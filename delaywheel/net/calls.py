@@ -3,11 +3,12 @@
 ``call`` runs a method through the server's own route (``routes.py``: the same arity
 check and engine verb a connection's request gets, counted in the same metrics), and
 returns only once the store write holding its change is durable (``durable``), as a
-connection holds its reply. ``reserve`` is the connection's reserve without the
+connection holds its reply. ``Reserves`` has the connection's reserve without the
 connection: the same checks (``connection.reserve_params``), the same ready queues, and a
-blocked one waits in the engine's line of waiters, costing what a blocked ``reserve`` of
-the protocol costs; cancelling the caller (its HTTP client went away) leaves the line.
-``wait`` is held the same way, in the task table's line of watches.
+blocked one waits in the engine's line of waiters with a timer and a callback, as a
+connection's blocked ``reserve`` does (no task, no coroutine frame); the caller whose
+HTTP client went away leaves the line. ``wait`` is held the same way, in the task
+table's line of watches.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.engine import validate
+from delaywheel.engine.horizon import MAX_FETCHES, NeedsStore
 from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.errors import RequestError
 from delaywheel.net.connection import WAIT_MOVED_RETRY_MS, reserve_params, wait_params
+from delaywheel.store.base import StoreError, reply_for
 
 if TYPE_CHECKING:
     from delaywheel.engine.engine import Engine
@@ -51,12 +54,30 @@ async def durable(engine: Engine, wait: Wait | None = None) -> None:
     batch.add_callback(finished)
     error = await done
     if error is not None:
-        raise RequestError("unavailable", str(error))
+        code, data = reply_for(error) if isinstance(error, StoreError) else ("unavailable", None)
+        raise RequestError(code, str(error), data)
 
 
-# A blocked call's answer: the map it gets, or None (timed out, stopped; a wait's
-# task's partition gone elsewhere).
-Answer = Callable[[dict[str, Any] | None], None]
+# How a call made without a connection is answered: its result, or the error it met.
+Reply = Callable[[Any, "RequestError | None"], None]
+
+
+def reply_when_durable(wait: Wait | None, result: Any, reply: Reply) -> None:
+    """``reply(result, None)`` once the store write ``wait`` is durable (at once when
+    there is none, or it is done); ``unavailable`` instead if that write failed."""
+
+    def finished(error: Exception | None) -> None:
+        if error is None:
+            reply(result, None)
+        else:
+            reply(None, RequestError("unavailable", str(error)))
+
+    if wait is None:
+        reply(result, None)
+    elif wait.finished:
+        finished(wait.error)
+    else:
+        wait.add_callback(finished)
 
 
 class _Caller:
@@ -76,11 +97,24 @@ async def call(server: Server, method: str, params: list[Any]) -> Any:
     if route is None or route.run is None:  # reserve has its own way; auth is the caller's
         raise RequestError("no_method", f"no method named {method!r} here")
     route.calls += 1
-    try:
-        result = route.run(_Caller(server), params, time.time())  # type: ignore[arg-type]
-    except RequestError as exc:
-        route.failed(exc.code)
-        raise
+    for _ in range(MAX_FETCHES + 1):
+        try:
+            result = route.run(_Caller(server), params, time.time())  # type: ignore[arg-type]
+            break
+        except RequestError as exc:
+            route.failed(exc.code)
+            server.engine.horizon.settle()
+            raise
+        except NeedsStore as need:  # a store read first (engine/horizon.py), then again
+            try:
+                await need.fetch()
+            except StoreError as exc:
+                route.failed("unavailable")
+                raise RequestError("unavailable", str(exc)) from None
+    else:
+        route.failed("unavailable")
+        raise RequestError("unavailable", "the store kept changing under the request")
+    server.engine.horizon.settle()
     if route.mutating:
         wait = server.engine.journal.pending()  # this change's write, before any await
         server.rearm()  # it may have moved the next timer, as a request's change may
@@ -94,18 +128,25 @@ async def call(server: Server, method: str, params: list[Any]) -> Any:
 
 class Reserves:
     """The blocked reserves and waits made without a connection, so that a stop
-    answers them."""
+    answers them.
+
+    ``reserve_then`` and ``wait_then`` are held as a connection holds its blocked
+    reserve: an entry in the engine's line, a timer and the ``reply`` callback,
+    no task and no coroutine frame (a held long poll costs what a blocked
+    ``reserve`` costs, docs/http.md). They return how to leave the line (the
+    HTTP client went away), or None when ``reply`` is already on its way.
+    ``reserve`` and ``wait`` await the same."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.waiting: set[asyncio.Future[dict[str, Any] | None]] = set()
+        self.waiting: set[_Held] = set()
         # Stopping: a reserve that finds nothing answers at once rather than wait
         # (a long poll arriving during the stop would hold it up for its timeout).
         self.stopped = False
 
-    async def reserve(self, params: list[Any]) -> dict[str, Any] | None:
-        """``reserve`` with the protocol's params: a task, reserved and durable, or None
-        after the timeout (or at once when the server stops)."""
+    def reserve_then(self, params: list[Any], reply: Reply) -> Callable[[], None] | None:
+        """``reserve`` with the protocol's params: ``reply`` gets a task, reserved and
+        durable, or None after the timeout (or at once when the server stops)."""
         server, engine = self.server, self.server.engine
         route = server.routes["reserve"]
         route.calls += 1
@@ -114,18 +155,24 @@ class Reserves:
             task = engine.try_reserve(topics, time.time())
         except RequestError as exc:
             route.failed(exc.code)
-            raise
-        wait = engine.journal.pending() if task is not None else None
-        if task is None and timeout_s > 0 and not self.stopped:
-            task, wait = await self._wait(topics, timeout_s)
+            reply(None, exc)
+            return None
         if task is not None:
             server.rearm()  # a reservation's deadline is a timer
-            await durable(engine, wait)
-        return task
+            reply_when_durable(engine.journal.pending(), task, reply)
+            return None
+        if timeout_s <= 0 or self.stopped:
+            reply(None, None)
+            return None
+        held = _Held(self, reply, "")
+        waiter = Waiter(validate.topics(topics), held.answer)
+        engine.wait_reserve(waiter)
+        return held.start(timeout_s, partial(engine.cancel_wait, waiter))
 
-    async def wait(self, params: list[Any]) -> dict[str, Any] | None:
-        """``wait`` with the protocol's params: the task's final map, durable, or None
-        after the timeout (or at once when the server stops)."""
+    def wait_then(self, params: list[Any], reply: Reply) -> Callable[[], None] | None:
+        """``wait`` with the protocol's params: ``reply`` gets the task's final map,
+        durable, or None after the timeout (or at once when the server stops); a
+        ``tryagain`` error when its partition leaves this node while it waits."""
         server, engine = self.server, self.server.engine
         route = server.routes["wait"]
         route.calls += 1
@@ -134,81 +181,114 @@ class Reserves:
             final = engine.wait_now(task_id)
         except RequestError as exc:
             route.failed(exc.code)
-            raise
-        wait = engine.journal.pending() if final is not None else None
-        if final is None and timeout_s > 0 and not self.stopped:
-
-            def hold(answer: Answer) -> Callable[[], None]:
-                watch = Watch(task_id, answer)
-                engine.watch(watch)
-                return partial(engine.cancel_watch, watch)
-
-            final, wait = await self._held(hold, timeout_s, moved=task_id)
+            reply(None, exc)
+            return None
         if final is not None:
-            await durable(engine, wait)
-        return final
+            reply_when_durable(engine.journal.pending(), final, reply)
+            return None
+        if timeout_s <= 0 or self.stopped:
+            reply(None, None)
+            return None
+        held = _Held(self, reply, task_id)
+        watch = Watch(task_id, held.answer)
+        engine.watch(watch)
+        return held.start(timeout_s, partial(engine.cancel_watch, watch))
 
-    async def _wait(
-        self, topics: Any, timeout_s: float
-    ) -> tuple[dict[str, Any] | None, Wait | None]:
-        """Wait in the engine's line, as a connection's blocked reserve does."""
-        engine = self.server.engine
+    async def reserve(self, params: list[Any]) -> dict[str, Any] | None:
+        """``reserve_then``, awaited."""
+        return await _awaited(self.reserve_then, params)  # type: ignore[no-any-return]
 
-        def hold(answer: Answer) -> Callable[[], None]:
-            waiter = Waiter(validate.topics(topics), answer)
-            engine.wait_reserve(waiter)
-            return partial(engine.cancel_wait, waiter)
-
-        return await self._held(hold, timeout_s)
-
-    async def _held(
-        self, hold: Callable[[Answer], Callable[[], None]], timeout_s: float, moved: str = ""
-    ) -> tuple[dict[str, Any] | None, Wait | None]:
-        """A blocked call: ``hold(answer)`` puts it in the engine's line and returns
-        how to take it out. A future and a timer, no task beside the request's own
-        (a held long poll should cost little more than its connection). The answer,
-        and the store write holding the change it reports (taken when it came, as the
-        connection takes it). A wait told its task's partition left (``moved``, its
-        id): ``tryagain``, which the caller forwards to the new owner."""
-        engine = self.server.engine
-        loop = asyncio.get_running_loop()
-        got: asyncio.Future[dict[str, Any] | None] = loop.create_future()
-        writes: list[Wait | None] = [None]
-        left = [False]
-
-        def answer(task: dict[str, Any] | None) -> None:
-            if not got.done():
-                left[0] = task is None  # only a wait is answered None: moved
-                got.set_result(task)
-                if task is not None:
-                    writes[0] = engine.journal.pending()
-
-        def timed_out() -> None:
-            if not got.done():
-                got.set_result(None)
-
-        release = hold(answer)
-        timer = loop.call_later(timeout_s, timed_out)
-        self.waiting.add(got)
-        try:
-            found = await got
-        finally:
-            timer.cancel()
-            self.waiting.discard(got)
-            if got.cancelled() or got.result() is None:  # timed out, stopped, or gone
-                release()
-        if left[0]:
-            raise RequestError(
-                "tryagain",
-                f"task {moved!r} is no longer served here",
-                {"partition": None, "retry_after_ms": WAIT_MOVED_RETRY_MS},
-            )
-        return found, writes[0]
+    async def wait(self, params: list[Any]) -> dict[str, Any] | None:
+        """``wait_then``, awaited."""
+        return await _awaited(self.wait_then, params)  # type: ignore[no-any-return]
 
     def stop(self) -> None:
         """The server is stopping: every blocked reserve is answered None now, and
         any made from now on answers at once."""
         self.stopped = True
-        for got in list(self.waiting):
-            if not got.done():
-                got.set_result(None)
+        for held in list(self.waiting):
+            held.timed_out()
+
+
+class _Held:
+    """One blocked call in the engine's line: its timer, how to leave the line, its
+    reply. ``moved``: a wait's task id (answered None, its partition left: tryagain)."""
+
+    __slots__ = ("moved", "release", "reply", "reserves", "timer")
+
+    def __init__(self, reserves: Reserves, reply: Reply, moved: str) -> None:
+        self.reserves = reserves
+        self.reply: Reply | None = reply
+        self.moved = moved
+        self.timer: asyncio.TimerHandle | None = None
+        self.release: Callable[[], None] | None = None
+
+    def start(self, timeout_s: float, release: Callable[[], None]) -> Callable[[], None]:
+        self.release = release
+        self.timer = asyncio.get_running_loop().call_later(timeout_s, self.timed_out)
+        self.reserves.waiting.add(self)
+        return self.cancel
+
+    def _done(self) -> Reply | None:
+        """The reply, once: None when already answered or cancelled."""
+        reply, self.reply = self.reply, None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.reserves.waiting.discard(self)
+        return reply
+
+    def answer(self, found: dict[str, Any] | None) -> None:
+        """From the engine: a task for it (the line is left), or None (a wait's
+        partition went elsewhere)."""
+        reply = self._done()
+        if reply is None:
+            return
+        release, self.release = self.release, None
+        server = self.reserves.server
+        if found is None:
+            if release is not None:
+                release()
+            server.routes["wait"].failed("tryagain")
+            data = {"partition": None, "retry_after_ms": WAIT_MOVED_RETRY_MS}
+            message = f"task {self.moved!r} is no longer served here"
+            reply(None, RequestError("tryagain", message, data))
+            return
+        server.rearm()  # a reservation's deadline is a timer
+        reply_when_durable(server.engine.journal.pending(), found, reply)
+
+    def timed_out(self) -> None:
+        """Its timeout, or the server stopping: answered None, out of the line."""
+        reply = self._done()
+        if reply is None:
+            return
+        self.cancel()
+        reply(None, None)
+
+    def cancel(self) -> None:
+        """Its client went away: out of the line, answered by nothing."""
+        self._done()
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+
+
+async def _awaited(start: Callable[[list[Any], Reply], Any], params: list[Any]) -> Any:
+    """A callback-answered call (``reserve_then``, ``wait_then``) as a coroutine;
+    cancelling it leaves the line."""
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def reply(result: Any, error: RequestError | None) -> None:
+        if got.done():
+            return
+        if error is None:
+            got.set_result(result)
+        else:
+            got.set_exception(error)
+
+    cancel = start(params, reply)
+    try:
+        return await got
+    finally:
+        if cancel is not None and not got.done():
+            cancel()

@@ -43,6 +43,7 @@ from delaywheel_client.protocol import Decoder, ProtocolError, Request
 
 from delaywheel import checks
 from delaywheel.engine import validate
+from delaywheel.engine.horizon import MAX_FETCHES, NeedsStore
 from delaywheel.engine.journal import Wait
 from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.errors import RequestError
@@ -178,6 +179,9 @@ class Connection(asyncio.Protocol):
         # When the message now half-received started to be waited for, or None.
         self.partial_since: float | None = None
         self.busy = False  # more requests are buffered; _work is scheduled for them
+        # A request waits for a store read before it runs (engine/horizon.py):
+        # nothing after it is handled until it has run, so requests keep their order.
+        self.fetching = False
         # Requests are buffered but handling them waits until the client reads
         # its replies (writing resumes) or the line's replies leave.
         self.stalled = False
@@ -269,7 +273,7 @@ class Connection(asyncio.Protocol):
         pipeline cannot hold the loop against everyone else.
         """
         self.busy = False
-        if self.transport is None:
+        if self.transport is None or self.fetching:
             return
         if self.writing_paused or self.line_bytes > MAX_LINE_BYTES:
             # The client is not reading what it was sent: handle nothing more
@@ -290,6 +294,8 @@ class Connection(asyncio.Protocol):
                 handled += 1
                 if type(message) is Request:
                     self._handle(message, now_s)
+                    if self.fetching:  # the rest waits for its store read
+                        break
                 # Notifications from clients are ignored (pynvim sends one to
                 # announce itself); a response from a client has no meaning.
                 if handled == MAX_REQUESTS_PER_TURN or self.turn_bytes > MAX_TURN_REPLY_BYTES:
@@ -315,12 +321,56 @@ class Connection(asyncio.Protocol):
 
     # -- handling ----------------------------------------------------------------
 
-    def _handle(self, request: Request, now_s: float) -> None:
+    def _fetch_later(self, request: Request, need: NeedsStore, fetches: int) -> None:
+        """The request needs a store read first: nothing more is handled until
+        it has run (``_fetch_first``)."""
+        self.fetching = True
+        asyncio.get_running_loop().create_task(self._fetch_first(request, need, fetches + 1))
+
+    async def _fetch_first(self, request: Request, need: NeedsStore, fetches: int) -> None:
+        """Read what the request needs from the store, then handle it again,
+        then the requests behind it."""
+        route = self.server.routes.get(request.method) or self.server.unknown
+        try:
+            if fetches > MAX_FETCHES:
+                raise RequestError("unavailable", "the store kept changing under the request")
+            await need.fetch()
+        except (RequestError, StoreError) as exc:
+            self.fetching = False
+            code = exc.code if isinstance(exc, RequestError) else "unavailable"
+            route.failed(code)
+            msgid = request.msgid
+            self._queue(msgid, self.encoder.error_response(msgid, code, str(exc)), None, route)
+        except Exception as exc:
+            self.fetching = False
+            route.failed("internal")
+            self._queue(
+                request.msgid, self._internal(request.msgid, request.method, exc), None, route
+            )
+        else:
+            self.fetching = False
+            if self.transport is None:
+                self.engine.horizon.settle()
+                return
+            self._handle(request, time.time(), fetches)
+            if self.fetching:  # it needs another read
+                return
+            self.engine.horizon.settle()
+            if self.journal.inline:
+                self.journal.release()
+        self._flush()
+        self.server.rearm()
+        if not self.busy:
+            self.busy = True
+            asyncio.get_running_loop().call_soon(self._work)
+
+    def _handle(self, request: Request, now_s: float, fetches: int = 0) -> None:
         msgid, method = request.msgid, request.method
         route = self.server.routes.get(method)
         if route is None:
             route = self.server.unknown
-        route.calls += 1
+        if not fetches:
+            route.calls += 1
         if not self.authed and method not in OPEN_METHODS:
             message = f"{method} needs auth first (send auth [token])"
             route.failed("unauthorized")
@@ -333,7 +383,10 @@ class Connection(asyncio.Protocol):
                 self.timers_moved = True  # a reservation's deadline is a timer
                 self._reserve(request, route, now_s)
             elif method == "wait":
-                self._wait(request, route)
+                try:
+                    self._wait(request, route)
+                except NeedsStore as need:
+                    self._fetch_later(request, need, fetches)
             else:
                 route.failed("no_method")
                 message = f"no method named {checks.show(method)}"
@@ -346,6 +399,9 @@ class Connection(asyncio.Protocol):
         except RequestError as exc:
             route.failed(exc.code)
             payload = self.encoder.error_response(msgid, exc.code, exc.message, exc.data)
+        except NeedsStore as need:  # engine/horizon.py: a store read, then again
+            self._fetch_later(request, need, fetches)
+            return
         except Exception as exc:
             route.failed("internal")
             payload = self._internal(msgid, method, exc)

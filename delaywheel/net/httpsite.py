@@ -68,12 +68,9 @@ class BoundedSite:
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
         self.error_headers = error_headers
-        self.name = name
         self.open = 0  # connections being served
         self.refused = 0  # connections answered 503 for being over max_connections
-        self.malformed = 0  # requests that could not be parsed
-        self._unlogged = 0
-        self._logged_s = float("-inf")
+        self.malformed = MalformedLog(name)
         self._server: asyncio.Server | None = None
 
     async def start(
@@ -98,13 +95,40 @@ class BoundedSite:
             self._server.close()
             self._server = None
 
-    def log_malformed(self, peer: str | None, exc: BaseException) -> None:
-        self.malformed += 1
+
+def refuse_connection(transport: asyncio.Transport, headers: Mapping[str, str]) -> None:
+    """A connection over the cap: 503 and closed, before any of its bytes are read."""
+    body = b"too many connections\n"
+    head = [
+        "HTTP/1.1 503 Service Unavailable",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    transport.close()
+
+
+class MalformedLog:
+    """Requests that could not be parsed, counted; logged at most one line per
+    ``LOG_EVERY_S``, with the peer and the error's kind, never its text (which
+    quotes the headers, a token among them)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+        self._unlogged = 0
+        self._logged_s = float("-inf")
+
+    def log(self, peer: str | None, exc: BaseException, status: int | None = None) -> None:
+        self.count += 1
         now_s = time.monotonic()
         if now_s - self._logged_s < LOG_EVERY_S:
             self._unlogged += 1
             return
-        status = getattr(exc, "code", 400)
+        if status is None:
+            status = getattr(exc, "code", 400)
         more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
         log.warning(
             "%s: malformed request from %s answered %s (%s)%s",
@@ -126,19 +150,8 @@ class _Handler(RequestHandler):
         site = self._site
         if site.open >= site.max_connections:
             site.refused += 1
-            body = b"too many connections\n"
-            head = [
-                "HTTP/1.1 503 Service Unavailable",
-                "Content-Type: text/plain; charset=utf-8",
-                f"Content-Length: {len(body)}",
-                "Connection: close",
-                *(f"{k}: {v}" for k, v in site.error_headers("").items()),
-            ]
             # Written here: aiohttp never sees this connection.
-            cast(asyncio.Transport, transport).write(
-                ("\r\n".join(head) + "\r\n\r\n").encode() + body
-            )
-            transport.close()
+            refuse_connection(cast(asyncio.Transport, transport), site.error_headers(""))
             return
         site.open += 1
         self._counted = True
@@ -169,6 +182,6 @@ class _Handler(RequestHandler):
         exc = kw.get("exc_info")
         if isinstance(exc, HttpProcessingError):  # the peer's bytes, not our bug
             peer = args[1] if len(args) > 1 else None
-            self._site.log_malformed(peer, exc)
+            self._site.malformed.log(peer, exc)
             return
         super().log_exception(*args, **kw)

@@ -155,6 +155,7 @@ class Server:
         stats["connections"] = len(self.connections)
         stats["schedules"] = self.engine.schedules.stats()
         stats["topic_settings"] = self.engine.topics.stats(now_s)
+        stats["topic_shares"] = self.engine.flow.shares()
         stats["tls"] = self.settings.tls_cert is not None
         if self.deliveries is not None:
             stats["deliveries"] = self.deliveries.stats()

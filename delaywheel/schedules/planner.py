@@ -18,7 +18,7 @@ from typing import Any
 from delaywheel_client.partitions import occurrence_id
 
 from delaywheel.checks import bad
-from delaywheel.schedules.spec import Schedule, Spec
+from delaywheel.schedules.spec import HORIZON_S, Schedule, Spec
 
 UTC = timezone.utc
 CATCHUP_CAP = 100  # catchup=all fires at most this many (a burst bound, as K8s's 100)
@@ -187,14 +187,18 @@ def _duration(value_ms: int) -> str:
 
 
 def render_next(schedule: Schedule, now_ms: int, n: int) -> dict[str, Any]:
-    """schedule_next's reply: the next ``n`` times from now and the description."""
+    """schedule_next's reply: the next ``n`` times from now and the description. Only
+    those in the next 50 years, as a schedule's own (``check_schedule``): an ``every``
+    of years would otherwise run past what a date can hold (year 9999)."""
     if type(n) is not int or not 1 <= n <= MAX_NEXT:
         raise bad(f"n must be an int from 1 to {MAX_NEXT}, got {n!r}")
+    horizon_ms = now_ms + HORIZON_S * 1000
     times = [
         {
             "utc": instant / 1000 if instant % 1000 else instant // 1000,
             "local": local_iso(instant, schedule.spec),
         }
         for instant in occurrences(schedule, now_ms, n)
+        if instant <= horizon_ms
     ]
     return {"times": times, "description": describe(schedule.spec)}

@@ -55,6 +55,44 @@ LanesDone = Callable[[LaneOutcomes], None]
 
 DEFAULT_BATCH_SIZE = 10_000
 
+FarRecord = tuple[str, float, bytes]
+"""A record of the far tier: its id, its due time (epoch seconds), its bytes."""
+
+
+class Tiers:
+    """What one write does to the far tier besides its puts and removes.
+
+    The far tier (engine/horizon.py) holds delayed tasks due beyond the
+    engine's horizon, with a time index and a count per topic, so the
+    server keeps nothing of them in memory and a start never reads them
+    all. ``load`` yields only the other records (the near tier); the far
+    ones are read by time (``far_range``) or by id (``far_get``). The
+    store applies, for each id of the write's ``changes``, in this order:
+
+    - ``blind``: a put made only if neither tier holds the id; one that
+      does is left as it is and named in ``conflicts`` (the store fills it
+      before ``done`` runs), with the rest of the write applied;
+    - ``was_far`` (id -> the topic the far tier holds it under): the id
+      leaves the far tier (its index entry, its topic's count) if there;
+    - then the change itself: a remove takes the id out of the near tier,
+      a put in ``far`` (id -> (due, topic)) goes to the far tier (out of
+      the near one), any other put to the near tier.
+
+    A put to the far tier of an id the far tier holds names it in
+    ``was_far`` too, so the counts stay exact.
+    """
+
+    __slots__ = ("blind", "conflicts", "far", "was_far")
+
+    def __init__(self) -> None:
+        self.far: dict[str, tuple[float, str]] = {}
+        self.was_far: dict[str, str] = {}
+        self.blind: set[str] = set()
+        self.conflicts: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.far or self.was_far or self.blind)
+
 
 class StoreError(Exception):
     """Base class of every error a store raises."""
@@ -105,6 +143,10 @@ class Store(abc.ABC):
     inline: ClassVar[bool] = False
     """Whether ``submit()`` always completes before it returns (memory://): the
     journal then flushes at the end of each connection's work, not a turn later."""
+
+    tiered: ClassVar[bool] = False
+    """Whether the store keeps a far tier (``Tiers``, ``far_range``,
+    ``far_get``, ``far_counts``); without one the engine holds every task."""
 
     lanes: int = 1
     """How many lanes the store's writes fall in (``lane_of``): writes of
@@ -158,7 +200,7 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def submit(self, changes: Changes, done: Done) -> None:
+    def submit(self, changes: Changes, done: Done, tiers: Tiers | None = None) -> None:
         """Start applying all puts (id -> bytes) and removes (id -> None) together;
         call ``done(None)`` once they are durable, or ``done(error)``.
 
@@ -175,7 +217,26 @@ class Store(abc.ABC):
           was lost. ``submit`` itself never raises for a failed write.
         - After ``close()`` (or before ``open()``) it fails with ``StoreUnavailable``.
         - The caller must not change ``changes`` until ``done`` has run.
+        - ``tiers``: what the write does to the far tier (``Tiers``), in the
+          same transaction or script; only on a ``tiered`` store.
         """
+
+    async def far_range(
+        self, lane: int, after: tuple[float, str] | None, before_s: float | None, limit: int
+    ) -> list[FarRecord]:
+        """Far records of ``lane`` in (due, id) order: after ``after`` (a
+        (due, id) already read; None: from the first), due before
+        ``before_s`` (None: any), at most ``limit``."""
+        raise StoreError(f"store {self.url} keeps no far tier")
+
+    async def far_get(self, task_ids: Sequence[str]) -> dict[str, tuple[float, bytes]]:
+        """The far records of those of ``task_ids`` the far tier holds: id -> (due, record)."""
+        raise StoreError(f"store {self.url} keeps no far tier")
+
+    async def far_counts(self, lane: int) -> dict[str, int]:
+        """How many records of ``lane`` the far tier holds, by topic (kept by
+        the writes themselves: no scan)."""
+        return {}
 
     def lane_of(self, key: str) -> int:
         """The lane of ``key``'s writes, in ``range(lanes)``."""
@@ -186,13 +247,20 @@ class Store(abc.ABC):
         fail and come back together (the store's watch ends an outage by it)."""
         return None
 
-    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
+    def submit_lane(
+        self, lane: int, changes: Changes, done: Done, tiers: Tiers | None = None
+    ) -> None:
         """``submit`` of one lane's changes (the journal's path when one lane is
         ready: one request at a time). This default, for a store of one lane,
         is ``submit``."""
-        self.submit(changes, done)
+        self.submit(changes, done, tiers)
 
-    def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
+    def submit_lanes(
+        self,
+        writes: Sequence[tuple[int, Changes]],
+        done: LanesDone,
+        tiers: Mapping[int, Tiers] | None = None,
+    ) -> None:
         """Start the writes of several lanes (``(lane, changes)``, each lane once)
         together: one round trip per server that holds them. Each lane's
         changes are all or nothing, as ``submit``'s; different lanes' outcomes
@@ -200,9 +268,11 @@ class Store(abc.ABC):
         calls, each lane exactly once. The caller keeps at most one write of a
         lane in flight. This default, for a store of one lane, is ``submit``."""
         for lane, changes in writes:
-            self.submit(changes, partial(_lane_done, done, lane))
+            self.submit(
+                changes, partial(_lane_done, done, lane), None if tiers is None else tiers.get(lane)
+            )
 
-    async def write(self, changes: Changes) -> None:
+    async def write(self, changes: Changes, tiers: Tiers | None = None) -> None:
         """``submit(changes)`` awaited: returns once durable, raises its error.
 
         If the awaiting task is cancelled the write still goes on, and may land.
@@ -213,7 +283,7 @@ class Store(abc.ABC):
             if not finished.done():
                 finished.set_result(error)
 
-        self.submit(changes, done)
+        self.submit(changes, done, tiers)
         error = await finished
         if error is not None:
             raise error

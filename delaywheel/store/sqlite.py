@@ -29,6 +29,13 @@ with ``call_soon_threadsafe``, straight to its callback: no coroutine per
 write. ``load()`` is one SELECT read with ``fetchmany`` (a consistent
 snapshot), a batch per round on the worker thread.
 
+The far tier (``Tiers``, base.py): a table ``far(id, due, record)`` with an
+index on ``(due, id)``, and ``far_counts(topic, n)``, both written in the
+same transaction as the tasks they go with; ``load()`` reads only the
+``tasks`` table. A file written before the far tier existed gets the two
+tables at open (``CREATE TABLE IF NOT EXISTS``); the engine moves its far
+tasks there at its first start (docs/operations.md, "Upgrading").
+
 Assumes one server per database file: two servers on one file would both
 write, and the engine would not know of the other's tasks.
 """
@@ -39,7 +46,7 @@ import asyncio
 import fcntl
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,9 +56,11 @@ from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
     Done,
+    FarRecord,
     Store,
     StoreConfigError,
     StoreUnavailable,
+    Tiers,
     check_batch_size,
     unavailable,
 )
@@ -66,8 +75,21 @@ DEFAULT_BUSY_TIMEOUT_S = 5.0
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, record BLOB NOT NULL) WITHOUT ROWID"
 )
+_FAR_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS far"
+    " (id TEXT PRIMARY KEY, due REAL NOT NULL, record BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS far_by_due ON far (due, id)",
+    "CREATE TABLE IF NOT EXISTS far_counts (topic TEXT PRIMARY KEY, n INTEGER NOT NULL)"
+    " WITHOUT ROWID",
+)
 _PUT = "INSERT OR REPLACE INTO tasks (id, record) VALUES (?, ?)"
 _REMOVE = "DELETE FROM tasks WHERE id = ?"
+_FAR_PUT = "INSERT OR REPLACE INTO far (id, due, record) VALUES (?, ?, ?)"
+_FAR_REMOVE = "DELETE FROM far WHERE id = ?"
+_COUNT = (
+    "INSERT INTO far_counts (topic, n) VALUES (?, ?)"
+    " ON CONFLICT (topic) DO UPDATE SET n = n + excluded.n"
+)
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, str]:
@@ -101,6 +123,8 @@ def parse_sqlite_url(url: str) -> tuple[Path, str]:
 
 
 class SqliteStore(Store):
+    tiered = True
+
     def __init__(self, url: str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         super().__init__(url)  # a sqlite URL carries no password
         self.path, self.synchronous = parse_sqlite_url(url)
@@ -147,6 +171,8 @@ class SqliteStore(Store):
             journal_mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
             conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
             conn.execute(_SCHEMA)
+            for statement in _FAR_SCHEMA:
+                conn.execute(statement)
         except BaseException:
             conn.close()
             raise
@@ -182,7 +208,7 @@ class SqliteStore(Store):
         assert self._conn is not None
         return self._conn.execute("SELECT id, record FROM tasks")
 
-    def submit(self, changes: Changes, done: Done) -> None:
+    def submit(self, changes: Changes, done: Done, tiers: Tiers | None = None) -> None:
         error = self._not_open("write")
         executor = self._executor
         if error is None and executor is None:
@@ -196,10 +222,13 @@ class SqliteStore(Store):
             return
         # Split on the loop thread: the caller's mapping is never read from
         # another thread. The executor runs jobs in submission order.
-        puts = [(task_id, record) for task_id, record in changes.items() if record is not None]
-        removes = [(task_id,) for task_id, record in changes.items() if record is None]
         loop = asyncio.get_running_loop()
-        job = executor.submit(self._write_sync, puts, removes)
+        if tiers:
+            job = executor.submit(self._write_tiered_sync, dict(changes), tiers)
+        else:
+            puts = [(task_id, record) for task_id, record in changes.items() if record is not None]
+            removes = [(task_id,) for task_id, record in changes.items() if record is None]
+            job = executor.submit(self._write_sync, puts, removes)
 
         def finished(job: Future[None]) -> None:  # on the worker thread
             loop.call_soon_threadsafe(self._finish, job, done)
@@ -227,6 +256,99 @@ class SqliteStore(Store):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _write_tiered_sync(self, changes: dict[str, bytes | None], tiers: Tiers) -> None:
+        """A write with far-tier changes (``Tiers``), in one transaction: the
+        checks of blind puts read inside it, so nothing slips in between."""
+        conn = self._conn
+        if conn is None:
+            raise sqlite3.OperationalError("the store was closed")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conflicts: set[str] = set()
+            for task_id in tiers.blind:
+                if (
+                    conn.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone()
+                    or conn.execute("SELECT 1 FROM far WHERE id = ?", (task_id,)).fetchone()
+                ):
+                    conflicts.add(task_id)
+            left: dict[str, int] = {}
+            for task_id, topic in tiers.was_far.items():
+                if task_id not in conflicts and conn.execute(_FAR_REMOVE, (task_id,)).rowcount:
+                    left[topic] = left.get(topic, 0) - 1
+            puts, removes, far_puts = [], [], []
+            for task_id, record in changes.items():
+                if task_id in conflicts:
+                    continue
+                if record is None:
+                    removes.append((task_id,))
+                    continue
+                to_far = tiers.far.get(task_id)
+                if to_far is None:
+                    puts.append((task_id, record))
+                else:
+                    removes.append((task_id,))
+                    far_puts.append((task_id, to_far[0], record))
+                    left[to_far[1]] = left.get(to_far[1], 0) + 1
+            if puts:
+                conn.executemany(_PUT, puts)
+            if removes:
+                conn.executemany(_REMOVE, removes)
+            if far_puts:
+                conn.executemany(_FAR_PUT, far_puts)
+            if left:
+                conn.executemany(_COUNT, [item for item in left.items() if item[1]])
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        tiers.conflicts.update(conflicts)  # only once committed
+
+    async def far_range(
+        self, lane: int, after: tuple[float, str] | None, before_s: float | None, limit: int
+    ) -> list[FarRecord]:
+        self._check_open("far_range")
+        where, args = [], []
+        if after is not None:
+            where.append("(due > ? OR (due = ? AND id > ?))")
+            args += [after[0], after[0], after[1]]
+        if before_s is not None:
+            where.append("due < ?")
+            args.append(before_s)
+        query = "SELECT id, due, record FROM far"
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += " ORDER BY due, id LIMIT ?"
+        args.append(limit)
+        return await self._read(query, args)
+
+    async def far_get(self, task_ids: Sequence[str]) -> dict[str, tuple[float, bytes]]:
+        self._check_open("far_get")
+        found: dict[str, tuple[float, bytes]] = {}
+        ids = list(task_ids)
+        for start in range(0, len(ids), 500):  # SQLite's limit on ? in one statement
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = await self._read(f"SELECT id, due, record FROM far WHERE id IN ({marks})", chunk)
+            found.update((task_id, (due, record)) for task_id, due, record in rows)
+        return found
+
+    async def far_counts(self, lane: int) -> dict[str, int]:
+        self._check_open("far_counts")
+        rows = await self._read("SELECT topic, n FROM far_counts WHERE n > 0", [])
+        return dict(rows)
+
+    async def _read(self, query: str, args: Sequence[Any]) -> list[Any]:
+        def read() -> list[Any]:
+            if self._conn is None:
+                raise sqlite3.OperationalError("the store was closed")
+            return self._conn.execute(query, args).fetchall()
+
+        try:
+            return await self._run(read)
+        except sqlite3.Error as exc:
+            raise unavailable(self.url, "read", exc) from exc
 
     async def read_pragma(self, name: str) -> Any:
         """The value of ``PRAGMA name`` on the store's own connection (for

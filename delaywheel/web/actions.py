@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from delaywheel.engine.topics import PAUSED_FOR_EVER_S
@@ -68,7 +69,7 @@ async def one(
     server: Server, who: str, what: str, call: Callable[[], Any], of: str = "task"
 ) -> Any:
     """One action on one task (or schedule): the verb, then durable, then the log line."""
-    result = call()
+    result = await server.engine.through_store(call)
     await durable(server.engine)
     server.rearm()  # it may have moved the next timer, as a request's change may
     log.info("web %s: %s, 1 %s", who, what, of, extra={"who": who, "action": what, "tasks": 1})
@@ -112,7 +113,8 @@ class Jobs:
                 changed = 0
                 for task_id in ids[start : start + BATCH]:
                     try:
-                        if verb(task_id) is False:  # delete of one already gone
+                        done = await self._server.engine.through_store(partial(verb, task_id))
+                        if done is False:  # delete of one already gone
                             job.skipped += 1
                         else:
                             changed += 1

@@ -7,6 +7,7 @@ token's role; a viewer's view hides bodies when ``--web-hide-bodies``.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -31,7 +32,7 @@ class Api:
     async def tasks(self, request: web.Request) -> web.StreamResponse:
         try:
             topic, state, cursor, limit = list_args(request)
-            page = views.list_page(self.ctx.server.engine, topic, state, cursor, limit)
+            page = await views.list_page(self.ctx.server.engine, topic, state, cursor, limit)
         except RequestError as exc:
             return _error(exc)
         hide = self.ctx.hide_bodies(request)
@@ -39,7 +40,8 @@ class Api:
 
     async def task(self, request: web.Request) -> web.StreamResponse:
         try:
-            task = self.ctx.server.engine.get(request.match_info["id"])
+            engine = self.ctx.server.engine
+            task = await engine.through_store(partial(engine.get, request.match_info["id"]))
         except RequestError as exc:
             return _error(exc)
         if task is None:

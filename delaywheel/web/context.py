@@ -134,8 +134,9 @@ class Context:
         return repr(last[0]) if last else "0"
 
 
-def list_args(request: web.Request) -> tuple[str | None, str | None, int, int]:
-    """``/tasks``' and ``/api/tasks``' query: topic, state, cursor, limit, checked."""
+def list_args(request: web.Request) -> tuple[str | None, str | None, int | str, int]:
+    """``/tasks``' and ``/api/tasks``' query: topic, state, cursor, limit, checked
+    (a cursor ``f...``: a page past the horizon, engine/horizon.py)."""
     query = request.query
     topic = query.get("topic") or None
     state = query.get("state") or None
@@ -143,12 +144,13 @@ def list_args(request: web.Request) -> tuple[str | None, str | None, int, int]:
         raise RequestError(
             "bad_request", f"state must be one of {', '.join(STATES)}, got {state!r}"
         )
+    given = query.get("cursor") or "0"
     try:
-        cursor = int(query.get("cursor") or 0)
+        cursor: int | str = given if given.startswith("f") else int(given)
         limit = int(query.get("limit") or views.PAGE_ROWS)
     except ValueError:
         raise RequestError("bad_request", "cursor and limit must be whole numbers") from None
-    if cursor < 0 or not 1 <= limit <= views.MAX_PAGE_ROWS:
+    if (type(cursor) is int and cursor < 0) or not 1 <= limit <= views.MAX_PAGE_ROWS:
         raise RequestError(
             "bad_request", f"limit must be 1 to {views.MAX_PAGE_ROWS} and cursor >= 0"
         )

@@ -8,6 +8,7 @@ producer's latest snapshot), escaped by the templates.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
@@ -64,7 +65,7 @@ class Pages:
             return ctx.redirect("/tasks/" + quote(wanted, safe=""))
         try:
             topic, state, cursor, limit = list_args(request)
-            page = views.list_page(ctx.server.engine, topic, state, cursor, limit)
+            page = await views.list_page(ctx.server.engine, topic, state, cursor, limit)
         except RequestError as exc:
             return ctx.error(request, 400, exc.message)
         params = {k: v for k, v in (("topic", topic), ("state", state)) if v}
@@ -93,7 +94,8 @@ class Pages:
         ctx = self.ctx
         task_id = request.match_info["id"]
         try:
-            task = ctx.server.engine.get(task_id)
+            engine = ctx.server.engine
+            task = await engine.through_store(partial(engine.get, task_id))
         except RequestError as exc:
             return ctx.error(request, 400, exc.message)
         if task is None:
@@ -128,7 +130,10 @@ class Pages:
                 ids = await views.dead_ids(engine, topic, key)
             except ValueError as exc:
                 return ctx.error(request, 400, str(exc))
-            shown = [engine.get(task_id) for task_id in ids[: views.MAX_PAGE_ROWS]]
+            shown = [
+                await engine.through_store(partial(engine.get, task_id))
+                for task_id in ids[: views.MAX_PAGE_ROWS]
+            ]
             return ctx.render(
                 request,
                 "dead_tasks.html",

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from delaywheel.engine.engine import Engine
@@ -107,23 +108,23 @@ async def topics(engine: Engine, name_filter: str = "") -> list[TopicRow]:
 @dataclass
 class Page:
     tasks: list[dict[str, Any]]
-    next: int | None  # the cursor of the next page, None at the end
+    next: int | str | None  # the cursor of the next page (str: past the horizon), None at the end
     short: bool = False  # fewer rows than asked though not at the end: the scan budget ran out
 
 
-def list_page(
-    engine: Engine, topic: str | None, state: str | None, cursor: int, limit: int
+async def list_page(
+    engine: Engine, topic: str | None, state: str | None, cursor: int | str, limit: int
 ) -> Page:
     """Up to ``limit`` tasks after ``cursor``, in at most ``PAGE_CALLS`` list calls."""
     found: list[dict[str, Any]] = []
-    next_cursor: int | None = cursor
+    next_cursor: int | str | None = cursor
     for _ in range(PAGE_CALLS):
         query: dict[str, Any] = {"cursor": next_cursor, "limit": min(limit - len(found), 1000)}
         if topic:
             query["topic"] = topic
         if state:
             query["state"] = state
-        reply = engine.list_tasks(query)
+        reply = await engine.through_store(partial(engine.list_tasks, query))
         found.extend(reply["tasks"])
         next_cursor = reply["next"]
         if next_cursor is None or len(found) >= limit:

@@ -163,6 +163,8 @@ export interface TopicSettingsChanges {
   concurrency?: number | null;
   /** Seconds a completed task is kept. */
   retain?: number | null;
+  /** Seconds a dead task is kept; null: the server's `--dead-retention`. */
+  dead_retain?: number | null;
   note?: string | null;
 }
 
@@ -175,6 +177,7 @@ export interface TopicSettings {
   burst: number;
   concurrency: number | null;
   retain: number;
+  dead_retain: number | null;
   note: string;
 }
 

@@ -1,7 +1,7 @@
 // Client against a real server: every method, errors as classes, pipelining, reconnect.
 import assert from "node:assert/strict";
 import * as path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import {
   BadRequest,
@@ -15,18 +15,12 @@ import {
   ServerClosed,
   TooLarge,
 } from "delaywheel-client";
-import { Server, removeDir, tempDir, unique } from "./servers.mjs";
+import { Server, removeDir, serverAndClient, tempDir, unique } from "./servers.mjs";
 
 describe("Client on one server", () => {
-  let server;
   let dw;
-  before(async () => {
-    server = await Server.start();
-    dw = new Client({ host: server.host, port: server.port });
-  });
-  after(async () => {
-    dw.close();
-    await server.stop();
+  serverAndClient((_, client) => {
+    dw = client;
   });
 
   test("ping, add, get, reserve, touch, ack", async () => {
@@ -172,6 +166,21 @@ describe("Client on one server", () => {
     assert.equal(await dw.scheduleDelete(id), true);
     assert.equal(await dw.scheduleDelete(id), false);
     assert.equal(await dw.scheduleGet(id), null);
+  });
+
+  test("the topic methods: settings with retain and dead_retain", async () => {
+    const topic = unique("settings");
+    const fresh = await dw.topicGet(topic);
+    assert.equal(fresh.dead_retain, null);
+    assert.equal(fresh.retain, 0);
+    const set = await dw.topicSet(topic, { rate: 5, burst: 2, retain: 60, dead_retain: 3600, note: "n" });
+    assert.deepEqual([set.rate, set.burst, set.retain, set.dead_retain], [5, 2, 60, 3600]);
+    assert.equal((await dw.topicGet(topic)).dead_retain, 3600);
+    const listed = (await dw.topicList({ limit: 1000 })).topics;
+    assert.ok(listed.some((t) => t.topic === topic && t.dead_retain === 3600));
+    const back = await dw.topicSet(topic, { rate: null, burst: null, retain: null, dead_retain: null, note: null });
+    assert.equal(back.dead_retain, null);
+    await assert.rejects(dw.topicSet(topic, { dead_retain: -1 }), BadRequest);
   });
 
   test("errors are classes with the protocol's codes", async () => {

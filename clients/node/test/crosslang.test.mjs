@@ -2,10 +2,9 @@
 // added from Python is read here, and a body read here and added again reads the same
 // in Python. The Python side is the repository's client, run in a subprocess.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 
-import { Client } from "delaywheel-client";
-import { Server, python, unique } from "./servers.mjs";
+import { python, serverAndClient, unique } from "./servers.mjs";
 
 // One body of each kind, as Node holds it and as Python's repr shows it.
 const KINDS = {
@@ -29,13 +28,8 @@ const PYTHON_BODIES = `{
 
 let server;
 let dw;
-before(async () => {
-  server = await Server.start();
-  dw = new Client({ host: server.host, port: server.port });
-});
-after(async () => {
-  dw.close();
-  await server.stop();
+serverAndClient((started, client) => {
+  [server, dw] = [started, client];
 });
 
 const CONNECT = (port) => `from delaywheel_client import Client\ndw = Client("127.0.0.1", ${port})\n`;

@@ -2,11 +2,10 @@
 // HTTP (/v1, JSON; bytes base64'd with body_encoding), and one added over HTTP reads the
 // same from Node. The Python client's side of it is tests/test_httpapi.py's.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 
 import { decode } from "@msgpack/msgpack";
-import { Client } from "delaywheel-client";
-import { Server, freePort, unique } from "./servers.mjs";
+import { serverAndClient, unique } from "./servers.mjs";
 
 // One body of each kind, as Node holds it.
 const KINDS = {
@@ -21,19 +20,14 @@ const KINDS = {
   bool: false,
 };
 
-let server;
 let dw;
 let api;
-before(async () => {
-  const apiPort = await freePort();
-  server = await Server.start(["--api-port", String(apiPort)]);
-  dw = new Client({ host: server.host, port: server.port });
-  api = `http://127.0.0.1:${apiPort}/v1`;
-});
-after(async () => {
-  dw.close();
-  await server.stop();
-});
+serverAndClient(
+  (server, client) => {
+    [dw, api] = [client, server.apiUrl];
+  },
+  ["--api-port", "0"],
+);
 
 function fromJson(task) {
   if (task.body_encoding === "base64") return Buffer.from(task.body, "base64");

@@ -1,16 +1,21 @@
 // Real servers for the tests: `delaywheel serve` on a free port (the repository's
-// Python, .venv/bin/python, or $DELAYWHEEL_PYTHON), a private redis-server, certificates
-// made with openssl, and the Python client run in a subprocess.
+// Python, .venv/bin/python, or $DELAYWHEEL_PYTHON), a server and a client for a file's
+// tests (`serverAndClient`), a private redis-server, certificates made with openssl,
+// and the Python client run in a subprocess.
 import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
+
+import { Client } from "delaywheel-client";
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 export const PYTHON = process.env.DELAYWHEEL_PYTHON ?? path.join(REPO, ".venv/bin/python");
 const LISTENING = /delaywheel listening on (\S+):(\d+)/;
+const API_LINE = /http api on (\S+)/;
 const START_TIMEOUT_MS = 30_000;
 
 export function tempDir(prefix = "dw-node-") {
@@ -117,6 +122,13 @@ export class Server {
     await this.start();
   }
 
+  /** The HTTP API's base URL (`http://HOST:PORT/v1`), from the log (with `--api-port`). */
+  get apiUrl() {
+    const line = this.log.find((text) => API_LINE.test(text));
+    if (!line) throw new Error(`no "http api on" line:\n${this.log.join("\n")}`);
+    return API_LINE.exec(line)[1];
+  }
+
   async stop() {
     if (!this.proc || this.proc.exitCode !== null || this.proc.signalCode !== null) return;
     this.proc.kill("SIGTERM");
@@ -124,6 +136,23 @@ export class Server {
     await this.exited;
     clearTimeout(timer);
   }
+}
+
+/** A server (`args` for it) and a Client on it for the tests of a file, or of the
+ * `describe` this is called in: started before them, closed after. `ready(server, client)`
+ * is called once both are up, to keep them where the tests see them. */
+export function serverAndClient(ready, args = []) {
+  let server;
+  let client;
+  before(async () => {
+    server = await Server.start(args);
+    client = new Client({ host: server.host, port: server.port });
+    ready(server, client);
+  });
+  after(async () => {
+    client?.close();
+    await server?.stop();
+  });
 }
 
 /** A private redis-server on a free port (never the machine's 6379), AOF on, in `dir`. */

@@ -1,10 +1,10 @@
 // Worker against a real server: ack on success, release with backoff on a throw,
 // concurrency, and stop().
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import { Client, Worker } from "delaywheel-client";
-import { Server, unique, waitUntil } from "./servers.mjs";
+import { Server, serverAndClient, unique, waitUntil } from "./servers.mjs";
 
 // Failures are expected here: keep them off the test output, but keep them.
 function quietLogger() {
@@ -13,15 +13,9 @@ function quietLogger() {
 }
 
 describe("Worker", () => {
-  let server;
   let dw;
-  before(async () => {
-    server = await Server.start();
-    dw = new Client({ host: server.host, port: server.port });
-  });
-  after(async () => {
-    dw.close();
-    await server.stop();
+  serverAndClient((_, client) => {
+    dw = client;
   });
 
   test("a handler per topic; a task is acked when its handler succeeds", async () => {

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, cast
 
 import hiredis
 
-from delaywheel.store.base import Changes, StoreError, StoreUnavailable, Unconfirmed
+from delaywheel.store.base import Changes, StoreError, StoreUnavailable, Tiers, Unconfirmed
 from delaywheel.store.redis.link import Command, Flush, JournalLink
 
 # Fields per HSET/HDEL inside the script: unpack() of 2,000 values stays far
@@ -86,6 +86,73 @@ return tonumber(ARGV[2])
 """
 FLUSH_SHA = hashlib.sha1(FLUSH_SCRIPT.encode()).hexdigest()
 LOAD_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_SCRIPT)
+
+# A flush with far-tier changes (store/base.py, Tiers), over the partition's
+# far hash, due zset and far counts too (KEYS[4..6], the same hash tag).
+# ARGV: epoch, then the counts of blind ids, of was_far pairs and of changes,
+# then the blind ids, the (id, topic) pairs, and each change as (id, kind,
+# record, due, topic), kind p (near put), r (remove) or f (far put). Answers
+# the blind ids refused (an array, maybe empty).
+FLUSH_FAR_SCRIPT = """
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[1] then
+  local now = epoch or 'unset'
+  local held = redis.call('GET', KEYS[3]) or ''
+  local said = KEYS[1] .. ' is ' .. now .. ', not ' .. ARGV[1]
+  return redis.error_reply('FENCED ' .. said .. '; lease ' .. held)
+end
+local blind, was_far, changes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local at = 5
+local refused, skip = {}, {}
+for _ = 1, blind do
+  local id = ARGV[at]
+  at = at + 1
+  -- An id held already is refused, and its record written again: the flush's
+  -- WAIT then confirms it, since the answer (exists) acknowledges the task.
+  local key = KEYS[2]
+  local held = redis.call('HGET', key, id)
+  if not held then
+    key = KEYS[4]
+    held = redis.call('HGET', key, id)
+  end
+  if held then
+    redis.call('HSET', key, id, held)
+    skip[id] = true
+    refused[#refused + 1] = id
+  end
+end
+for _ = 1, was_far do
+  local id, topic = ARGV[at], ARGV[at + 1]
+  at = at + 2
+  if not skip[id] and redis.call('HDEL', KEYS[4], id) == 1 then
+    redis.call('ZREM', KEYS[5], id)
+    if redis.call('HINCRBY', KEYS[6], topic, -1) <= 0 then
+      redis.call('HDEL', KEYS[6], topic)
+    end
+  end
+end
+for _ = 1, changes do
+  local id, kind = ARGV[at], ARGV[at + 1]
+  if not skip[id] then
+    if kind == 'r' then
+      redis.call('HDEL', KEYS[2], id)
+    elseif kind == 'p' then
+      redis.call('HSET', KEYS[2], id, ARGV[at + 2])
+    else
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HSET', KEYS[4], id, ARGV[at + 2])
+      redis.call('ZADD', KEYS[5], ARGV[at + 3], id)
+      redis.call('HINCRBY', KEYS[6], ARGV[at + 4], 1)
+    end
+  end
+  at = at + 5
+end
+return refused
+"""
+FLUSH_FAR_SHA = hashlib.sha1(FLUSH_FAR_SCRIPT.encode()).hexdigest()
+LOAD_FAR_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_FAR_SCRIPT)
+# What a link's handshake loads: both flushes.
+LOAD_SCRIPTS: list[Command] = [LOAD_SCRIPT, LOAD_FAR_SCRIPT]
 # Replies of a Redis Cluster node that ran nothing of the command: the slot is
 # elsewhere (MOVED), moving (ASK, TRYAGAIN), or the cluster is down.
 REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
@@ -125,6 +192,10 @@ class PartitionWrite(NamedTuple):
     tasks_key: str
     lease_key: str  # read only by a refusal, to name the holder
     changes: Changes
+    # Far-tier changes (store/base.py) and the partition's far, due and
+    # far-count keys: the write is then FLUSH_FAR_SCRIPT's.
+    tiers: Tiers | None = None
+    far_keys: tuple[str, str, str] | None = None
 
 
 @dataclass
@@ -203,6 +274,8 @@ def _head(keys: PartitionKeys, epoch: int) -> bytes:
 
 
 def _evalsha(write: PartitionWrite) -> Any:
+    if write.tiers is not None:
+        return _evalsha_far(write)
     puts: list[str | bytes] = []
     removes: list[str] = []
     for task_id, record in write.changes.items():
@@ -221,6 +294,37 @@ def _evalsha(write: PartitionWrite) -> Any:
         len(puts) // 2,
         *puts,
         *removes,
+    )
+
+
+def _evalsha_far(write: PartitionWrite) -> Any:
+    tiers = write.tiers
+    assert tiers is not None and write.far_keys is not None
+    was_far = [item for pair in tiers.was_far.items() for item in pair]
+    changes: list[str | bytes] = []
+    for task_id, record in write.changes.items():
+        if record is None:
+            changes += (task_id, "r", "", "", "")
+        elif task_id in tiers.far:
+            due_s, topic = tiers.far[task_id]
+            changes += (task_id, "f", record, repr(due_s), topic)
+        else:
+            changes += (task_id, "p", record, "", "")
+    return (
+        "EVALSHA",
+        FLUSH_FAR_SHA,
+        6,
+        write.epoch_key,
+        write.tasks_key,
+        write.lease_key,
+        *write.far_keys,
+        write.epoch,
+        len(tiers.blind),
+        len(tiers.was_far),
+        len(write.changes),
+        *tiers.blind,
+        *was_far,
+        *changes,
     )
 
 
@@ -256,6 +360,10 @@ def outcome_of(
                 outcome.error = StoreError(f"store {where}: partition {write.partition}: {reply}")
         else:
             outcome.written.append(write.partition)
+            if type(reply) is list and write.tiers is not None:  # the blind puts refused
+                write.tiers.conflicts.update(
+                    each.decode() if isinstance(each, bytes) else str(each) for each in reply
+                )
     if replicas:
         confirmed = replies[len(writes)]
         if isinstance(confirmed, hiredis.ReplyError) or not isinstance(confirmed, int):
@@ -303,7 +411,7 @@ class FencedWriter:
     @staticmethod
     def handshake(before: Sequence[Command] = ()) -> list[Command]:
         """A link's handshake that also loads the flush script (AUTH, SELECT first)."""
-        return [*before, LOAD_SCRIPT]
+        return [*before, *LOAD_SCRIPTS]
 
     def submit(
         self, writes: Sequence[PartitionWrite], done: OnPart, *, asking: bool = False

@@ -17,10 +17,16 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>}:meta            hash: "partitions" -> P, "layout" -> "spread" (at first use)
     {<prefix>}:members         zset: node -> expiry, ms on Redis's clock (membership.py)
     {<prefix>}:nodes           hash: node -> "host:port" it serves on
+    {<prefix>}:assignment      hash: version, nodes, owners: which node owns each partition
     {<prefix>}:tasks           the single-node release's hash (migrated from)
     {<prefix>:p007}:tasks      hash: task id -> record, the tasks of partition 7
     {<prefix>:p007}:epoch      integer: bumped by every acquire (the fencing token)
     {<prefix>:p007}:lease      "<epoch> <node> <address>", with PX: the owner
+    {<prefix>:p007}:topics     hash: topic -> settings record, the copy its owner
+                               publishes of the topic settings it holds (ha/topics.py)
+    {<prefix>:p007}:far        hash: task id -> record, the partition's far tier
+    {<prefix>:p007}:due        zset: task id -> due time, the far tier's time index
+    {<prefix>:p007}:farcount   hash: topic -> far tasks (engine/horizon.py)
 
 The partition number is written with at least three digits (``p007``,
 ``p1000``) so the keys sort in a listing. The lease's value is also the
@@ -85,6 +91,22 @@ class PartitionKeys:
     def lease(self) -> str:
         return f"{self.tag}:lease"
 
+    @property
+    def topics(self) -> str:
+        return f"{self.tag}:topics"
+
+    @property
+    def far(self) -> str:
+        return f"{self.tag}:far"
+
+    @property
+    def due(self) -> str:
+        return f"{self.tag}:due"
+
+    @property
+    def far_counts(self) -> str:
+        return f"{self.tag}:farcount"
+
 
 class Layout:
     """The key names of a keyspace of ``partitions`` under ``prefix``."""
@@ -97,6 +119,7 @@ class Layout:
         self.meta = f"{{{prefix}}}:meta"
         self.members = f"{{{prefix}}}:members"
         self.nodes = f"{{{prefix}}}:nodes"
+        self.assignment = f"{{{prefix}}}:assignment"
         self.single_node_tasks = f"{{{prefix}}}:tasks"
         # Every partition under the keyspace's own tag, in one slot: what the
         # previous release used on a Redis Cluster. Only read now, by the

@@ -48,23 +48,26 @@ bounded time: see the package's docstring (__init__.py).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
     Changes,
     Done,
+    FarRecord,
     LaneOutcomes,
     LanesDone,
     Store,
     StoreConfigError,
     StoreError,
     StoreUnavailable,
+    Tiers,
     Unconfirmed,
     check_batch_size,
     redact_url,
+    unavailable,
 )
 from delaywheel.store.redis.client import Client, durability_warnings, replicas_warning
 from delaywheel.store.redis.fenced import (
@@ -143,6 +146,7 @@ def topology_for(url: str, **options: Any) -> Topology:
 
 class RedisStore(Store):
     inline = False
+    tiered = True  # far, due and farcount per partition (layout.py, engine/horizon.py)
 
     def __init__(
         self,
@@ -170,8 +174,10 @@ class RedisStore(Store):
         # once per change, and a partial saves a Python call each time.
         self.lane_of = partial(partition_of, partitions=partitions)  # type: ignore[method-assign]
         self.replicas = replicas
-        # Writes that WAIT found short of --replicas confirmations (ha/replicas.py).
+        # Writes that WAIT found short of --replicas confirmations, and writes
+        # written in full (ha/replicas.py tells "refused again" from "no writes").
         self.short_of_replicas = 0
+        self.writes_confirmed = 0
         self._sole = owner is None
         self.owner: Owner = SoleOwner() if owner is None else owner
         self.epochs = self.owner.epochs  # partition -> epoch this node may write with
@@ -199,6 +205,7 @@ class RedisStore(Store):
         self.topology = topology = await self.topology.open()
         # Each partition's (epoch, tasks, lease) keys, made once: a flush names them.
         self._keys = [(names.epoch, names.tasks, names.lease) for names in self.layout]
+        self._far_keys = [(names.far, names.due, names.far_counts) for names in self.layout]
         client, layout = topology.client, self.layout
         try:
             warnings = await durability_warnings(
@@ -256,13 +263,81 @@ class RedisStore(Store):
         topology = self.topology
         return scan_hash(topology.client, key, batch_size, url=self.url, secrets=topology.secrets)
 
+    async def far_range(
+        self, lane: int, after: tuple[float, str] | None, before_s: float | None, limit: int
+    ) -> list[FarRecord]:
+        """The partition's due zset read by score from ``after``'s (members of an
+        equal score come in id order, as Redis sorts them), then their records."""
+        self._check_open("far_range")
+        names = self.layout.partition(lane)
+        low = "-inf" if after is None else repr(after[0])
+        high = "+inf" if before_s is None else f"({before_s!r}"
+        client = self.client
+        found: list[tuple[str, float]] = []
+        offset = 0
+        try:
+            while len(found) < limit:
+                want = limit - len(found)
+                page = await client.zrangebyscore(
+                    names.due, low, high, start=offset, num=want, withscores=True
+                )
+                offset += len(page)
+                for member, score in cast(list[tuple[bytes, float]], page):
+                    task_id = member.decode()
+                    if after is None or (score, task_id) > after:
+                        found.append((task_id, float(score)))
+                if len(page) < want:
+                    break
+            if not found:
+                return []
+            records = cast(
+                list[bytes | None], await client.hmget(names.far, [key for key, _ in found])
+            )
+        except Exception as exc:
+            raise unavailable(self.url, "far_range", exc, self.topology.secrets) from exc
+        return [
+            (task_id, due_s, record)
+            for (task_id, due_s), record in zip(found, records, strict=True)
+            if record is not None
+        ]
+
+    async def far_get(self, task_ids: Sequence[str]) -> dict[str, tuple[float, bytes]]:
+        self._check_open("far_get")
+        by_partition: dict[int, list[str]] = {}
+        for task_id in task_ids:
+            by_partition.setdefault(partition_of(task_id, self.partitions), []).append(task_id)
+        found: dict[str, tuple[float, bytes]] = {}
+        try:
+            for p, ids in by_partition.items():
+                names = self.layout.partition(p)
+                records = cast(list[bytes | None], await self.client.hmget(names.far, ids))
+                for task_id, record in zip(ids, records, strict=True):
+                    if record is not None:
+                        due_s = await self.client.zscore(names.due, task_id)
+                        found[task_id] = (0.0 if due_s is None else float(due_s), record)
+        except Exception as exc:
+            raise unavailable(self.url, "far_get", exc, self.topology.secrets) from exc
+        return found
+
+    async def far_counts(self, lane: int) -> dict[str, int]:
+        self._check_open("far_counts")
+        try:
+            counts = await self.client.hgetall(self.layout.partition(lane).far_counts)
+        except Exception as exc:
+            raise unavailable(self.url, "far_counts", exc, self.topology.secrets) from exc
+        return {
+            (topic.decode() if isinstance(topic, bytes) else topic): int(n)
+            for topic, n in counts.items()
+            if int(n) > 0
+        }
+
     def lane_group(self, lane: int) -> object:
         """On a Cluster, the primary that serves the partition's slot now; else
         the one Redis (None)."""
         writer = self._writer
         return None if writer is None else writer.primary_of(self._keys[lane][1])
 
-    def submit(self, changes: Changes, done: Done) -> None:
+    def submit(self, changes: Changes, done: Done, tiers: Tiers | None = None) -> None:
         """The batch's partitions written as ``submit_lanes`` writes them,
         answered once all are: None, the first error, or ``FencedWrite`` naming
         every partition refused and every one written."""
@@ -278,6 +353,7 @@ class RedisStore(Store):
             if part is None:
                 part = by_partition[p] = {}
             part[task_id] = record
+        lane_tiers = None if not tiers else self._split_tiers(tiers, by_partition)
         results: dict[int, StoreError | None] = {}
 
         def lanes_done(outcomes: LaneOutcomes) -> None:
@@ -285,7 +361,20 @@ class RedisStore(Store):
             if len(results) == len(by_partition):
                 done(self._merged(results))
 
-        self.submit_lanes(list(by_partition.items()), lanes_done)
+        self.submit_lanes(list(by_partition.items()), lanes_done, lane_tiers)
+
+    def _split_tiers(
+        self, tiers: Tiers, by_partition: dict[int, dict[str, bytes | None]]
+    ) -> dict[int, Tiers]:
+        """``tiers`` cut by partition; each part's conflicts are the whole's."""
+        split: dict[int, Tiers] = {}
+        for p, part in by_partition.items():
+            mine = split[p] = Tiers()
+            mine.conflicts = tiers.conflicts  # one set: the store fills the caller's
+            mine.far = {key: tiers.far[key] for key in part if key in tiers.far}
+            mine.was_far = {key: tiers.was_far[key] for key in part if key in tiers.was_far}
+            mine.blind = {key for key in part if key in tiers.blind}
+        return split
 
     def _merged(self, results: dict[int, StoreError | None]) -> StoreError | None:
         errors = [error for error in results.values() if error is not None]
@@ -303,7 +392,12 @@ class RedisStore(Store):
             holders,
         )
 
-    def submit_lanes(self, writes: Sequence[tuple[int, Changes]], done: LanesDone) -> None:
+    def submit_lanes(
+        self,
+        writes: Sequence[tuple[int, Changes]],
+        done: LanesDone,
+        tiers: Mapping[int, Tiers] | None = None,
+    ) -> None:
         error = self._not_open("write")
         writer = self._writer
         if error is not None or writer is None:
@@ -321,7 +415,13 @@ class RedisStore(Store):
                 # moved and retried.
                 unowned.add(p)
             elif changes:
-                parts.append(PartitionWrite(p, epoch, *keys[p], changes))
+                mine = None if tiers is None else tiers.get(p)
+                if mine:
+                    parts.append(
+                        PartitionWrite(p, epoch, *keys[p], changes, mine, self._far_keys[p])
+                    )
+                else:
+                    parts.append(PartitionWrite(p, epoch, *keys[p], changes))
             else:
                 done([(p, None)])
         if unowned:
@@ -330,9 +430,13 @@ class RedisStore(Store):
             return
         writer.submit(parts, partial(self._report, done))
 
-    def submit_lane(self, lane: int, changes: Changes, done: Done) -> None:
-        if len(changes) != 1:
-            self.submit_lanes([(lane, changes)], partial(_one_lane, done))
+    def submit_lane(
+        self, lane: int, changes: Changes, done: Done, tiers: Tiers | None = None
+    ) -> None:
+        if len(changes) != 1 or tiers:
+            self.submit_lanes(
+                [(lane, changes)], partial(_one_lane, done), None if not tiers else {lane: tiers}
+            )
             return
         error = self._not_open("write")
         writer = self._writer
@@ -363,6 +467,7 @@ class RedisStore(Store):
             elif epochs.get(p) != epoch:
                 done(self._lost_in_flight())
             else:
+                self.writes_confirmed += 1
                 done(None)
 
         writer.submit_one(p, epoch, keys, task_id, record, answered)
@@ -385,6 +490,7 @@ class RedisStore(Store):
             self.short_of_replicas += 1
         epochs = self.epochs
         if outcome.error is None and not outcome.fenced:  # the commonest: all written
+            self.writes_confirmed += 1
             lost = self._lost_in_flight
             done(
                 [

@@ -59,7 +59,7 @@ from delaywheel.store.redis.client import (
     connect_plain,
     is_cluster_node,
 )
-from delaywheel.store.redis.fenced import LOAD_SCRIPT, FencedWriter
+from delaywheel.store.redis.fenced import LOAD_SCRIPTS, FencedWriter
 from delaywheel.store.redis.fenced_cluster import ClusterFencedWriter, Held
 from delaywheel.store.redis.layout import Layout
 from delaywheel.store.redis.link import Command, JournalLink, Resolve
@@ -176,7 +176,7 @@ class Topology:
         return FencedWriter(
             self.link(
                 name="delaywheel-fenced",
-                load=[LOAD_SCRIPT],
+                load=LOAD_SCRIPTS,
                 min_timeout_s=_min_timeout_s(replicas, wait_timeout_s),
             ),
             replicas=replicas,
@@ -291,7 +291,7 @@ class ClusterTopology(Topology):
         def link_to(host: str, port: int) -> JournalLink:
             return self.link(
                 name="delaywheel-fenced",
-                load=[LOAD_SCRIPT],
+                load=LOAD_SCRIPTS,
                 min_timeout_s=_min_timeout_s(replicas, wait_timeout_s),
                 address=(host, port),
             )
