@@ -4,22 +4,23 @@ Not a bench section: wall-clock rates on a shared 2-core machine move with
 the load, instruction counts do not (repeatable to about 0.1 %), so this is
 how two versions of the hot path are compared.
 
-``python -m bench.tools.callgrind [--tree DIR ...] [--store redis|sqlite|memory] [--calls N]
+``python -m bench.tools.callgrind [--tree DIR ...] [--store redis|memory|sqlite] [--calls N]
 [--warmup N] [--keep DIR] [LOAD] [-- SERVE OPTIONS]``
-starts a private redis-server (AOF everysec, as the bench's) and
-``delaywheel serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH``
-set to each ``--tree`` (a source tree of another commit, e.g. made by
-``git archive COMMIT | tar -x -C DIR``; none given: this checkout), makes
-``--warmup`` calls (default ``WARMUP_CALLS``) of ``LOAD`` from a client of
-this checkout (``bench._loads``: ``add``, ``ping``, ``get``, ...; ``http_add``: a
-``POST /v1/tasks`` on one keep-alive connection to ``--api-port``, bench/http_api.py,
-so that the HTTP API's way in is measured as the protocol's is; ``journal``
-is the journal section's pipelines, 8,000 adds a call, for which ``--warmup 3
---calls 5`` is enough), zeroes the counters (``callgrind_control -z``), makes
-``--calls`` more, dumps (into ``DIR/0``, ``DIR/1``... by tree with ``--keep``, for
-``callgrind_annotate``), and prints the server's instructions per call
-(every thread: the main loop and any helper). The server runs about 50
-times slower under callgrind; start-up takes a minute or so.
+starts a private redis-server (AOF everysec, as the bench's) and ``delaywheel
+serve`` under ``valgrind --tool=callgrind`` with ``PYTHONPATH`` set to each
+``--tree`` (a source tree of another commit, e.g. made by ``git archive COMMIT
+| tar -x -C DIR``; none given: this checkout), makes ``--warmup`` calls
+(default ``WARMUP_CALLS``) of ``LOAD`` from a client of this checkout
+(``bench._loads``: ``add``, ``ping``, ``get``, ...; ``http_add``: a ``POST
+/v1/tasks`` on one keep-alive connection to ``--api-port``, bench/http_api.py,
+so that the HTTP API's way in is measured as the protocol's is; ``journal`` is
+the journal section's pipelines, 8,000 adds a call, for which ``--warmup 3
+--calls 5`` is enough; ``--store sqlite`` is a fresh file per tree), zeroes
+the counters (``callgrind_control -z``), makes ``--calls`` more, dumps (into
+``DIR/0``, ``DIR/1``... by tree with ``--keep``, for ``callgrind_annotate``),
+and prints the server's instructions per call (every thread: the main loop and
+any helper). The server runs about 50 times slower under callgrind; start-up
+takes a minute or so.
 
 "less idle": the same less what the server does while idle for as long as
 the calls took (counted next, in a second dump). A node of several (issue
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tools.callgrind", description=__doc__)
     parser.add_argument("load", nargs="?", default="add", choices=sorted([*LOADS, *API_LOADS]))
     parser.add_argument("--tree", type=Path, action="append", default=[])
-    parser.add_argument("--store", choices=("redis", "sqlite", "memory"), default="redis")
+    parser.add_argument("--store", choices=("redis", "memory", "sqlite"), default="redis")
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS)
     parser.add_argument("--warmup", type=int, default=WARMUP_CALLS)
     # the calls' dumps kept there (one directory per tree), for callgrind_annotate
@@ -187,9 +188,13 @@ def main(argv: list[str] | None = None) -> None:
             with private_redis(Path(directory)) as redis_url:
                 if args.store == "redis" and redis_url is None:
                     sys.exit("no redis-server installed")
-                # a fresh SQLite file for each tree
-                sqlite_url = f"sqlite:///{Path(directory) / f'tree{number}.db'}"
-                url = {"redis": redis_url, "sqlite": sqlite_url}.get(args.store, "memory://")
+                urls = {
+                    "redis": redis_url,
+                    "memory": "memory://",
+                    # a file of its own for each tree, in the private redis's directory
+                    "sqlite": f"sqlite:///{directory}/callgrind-{number}.db",
+                }
+                url = urls[args.store]
                 assert url is not None
                 keep = None if args.keep is None else args.keep / str(number)
                 per_call, less_idle = count(

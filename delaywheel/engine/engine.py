@@ -128,7 +128,7 @@ class Engine:
         for index, fields in enumerate(tasks):
             try:
                 new = self._checked(fields, now_s)
-                if new.id is not None:
+                if new.id:  # given, not SERVER_MADE_ID
                     if new.id not in self._tasks and (
                         self.horizon.far_total or self.horizon.unconfirmed
                     ):
@@ -145,20 +145,20 @@ class Engine:
         self.table.serve_waiters(now_s)
         return [self._added(task) for task in created]
 
-    def _checked(self, fields: Any, now_s: float) -> validate.NewTask:
-        """A new task's fields, checked, its target too (``add_many`` checks
+    def _checked(self, fields: Any, now_s: float) -> Task:
+        """A new task, its fields checked, its target too (``add_many`` checks
         every task before it creates any: all or nothing)."""
         new = validate.new_task(fields, now_s, self.limits)
-        if new.id is not None and new.id.startswith("s:"):  # the only cost to other ids
+        if new.id.startswith("s:"):  # the only cost to other ids
             if is_record_key(new.id):
                 raise bad(f"id {new.id!r} is kept for a schedule's record (s:{{id}}:00)")
             if is_settings_key(new.id):
                 raise bad(f"id {new.id!r} is kept for a topic's settings (s:{{topic}}:000)")
-        if new.id is not None and not self.ownership.owns_all:  # no call on one node
+        if new.id and not self.ownership.owns_all:  # given, and not one node
             self.ownership.check(new.id)
         if new.target is not None:
             new.target = self.targets.check(
-                new.target, new.body_packed, task_id=new.id, topic=new.topic
+                new.target, new.body_packed, task_id=new.id or None, topic=new.topic
             )
         return new
 

@@ -64,7 +64,6 @@ from delaywheel.engine.task import (
     describe,
 )
 from delaywheel.engine.topics import TopicSettings, TopicTable
-from delaywheel.engine.validate import NewTask
 from delaywheel.errors import RequestError
 from delaywheel.ha.ownership import Ownership, WholeKeyspace
 from delaywheel.schedules.occurrence import Occurrence, occurrence
@@ -256,37 +255,26 @@ class TaskTable:
         else:
             self.journal.wait_for(task_id)
 
-    def create(self, new: NewTask, now_s: float) -> Task:
-        """A new task from checked fields (``Engine._checked``; ``target`` None:
-        the ready queue), indexed and added: delayed, or ready when due now."""
-        task_id = new.id
-        if task_id is None:
+    def create(self, task: Task, now_s: float) -> Task:
+        """Add a new task (``validate.new_task``, its target checked by
+        ``Engine._checked``; None: the ready queue): given an id if the server
+        is to make it (``validate.SERVER_MADE_ID``), indexed and placed:
+        delayed, or ready when due now."""
+        # A targeted task due now is delayed all the same: the next tick sends it.
+        due_later = task.at_s > now_s or task.target is not None
+        task_id = task.id
+        if not task_id:  # SERVER_MADE_ID
             task_id = f"{self._id_prefix}{next(self._id_counter):x}"  # as _new_id, inline
             if not self.ownership.owns_all:  # no call on one node
                 task_id = self.ownership.new_id(task_id, self._new_id)
+            task.id = task_id
         elif task_id in self.index:
             raise self.exists(task_id)
         elif self.horizon.unconfirmed and task_id in self.horizon.unconfirmed:
             self.journal.wait_for(task_id)  # the blind add in flight answers for both
             raise RequestError("exists", f"a task with id {task_id!r} already exists")
-        target = new.target
-        task = Task(
-            task_id,
-            new.topic,
-            new.at_s,
-            body_packed=new.body_packed,
-            ttr_s=new.ttr_s,
-            max_attempts=new.max_attempts,
-            created_s=now_s,
-            target=target,
-            completion=None if new.retain_s is None else Completion(new.retain_s),
-            priority=new.priority,
-        )
-        # A targeted task due now is delayed all the same: the next tick sends it.
-        due_later = new.at_s > now_s or target is not None
-        if (
-            new.id is not None
-            and self.horizon.far_total
+        elif (
+            self.horizon.far_total
             and self.horizon.may_hold(task_id)
             and not self.journal.touches(task_id)  # a change of it pending: memory knew it
         ):

@@ -164,17 +164,16 @@ class Task(Entry):
         task_id: str,
         topic: str,
         at_s: float,
-        *,
         body_packed: bytes,
         ttr_s: float,
         max_attempts: int,
         created_s: float,
-        attempts: int = 0,
-        state: str = NEW,
-        deadline_s: float = 0.0,
         target: dict[str, Any] | None = None,
         completion: Completion | None = None,
         priority: int = DEFAULT_PRIORITY,
+        attempts: int = 0,
+        state: str = NEW,
+        deadline_s: float = 0.0,
     ) -> None:
         # Entry's own fields, set here rather than through super().__init__():
         # this runs once per add, and the call costs as much as the rest.

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from delaywheel.checks import bad, known_fields, number, show
-from delaywheel.engine.task import DEFAULT_PRIORITY, MAX_PRIORITY, STATES
+from delaywheel.engine.task import DEFAULT_PRIORITY, MAX_PRIORITY, STATES, Completion, Task
 from delaywheel.errors import RequestError
 
 MAX_ID_BYTES = 200
@@ -164,39 +164,39 @@ def due_time(fields: dict[str, Any], now_s: float, limits: Limits) -> float | No
     return None
 
 
-@dataclass(slots=True)
-class NewTask:
-    id: str | None
-    topic: str
-    at_s: float
-    body_packed: bytes
-    ttr_s: float
-    max_attempts: int
-    # As sent, None when not given; the engine replaces it with the checked
-    # target (delivery.targets), None for the ready queue.
-    target: dict[str, Any] | None
-    # How long it is kept once done; None: its topic's retain, at completion.
-    retain_s: float | None = None
-    priority: int = DEFAULT_PRIORITY
+# The id of a new task whose id the server is to make (``TaskTable.create``):
+# an id given is never empty.
+SERVER_MADE_ID = ""
 
 
-def new_task(value: Any, now_s: float, limits: Limits) -> NewTask:
+def new_task(value: Any, now_s: float, limits: Limits) -> Task:
+    """A task to add, its fields checked: in state ``new`` and in no place yet,
+    its id ``SERVER_MADE_ID`` when none was given, and its target as sent
+    (None: the ready queue), which the engine replaces with the checked one
+    (``delivery.targets``). Its own retain, when given, is its completion's."""
     fields = known_fields("task", value, TASK_FIELDS)
     if "topic" not in fields:
         raise bad("task has no topic")
     at_s = due_time(fields, now_s, limits)
     # Checked in this order, so that of several bad fields the same one is named.
-    # A default is not checked again, and NewTask is built positionally: 7 % of
-    # the engine's add (docs/performance.md, "Measurements behind the code").
-    return NewTask(
-        task_id(fields["id"]) if "id" in fields else None,
+    # A default is not checked again. The Task is built here, the one object an
+    # add makes (a checked copy first cost 2,800 instructions an add), and
+    # positionally: a class called with keywords packs them into a dict for
+    # __init__, 4,000 more (docs/performance.md, "Measurements behind the code").
+    return Task(
+        task_id(fields["id"]) if "id" in fields else SERVER_MADE_ID,
         topic(fields["topic"]),
         now_s if at_s is None else at_s,
         packed_body(fields.get("body"), limits),
         number("ttr", fields["ttr"], high=limits.max_delay_s) if "ttr" in fields else DEFAULT_TTR_S,
         max_attempts(fields["max_attempts"]) if "max_attempts" in fields else DEFAULT_MAX_ATTEMPTS,
+        now_s,  # created_s
         target(fields["target"]) if "target" in fields else None,
-        number("retain", fields["retain"], high=limits.max_delay_s) if "retain" in fields else None,
+        (
+            Completion(number("retain", fields["retain"], high=limits.max_delay_s))
+            if "retain" in fields
+            else None
+        ),
         priority(fields["priority"]) if "priority" in fields else DEFAULT_PRIORITY,
     )
 

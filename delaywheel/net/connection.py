@@ -165,6 +165,10 @@ class Connection(asyncio.Protocol):
         # One lane (memory, SQLite): batches only move forward, so a batch
         # other than ``waiting_on`` is always a new one: no set to keep.
         self.lanes = self.journal.lanes > 1
+        # An inline store (memory) has written every change of a turn when the
+        # turn ends (``Journal.release`` in _work), and _work's last _flush
+        # sends their replies: no callback to register on a write.
+        self.inline = self.journal.inline
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
         # Blocked waits, the same way: each one's timeout timer and msgid.
@@ -280,10 +284,9 @@ class Connection(asyncio.Protocol):
         self.turn_bytes = 0
         decoder, journal = self.decoder, self.journal
         handled = 0
-        inline = journal.inline
-        if (
-            inline
-        ):  # the journal waits for our flush at the end of the turn: no call_soon per change
+        inline = self.inline
+        # The journal waits for our flush at the end of the turn: no call_soon per change.
+        if inline:
             journal.hold()
         try:
             now_s = time.time()
@@ -374,20 +377,23 @@ class Connection(asyncio.Protocol):
             reply = self.encoder.error_response(msgid, "unauthorized", message)
             self._queue(msgid, reply, None, route)
             return
-        if method == "reserve":
-            self.timers_moved = True  # a reservation's deadline is a timer
-            self._reserve(request, route, now_s)
-            return
-        if method == "wait":
-            try:
-                self._wait(request, route)
-            except NeedsStore as need:
-                self._fetch_later(request, need, fetches)
+        run = route.run
+        if run is None:  # reserve, wait, or no such method: one check for every other call
+            if method == "reserve":
+                self.timers_moved = True  # a reservation's deadline is a timer
+                self._reserve(request, route, now_s)
+            elif method == "wait":
+                try:
+                    self._wait(request, route)
+                except NeedsStore as need:
+                    self._fetch_later(request, need, fetches)
+            else:
+                route.failed("no_method")
+                message = f"no method named {checks.show(method)}"
+                reply = self.encoder.error_response(msgid, "no_method", message)
+                self._queue(msgid, reply, None, route)
             return
         try:
-            run = route.run
-            if run is None:
-                raise RequestError("no_method", f"no method named {checks.show(method)}")
             self.timers_moved |= route.mutating
             payload = self.encoder.response(msgid, run(self, request.params, now_s))
         except RequestError as exc:
@@ -430,7 +436,7 @@ class Connection(asyncio.Protocol):
                 else:  # one lane: the next batch's replies, a group of their own
                     group = Replies(wait)
                     replies.append(group)
-        if wait is not None:
+        if wait is not None and not self.inline:
             if self.lanes:  # told once a store answer has settled writes
                 if not self.listening:
                     self.listening = True
@@ -538,6 +544,7 @@ class Connection(asyncio.Protocol):
 
     def _failed(self, group: Replies, first: int, end: int, error: StoreError) -> None:
         """The replies ``first:end`` of ``group`` get the error of their write."""
+        self.server.rearm()  # the rollback may have put back an earlier timer
         code, data = reply_for(error)
         message, encode = str(error), self.encoder.error_response
         for i in range(first, end):
