@@ -61,7 +61,9 @@ CHUNK_FIELDS = 1000
 # epoch; a node that keeps losing and taking partitions starts afresh.
 MAX_HEADS = 4096
 
-FLUSH_SCRIPT = f"""
+# Both flushes start so: refused unless KEYS[1] (the partition's epoch) is
+# ARGV[1], the writer's, naming the lease (KEYS[3]) that holds it now.
+_FENCE = """
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[1] then
   local now = epoch or 'unset'
@@ -69,6 +71,9 @@ if epoch ~= ARGV[1] then
   local said = KEYS[1] .. ' is ' .. now .. ', not ' .. ARGV[1]
   return redis.error_reply('FENCED ' .. said .. '; lease ' .. held)
 end
+"""
+
+FLUSH_SCRIPT = f"""{_FENCE}
 if #ARGV == 4 and ARGV[2] == '1' then -- one put (one request): the commonest
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
   return 1
@@ -93,14 +98,9 @@ LOAD_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_SCRIPT)
 # then the blind ids, the (id, topic) pairs, and each change as (id, kind,
 # record, due, topic), kind p (near put), r (remove) or f (far put). Answers
 # the blind ids refused (an array, maybe empty).
-FLUSH_FAR_SCRIPT = """
-local epoch = redis.call('GET', KEYS[1])
-if epoch ~= ARGV[1] then
-  local now = epoch or 'unset'
-  local held = redis.call('GET', KEYS[3]) or ''
-  local said = KEYS[1] .. ' is ' .. now .. ', not ' .. ARGV[1]
-  return redis.error_reply('FENCED ' .. said .. '; lease ' .. held)
-end
+FLUSH_FAR_SCRIPT = (
+    _FENCE
+    + """
 local blind, was_far, changes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local at = 5
 local refused, skip = {}, {}
@@ -149,6 +149,7 @@ for _ = 1, changes do
 end
 return refused
 """
+)
 FLUSH_FAR_SHA = hashlib.sha1(FLUSH_FAR_SCRIPT.encode()).hexdigest()
 LOAD_FAR_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_FAR_SCRIPT)
 # What a link's handshake loads: both flushes.
