@@ -544,7 +544,8 @@ class Connection(asyncio.Protocol):
 
     def _failed(self, group: Replies, first: int, end: int, error: StoreError) -> None:
         """The replies ``first:end`` of ``group`` get the error of their write."""
-        self.server.rearm()  # the rollback may have put back an earlier timer
+        if self.inline:  # no callback rearms for us (_write_done, _settled do otherwise)
+            self.server.rearm()  # the rollback may have put back an earlier timer
         code, data = reply_for(error)
         message, encode = str(error), self.encoder.error_response
         for i in range(first, end):
