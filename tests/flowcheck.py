@@ -1,6 +1,8 @@
-"""Checking a topic's limits from the outside: workers that reserve and ack
+"""Checking a topic's flow from the outside: workers that reserve and ack
 on clients of their own, recording when each task was handed out and how
-many they held at once, and the most arrivals in any window of t.
+many they held at once, and the most arrivals in any window of t; on
+nodes sharing a keyspace (clusternodes.py), what each node applies to a
+topic, ids spread over the nodes, and waits through a ClusterClient.
 
 A worker counts a task held from the moment its ``reserve`` is answered to
 the moment before it sends the ``ack``: the server counts it from before the
@@ -11,15 +13,26 @@ than what the server had reserved at once. Likewise a task is handed out
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import pytest
+from clusternodes import PARTITIONS, address, node_pair, served
 from delaywheel_client import Client, ClusterClient
+from delaywheel_client.errors import ConnectionFailed, NotFound
+from delaywheel_client.partitions import partition_of
+from endpoint import Endpoint
+from serverproc import ServerProcess
+from waiting import wait_until
 
 AnyClient = Client | ClusterClient
 RESERVE_SLICE_S = 0.3  # how long a worker's reserve blocks before it looks at the count
+# A change reaches the other node within two coordinator rounds (half a
+# second each with clusternodes' lease); generous for a loaded machine.
+LEARN_TIMEOUT_S = 10.0
 
 
 def most_in_any_window(arrivals_s: list[float], window_s: float) -> int:
@@ -33,13 +46,46 @@ def most_in_any_window(arrivals_s: list[float], window_s: float) -> int:
     return most
 
 
+class Waiting:
+    """A ``wait`` blocked in a thread of its own, on the client ``connect`` makes."""
+
+    def __init__(self, connect: Callable[[], AnyClient], task_id: str, timeout_s: float):
+        self.answer: Any = "no answer"
+        self.error: BaseException | None = None
+        self.took_s = 0.0
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                with connect() as dw:
+                    self.answer = dw.wait(task_id, timeout_s)
+            except BaseException as exc:  # handed to the test
+                self.error = exc
+            self.took_s = time.monotonic() - started
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self, within_s: float = 60.0) -> Any:
+        self.thread.join(within_s)
+        assert not self.thread.is_alive(), "the wait was never answered"
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
 class Workers:
     """Threads reserving ``topic`` until ``count`` tasks were acked, each on the
     client its ``connect`` makes, each holding a task ``hold_s`` before its ack.
 
     ``handed_s`` (``time.monotonic()``) and ``ids`` are in the order the reserves
     were answered; ``most_held`` is the most the workers held at once; ``by``
-    names the worker (its index in ``connects``) that got each id."""
+    names the worker (its index in ``connects``) that got each id.
+
+    With ``kill_expected`` a worker outlives a node's death: a ``reserve`` whose
+    connection dropped is given up (the task it may have reserved comes back
+    after its TTR), an ``ack`` is sent again (``not_found`` then: the first
+    was applied before the node died). ``dropped`` counts them."""
 
     def __init__(
         self,
@@ -47,8 +93,11 @@ class Workers:
         topic: str,
         count: int,
         hold_s: float = 0.0,
+        kill_expected: bool = False,
     ) -> None:
         self.topic, self.count, self.hold_s = topic, count, hold_s
+        self.kill_expected = kill_expected
+        self.dropped = 0
         self.lock = threading.Lock()
         self.handed_s: list[float] = []
         self.ids: list[str] = []
@@ -72,7 +121,7 @@ class Workers:
         try:
             with connect() as dw:
                 while not self._done():
-                    task = dw.reserve(self.topic, RESERVE_SLICE_S)
+                    task = self._reserve(dw)
                     if task is None:
                         continue
                     with self.lock:
@@ -85,12 +134,34 @@ class Workers:
                         time.sleep(self.hold_s)  # the work: what a limit on held tasks counts
                     with self.lock:
                         self.held -= 1
-                    assert dw.ack(task["id"]) is True, task
+                    self._ack(dw, task["id"])
                     with self.lock:
                         self.acked += 1
         except BaseException as exc:  # handed to the test by join()
             with self.lock:
                 self.errors.append(exc)
+
+    def _reserve(self, dw: AnyClient) -> dict[str, Any] | None:
+        try:
+            return dw.reserve(self.topic, RESERVE_SLICE_S)
+        except ConnectionFailed:
+            if not self.kill_expected:
+                raise
+            with self.lock:
+                self.dropped += 1
+            return None
+
+    def _ack(self, dw: AnyClient, task_id: str) -> None:
+        try:
+            assert dw.ack(task_id) is True, task_id
+        except ConnectionFailed:
+            if not self.kill_expected:
+                raise
+            with self.lock:
+                self.dropped += 1
+            # not_found: the first ack was applied, and the task is gone.
+            with contextlib.suppress(NotFound):
+                assert dw.ack(task_id) is True, task_id
 
     def handed(self) -> int:
         with self.lock:
@@ -108,4 +179,100 @@ class Workers:
 
     def report(self) -> dict[str, Any]:
         """What a failed assertion shows."""
-        return {"handed": len(self.ids), "acked": self.acked, "most_held": self.most_held}
+        return {
+            "handed": len(self.ids),
+            "acked": self.acked,
+            "most_held": self.most_held,
+            "dropped": self.dropped,
+        }
+
+
+# -- on nodes sharing a keyspace ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
+    """Two nodes on a database of the module's (a fast tick, HTTP targets on this
+    machine allowed): import it by name, one pair for each module that does."""
+    with node_pair(module_redis_url, "--tick", "0.02", "--http-allow", "127.0.0.1") as pair:
+        yield pair
+
+
+@pytest.fixture
+def dw(nodes: list[ServerProcess]) -> Iterator[ClusterClient]:
+    with ClusterClient([address(proc) for proc in nodes]) as client:
+        yield client
+
+
+@pytest.fixture
+def sink(endpoint: Endpoint) -> Endpoint:
+    """The ``endpoint``, its ``/slow`` answering after 0.1 s."""
+    endpoint.slow_s = 0.1
+    return endpoint
+
+
+def shares(proc: ServerProcess, topic: str) -> dict[str, Any] | None:
+    """What ``proc`` applies to ``topic`` now (its ``stats.topic_shares``)."""
+    with Client(*proc.address) as direct:
+        found: dict[str, Any] | None = direct.stats()["topic_shares"].get(topic)
+        return found
+
+
+def learned(nodes: list[ServerProcess], topic: str, **wanted: Any) -> list[dict[str, Any]]:
+    """Wait until every node applies ``topic``'s settings with ``wanted`` in them."""
+
+    def each() -> list[dict[str, Any]] | None:
+        found = [shares(proc, topic) for proc in nodes]
+        if all(f is not None and wanted.items() <= f.items() for f in found):
+            return found  # type: ignore[return-value]
+        return None
+
+    wait_until(lambda: each() is not None, LEARN_TIMEOUT_S, f"both nodes to apply {topic}'s")
+    got = each()
+    assert got is not None
+    return got
+
+
+def spread_ids(nodes: list[ServerProcess], topic: str, count: int) -> list[str]:
+    """``count`` ids of which each node serves about half (and some, at least)."""
+    ids = [f"{topic}-{n}" for n in range(count)]
+    owned = [served(proc) for proc in nodes]
+    per_node = [sum(1 for i in ids if partition_of(i, PARTITIONS) in mine) for mine in owned]
+    assert all(per_node), per_node
+    return ids
+
+
+def owner_of(nodes: list[ServerProcess], task_id: str) -> int:
+    owned = [partition_of(task_id, PARTITIONS) in served(proc) for proc in nodes]
+    assert owned.count(True) == 1, owned
+    return owned.index(True)
+
+
+def one_each(nodes: list[ServerProcess], topic: str) -> list[str]:
+    """An id for each node, in ``nodes``' order, that node owning it."""
+    return [next(f"{topic}-{n}" for n in range(1000) if owner_of(nodes, f"{topic}-{n}") == i)
+            for i in range(len(nodes))]  # fmt: skip
+
+
+def cluster_wait(nodes: list[ServerProcess], task_id: str, timeout_s: float) -> Waiting:
+    """A ``wait`` through a ClusterClient of its own, in a thread."""
+    seeds = [address(proc) for proc in nodes]
+    return Waiting(lambda: ClusterClient(seeds), task_id, timeout_s)
+
+
+def blocked_waits(nodes: list[ServerProcess], n: int) -> None:
+    def count() -> int:
+        total = 0
+        for proc in nodes:
+            with Client(*proc.address) as direct:
+                total += direct.stats()["blocked_waits"]
+        return total
+
+    wait_until(lambda: count() >= n, LEARN_TIMEOUT_S, f"{n} waits blocked")
+
+
+def workers_on_both(nodes: list[ServerProcess], per_node: int, cluster: int) -> list[Any]:
+    """Connects for ``per_node`` direct Clients on each node and ``cluster`` ClusterClients."""
+    direct = [lambda proc=proc: Client(*proc.address) for proc in nodes for _ in range(per_node)]
+    seeds = [address(proc) for proc in nodes]
+    return [*direct, *(lambda: ClusterClient(seeds) for _ in range(cluster))]

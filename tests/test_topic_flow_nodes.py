@@ -1,8 +1,10 @@
 """A topic's pause and limits on two nodes of one Redis keyspace: each node
 learns the settings the other holds (ha/topics.py) and applies its share
 (engine/shares.py), so the pause holds both nodes' tasks and the limits hold
-for the topic as a whole: an HTTP sink sees no more than rate * t + burst in
-any window of t, and never more than the concurrency at once.
+for the topic as a whole: an HTTP sink and workers reserving on both nodes
+never see more than the concurrency at once (the rates, which assert timings,
+are in test_topic_flow_timing.py). Each node hands its most urgent task first;
+waits and results go to each task's owner.
 
 One pair of nodes for the module (a fast tick); each test has a topic of its
 own, whose settings' record may be on either node."""
@@ -10,71 +12,34 @@ own, whose settings' record may be on either node."""
 from __future__ import annotations
 
 import random
-import threading
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from clusternodes import PARTITIONS, address, node_pair, served
+from clusternodes import address
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.errors import Moved
-from delaywheel_client.partitions import partition_of
 from endpoint import Endpoint
 from endpoint import endpoint as endpoint  # the fixture
-from flowcheck import Workers, most_in_any_window
+from flowcheck import (
+    LEARN_TIMEOUT_S,
+    Workers,
+    blocked_waits,
+    cluster_wait,
+    learned,
+    one_each,
+    owner_of,
+    shares,
+    spread_ids,
+    workers_on_both,
+)
+from flowcheck import dw as dw  # the fixtures
+from flowcheck import nodes as nodes
+from flowcheck import sink as sink
 from helpers import unique
 from serverproc import ServerProcess
 from waiting import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.redis]
-
-# A change reaches the other node within two coordinator rounds (half a
-# second each with clusternodes' lease); generous for a loaded machine.
-LEARN_TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def nodes(module_redis_url: str) -> Iterator[list[ServerProcess]]:
-    with node_pair(module_redis_url, "--tick", "0.02", "--http-allow", "127.0.0.1") as pair:
-        yield pair
-
-
-@pytest.fixture
-def dw(nodes: list[ServerProcess]) -> Iterator[ClusterClient]:
-    with ClusterClient([address(proc) for proc in nodes]) as client:
-        yield client
-
-
-def shares(proc: ServerProcess, topic: str) -> dict[str, Any] | None:
-    """What ``proc`` applies to ``topic`` now (its ``stats.topic_shares``)."""
-    with Client(*proc.address) as direct:
-        found: dict[str, Any] | None = direct.stats()["topic_shares"].get(topic)
-        return found
-
-
-def learned(nodes: list[ServerProcess], topic: str, **wanted: Any) -> list[dict[str, Any]]:
-    """Wait until every node applies ``topic``'s settings with ``wanted`` in them."""
-
-    def each() -> list[dict[str, Any]] | None:
-        found = [shares(proc, topic) for proc in nodes]
-        if all(f is not None and wanted.items() <= f.items() for f in found):
-            return found  # type: ignore[return-value]
-        return None
-
-    wait_until(lambda: each() is not None, LEARN_TIMEOUT_S, f"both nodes to apply {topic}'s")
-    got = each()
-    assert got is not None
-    return got
-
-
-def spread_ids(nodes: list[ServerProcess], topic: str, count: int) -> list[str]:
-    """``count`` ids of which each node serves about half (and some, at least)."""
-    ids = [f"{topic}-{n}" for n in range(count)]
-    owned = [served(proc) for proc in nodes]
-    per_node = [sum(1 for i in ids if partition_of(i, PARTITIONS) in mine) for mine in owned]
-    assert all(per_node), per_node
-    return ids
 
 
 def test_a_pause_holds_both_nodes_tasks_until_resumed(
@@ -102,36 +67,6 @@ def test_a_pause_holds_both_nodes_tasks_until_resumed(
     assert got == set(ids)
 
 
-@pytest.fixture
-def sink(endpoint: Endpoint) -> Endpoint:
-    endpoint.slow_s = 0.1
-    return endpoint
-
-
-def test_a_rate_over_two_nodes_holds_for_the_topic(
-    nodes: list[ServerProcess], dw: ClusterClient, sink: Endpoint
-) -> None:
-    topic, rate, burst, count = unique(), 40.0, 4, 40
-    dw.topic_set(topic, {"rate": rate, "burst": burst})
-    # Eight partitions each: half the rate and half the burst.
-    found = learned(nodes, topic, rate=rate / 2)
-    assert [f["burst"] for f in found] == [2, 2]
-    target = {"type": "http", "url": sink.url("/ok")}
-    for task_id in spread_ids(nodes, topic, count):
-        dw.add(topic, task_id, id=task_id, target=target)
-    wait_until(lambda: len(sink.requests()) == count, 30, "every delivery")
-    arrivals_s = [seen.at_s for seen in sink.requests()]
-    # No more than rate * t + burst in any window t; more for the jitter between
-    # a node's start of an attempt and its arrival here: one per node, and what
-    # 50 ms of a stall here (a loaded machine) would bunch together.
-    jitter = len(nodes) + rate * 0.05
-    for window_s in (0.25, 0.5, 1.0):
-        assert most_in_any_window(arrivals_s, window_s) <= rate * window_s + burst + jitter
-    took_s = max(arrivals_s) - min(arrivals_s)
-    assert took_s >= (count - burst) / rate - 0.1  # the two shares add up to the rate
-    assert len({seen.body for seen in sink.requests()}) == count  # each once
-
-
 def test_a_concurrency_over_two_nodes_holds_for_the_topic(
     nodes: list[ServerProcess], dw: ClusterClient, sink: Endpoint
 ) -> None:
@@ -149,13 +84,6 @@ def test_a_concurrency_over_two_nodes_holds_for_the_topic(
 # -- limits on reserve ------------------------------------------------------------
 
 
-def workers_on_both(nodes: list[ServerProcess], per_node: int, cluster: int) -> list[Any]:
-    """Connects for ``per_node`` direct Clients on each node and ``cluster`` ClusterClients."""
-    direct = [lambda proc=proc: Client(*proc.address) for proc in nodes for _ in range(per_node)]
-    seeds = [address(proc) for proc in nodes]
-    return [*direct, *(lambda: ClusterClient(seeds) for _ in range(cluster))]
-
-
 def test_reserve_keeps_to_a_concurrency_over_two_nodes(
     nodes: list[ServerProcess], dw: ClusterClient
 ) -> None:
@@ -171,28 +99,6 @@ def test_reserve_keeps_to_a_concurrency_over_two_nodes(
     assert sorted(workers.ids) == sorted(ids)  # each once
     # Never more than the limit held at once; more than one node's seats used.
     assert 1 < workers.most_held <= concurrency, workers.report()
-
-
-def test_reserve_keeps_to_a_rate_over_two_nodes(
-    nodes: list[ServerProcess], dw: ClusterClient
-) -> None:
-    topic, rate, burst, count = unique(), 20.0, 2, 30
-    dw.topic_set(topic, {"rate": rate, "burst": burst})
-    assert [f["burst"] for f in learned(nodes, topic, rate=rate / 2)] == [1, 1]
-    ids = spread_ids(nodes, topic, count)
-    for task_id in ids:
-        dw.add(topic, task_id, id=task_id)
-    workers = Workers(workers_on_both(nodes, 1, 2), topic, count)
-    workers.join(60)
-    assert sorted(workers.ids) == sorted(ids)
-    # As to the HTTP sink: the jitter between the server's answer and the
-    # worker's clock is one per node and what 50 ms of a stall bunches together.
-    jitter = len(nodes) + rate * 0.05
-    for window_s in (0.25, 0.5, 1.0):
-        most = most_in_any_window(workers.handed_s, window_s)
-        assert most <= rate * window_s + burst + jitter, (window_s, most)
-    took_s = max(workers.handed_s) - min(workers.handed_s)
-    assert took_s >= (count - burst - jitter) / rate  # the two shares add up to the rate
 
 
 # -- priority ---------------------------------------------------------------------
@@ -220,12 +126,6 @@ def prioritised(dw: ClusterClient, nodes: list[ServerProcess], topic: str) -> di
 def urgent_first(ids: list[str], priority: dict[str, int]) -> list[str]:
     """``ids`` (in the order they became ready) in the order reserve must hand them."""
     return sorted(ids, key=lambda task_id: (priority[task_id], list(priority).index(task_id)))
-
-
-def owner_of(nodes: list[ServerProcess], task_id: str) -> int:
-    owned = [partition_of(task_id, PARTITIONS) in served(proc) for proc in nodes]
-    assert owned.count(True) == 1, owned
-    return owned.index(True)
 
 
 def test_each_node_hands_its_most_urgent_task_first(
@@ -263,48 +163,6 @@ def test_a_cluster_reserve_never_passes_a_more_urgent_task_on_its_node(
 # -- results and wait -------------------------------------------------------------
 
 
-def one_each(nodes: list[ServerProcess], topic: str) -> list[str]:
-    """An id for each node, in ``nodes``' order, that node owning it."""
-    return [next(f"{topic}-{n}" for n in range(1000) if owner_of(nodes, f"{topic}-{n}") == i)
-            for i in range(len(nodes))]  # fmt: skip
-
-
-class ClusterWait:
-    """A ``wait`` through a ClusterClient of its own, in a thread."""
-
-    def __init__(self, nodes: list[ServerProcess], task_id: str, timeout_s: float) -> None:
-        self.answer: Any = "no answer"
-        self.error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                with ClusterClient([address(proc) for proc in nodes]) as waiter:
-                    self.answer = waiter.wait(task_id, timeout_s)
-            except BaseException as exc:  # handed to the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def result(self, within_s: float = 60.0) -> Any:
-        self.thread.join(within_s)
-        assert not self.thread.is_alive(), "the wait was never answered"
-        if self.error is not None:
-            raise self.error
-        return self.answer
-
-
-def blocked_waits(nodes: list[ServerProcess], n: int) -> None:
-    def count() -> int:
-        total = 0
-        for proc in nodes:
-            with Client(*proc.address) as direct:
-                total += direct.stats()["blocked_waits"]
-        return total
-
-    wait_until(lambda: count() >= n, LEARN_TIMEOUT_S, f"{n} waits blocked")
-
-
 def test_a_wait_at_a_node_not_the_owner_is_moved_and_the_cluster_client_routes_it(
     nodes: list[ServerProcess], dw: ClusterClient
 ) -> None:
@@ -317,7 +175,7 @@ def test_a_wait_at_a_node_not_the_owner_is_moved_and_the_cluster_client_routes_i
         with Client(*nodes[1 - n].address) as elsewhere, pytest.raises(Moved) as moved:
             elsewhere.wait(task_id, 5)
         assert moved.value.data is not None and moved.value.data["owner"] == address(nodes[n])
-    waits = [ClusterWait(nodes, task_id, 30) for task_id in ids]
+    waits = [cluster_wait(nodes, task_id, 30) for task_id in ids]
     blocked_waits(nodes, len(ids))
     for _ in ids:
         task = dw.reserve(topic, 5)
@@ -339,8 +197,8 @@ def test_waits_on_two_nodes_are_answered_on_death_delete_and_timeout(
         dw.add(topic, task_id, id=task_id, max_attempts=1)
     for task_id in deleted + idle:
         dw.add(topic, task_id, id=task_id, delay=3600)
-    waits = {task_id: ClusterWait(nodes, task_id, 30) for task_id in dying + deleted}
-    idles = [ClusterWait(nodes, task_id, 1.0) for task_id in idle]
+    waits = {task_id: cluster_wait(nodes, task_id, 30) for task_id in dying + deleted}
+    idles = [cluster_wait(nodes, task_id, 1.0) for task_id in idle]
     blocked_waits(nodes, len(waits) + len(idles))
     for _ in dying:
         task = dw.reserve(topic, 5)
