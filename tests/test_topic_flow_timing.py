@@ -2,7 +2,8 @@
 tested, run alone (``serial``): the rate, to an HTTP sink and through
 ``reserve``, on a pair of nodes shared by the module; a pause, a timed pause,
 a wait and the limits across a takeover (``kill -9`` of the node that holds
-the topic's settings), each on a pair of its own with a short lease.
+the topic's settings), and a pause across a ``kill -9`` of both nodes, each
+on a pair of its own with a short lease.
 
 docs/ha.md ("Topic settings on several nodes") says what holds: no more than
 rate * t + burst in any window of t while the partitions stay; during a
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from clusternodes import PARTITIONS, address, node_pair, served
+from clusternodes import PARTITIONS, SETTLE_TIMEOUT_S, address, node_pair, served, settled
 from delaywheel_client import Client, ClusterClient
 from delaywheel_client.partitions import partition_of, settings_key
 from endpoint import Endpoint
@@ -126,6 +127,25 @@ def drain(dw: Client, topic: str) -> list[str]:
     return got
 
 
+def two_pauses(
+    pair: list[ServerProcess], held: str, timed: str, pause_s: float
+) -> tuple[float, list[str], list[str]]:
+    """``held`` paused until resumed (a note with it), ``timed`` for ``pause_s``, both
+    applied on both nodes, then six tasks of each spread over them: the pause's end
+    and the ids."""
+    with ClusterClient([address(proc) for proc in pair]) as dw:
+        dw.topic_set(held, {"paused_until": FOR_EVER_S, "note": "incident"})
+        pause_end_s = time.time() + pause_s
+        dw.topic_set(timed, {"paused_until": pause_end_s})
+        learned(pair, held, paused_until=FOR_EVER_S)
+        learned(pair, timed, paused_until=pause_end_s)
+        held_ids, timed_ids = spread_ids(pair, held, 6), spread_ids(pair, timed, 6)
+        for topic, ids in ((held, held_ids), (timed, timed_ids)):
+            for task_id in ids:
+                dw.add(topic, task_id, id=task_id)
+    return pause_end_s, held_ids, timed_ids
+
+
 PAUSE_S = 8.0  # from its topic_set: beyond the learning and the takeover (2 s), with room
 
 
@@ -134,16 +154,8 @@ def test_a_pause_a_timed_pause_and_a_wait_outlast_a_takeover(pair: list[ServerPr
     killed, survivor = pair
     held, timed = held_by(killed, "held"), held_by(killed, "timed")
     waited = next(f"waited{n}" for n in range(1000) if owner_of(pair, f"waited{n}") == 0)
+    pause_end_s, held_ids, timed_ids = two_pauses(pair, held, timed, PAUSE_S)
     with ClusterClient([address(proc) for proc in pair]) as dw:
-        dw.topic_set(held, {"paused_until": FOR_EVER_S, "note": "incident"})
-        pause_end_s = time.time() + PAUSE_S
-        dw.topic_set(timed, {"paused_until": pause_end_s})
-        learned(pair, held, paused_until=FOR_EVER_S)
-        learned(pair, timed, paused_until=pause_end_s)
-        held_ids, timed_ids = spread_ids(pair, held, 6), spread_ids(pair, timed, 6)
-        for topic, ids in ((held, held_ids), (timed, timed_ids)):
-            for task_id in ids:
-                dw.add(topic, task_id, id=task_id)
         dw.add("results", id=waited, retain=60)
     waiting = cluster_wait(pair, waited, 60)  # at the node about to die
     blocked_waits(pair, 1)
@@ -229,3 +241,44 @@ def test_the_limits_hold_while_the_partitions_move_to_the_survivor(
     for window_s in (0.5, 1.0, 2.0):
         most = most_in_any_window(at_rate.handed_s, window_s)
         assert most <= rate * window_s + 2 * burst + jitter, (window_s, most)
+
+
+# Both nodes start again and take their partitions once the dead ones' leases
+# lapse (2 L), then learn each other's settings: over 7 s from the topic_set, seen here.
+RESTART_PAUSE_S = 15.0
+
+
+@pytest.mark.slow
+def test_a_pause_and_a_timed_pause_outlast_a_kill_9_of_both_nodes(
+    pair: list[ServerProcess],
+) -> None:
+    held, timed = unique("held"), unique("timed")
+    seeds = [address(proc) for proc in pair]
+    pause_end_s, held_ids, timed_ids = two_pauses(pair, held, timed, RESTART_PAUSE_S)
+    for proc in pair:
+        proc.kill()
+    for proc in pair:
+        proc.start()  # on its port: the same address
+    wait_until(lambda: settled(pair), TAKEOVER_TIMEOUT_S + SETTLE_TIMEOUT_S, "both nodes back")
+    # Each node loads the records it serves and learns the others' again.
+    learned(pair, held, paused_until=FOR_EVER_S)
+    learned(pair, timed, paused_until=pause_end_s)
+    assert time.time() < pause_end_s - 1, "the restart outlasted the timed pause"
+    for proc in pair:
+        with Client(*proc.address) as direct:
+            assert direct.reserve([held, timed], 0) is None
+    with ClusterClient(seeds) as dw:
+        states = {dw.get(task_id)["state"] for task_id in held_ids + timed_ids}  # type: ignore[index]
+        assert states == {"ready"}
+        first = dw.reserve(timed, 30)
+        ended_s = time.time()
+        assert first is not None and first["attempts"] == 1
+        assert pause_end_s - 0.05 <= ended_s < pause_end_s + 2, ended_s - pause_end_s
+        # Both nodes end it: the rest come out of both at once.
+        rest = [task["id"] for _ in timed_ids[1:] if (task := dw.reserve(timed, 1)) is not None]
+        assert sorted([first["id"], *rest]) == sorted(timed_ids)
+        assert dw.reserve(held, 0) is None
+        dw.topic_set(held, {"paused_until": None})
+        wait_until(lambda: all(shares(proc, held) is None for proc in pair), 10, "the resume")
+        got = [task["id"] for _ in held_ids if (task := dw.reserve(held, 1)) is not None]
+        assert sorted(got) == sorted(held_ids)
