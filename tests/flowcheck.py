@@ -13,7 +13,6 @@ than what the server had reserved at once. Likewise a task is handed out
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +29,7 @@ from waiting import wait_until
 
 AnyClient = Client | ClusterClient
 RESERVE_SLICE_S = 0.3  # how long a worker's reserve blocks before it looks at the count
+ACK_AGAIN_S = 20.0  # how long a worker sends an ack again while a node dies and is replaced
 # A change reaches the other node within two coordinator rounds (half a
 # second each with clusternodes' lease); generous for a loaded machine.
 LEARN_TIMEOUT_S = 10.0
@@ -84,8 +84,9 @@ class Workers:
 
     With ``kill_expected`` a worker outlives a node's death: a ``reserve`` whose
     connection dropped is given up (the task it may have reserved comes back
-    after its TTR), an ``ack`` is sent again (``not_found`` then: the first
-    was applied before the node died). ``dropped`` counts them."""
+    after its TTR), an ``ack`` is sent again until it is answered (``not_found``
+    then: one sent before was applied before the node died). ``dropped``
+    counts them."""
 
     def __init__(
         self,
@@ -152,16 +153,23 @@ class Workers:
             return None
 
     def _ack(self, dw: AnyClient, task_id: str) -> None:
-        try:
-            assert dw.ack(task_id) is True, task_id
-        except ConnectionFailed:
-            if not self.kill_expected:
-                raise
-            with self.lock:
-                self.dropped += 1
-            # not_found: the first ack was applied, and the task is gone.
-            with contextlib.suppress(NotFound):
+        deadline_s = time.monotonic() + ACK_AGAIN_S
+        while True:
+            try:
                 assert dw.ack(task_id) is True, task_id
+                return
+            except NotFound:
+                if not self.kill_expected:
+                    raise
+                return  # an ack before was applied, its answer lost: the task is gone
+            except ConnectionFailed:
+                # Lost with the node, or sent to it while it died (a dying process's
+                # socket may still take a connection).
+                if not self.kill_expected or time.monotonic() > deadline_s:
+                    raise
+                with self.lock:
+                    self.dropped += 1
+                time.sleep(0.1)
 
     def handed(self) -> int:
         with self.lock:
