@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import threading
 import time
 import zlib
@@ -177,10 +178,17 @@ def _addresses(procs: list[ServerProcess]) -> list[str]:
     return [f"{proc.address[0]}:{proc.address[1]}" for proc in procs]
 
 
+def _give_map(dw: ClusterClient | AsyncClusterClient, addresses: list[str]) -> None:
+    """Two partitions, one on each server (servers of no cluster), kept: a map given by
+    hand is never fetched again for its age (``MAP_MAX_AGE_S``, which a reserve checks)."""
+    dw._map = PartitionMap(2, list(addresses), {"partitions": 2})
+    dw._map_s = math.inf
+
+
 def _two_node_client(procs: list[ServerProcess], **kw: Any) -> ClusterClient:
     addresses = _addresses(procs)
     dw = ClusterClient(addresses, **kw)
-    dw._map = PartitionMap(2, list(addresses), {"partitions": 2})
+    _give_map(dw, addresses)
     return dw
 
 
@@ -284,7 +292,7 @@ async def _async_schedule_run(
 ) -> tuple[list[Any], list[str]]:
     """The same through AsyncClusterClient."""
     async with AsyncClusterClient(_addresses(pair_server)) as dw:
-        dw._map = PartitionMap(2, _addresses(pair_server), {"partitions": 2})
+        _give_map(dw, _addresses(pair_server))
         results = [await getattr(dw, name)(*params) for name, params in calls]
         listed, cursor = [], None
         while True:
@@ -391,7 +399,7 @@ def test_async_cluster_client_routes_reserves_and_pipelines(
     async def run() -> None:
         async with AsyncClusterClient(addresses, reserve_slice_s=0.2) as dw:
             assert (await dw.cluster())["partitions"] == 1  # these servers have no cluster
-            dw._map = PartitionMap(2, list(addresses), {"partitions": 2})
+            _give_map(dw, addresses)
             assert await dw.ping() == "pong"
             ids = [(await dw.add(topic, n))["id"] for n in range(20)]
             for task_id in ids:

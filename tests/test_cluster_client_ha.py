@@ -49,7 +49,7 @@ from delaywheel_client.retry import (
     confirmed_adds,
     needs_resend,
 )
-from delaywheel_client.routing import PartitionMap, partition_of
+from delaywheel_client.routing import MAP_MAX_AGE_S, PartitionMap, partition_of
 from prometheus_client.parser import text_string_to_metric_families
 from serverproc import ServerProcess
 from waiting import wait_until
@@ -553,6 +553,43 @@ def test_calls_go_on_at_the_new_owner_while_a_node_stops(redis_url: str, topic: 
             assert worker.run(max_tasks=len(added)) == len(added)
             assert sorted(seen) == sorted(added)
             assert dw.reserve(topic, timeout=0.5) is None
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+@pytest.mark.redis
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_reserve_finds_the_tasks_of_a_node_that_came_back(redis_url: str, topic: str) -> None:
+    """A reserve asks the nodes of its map; a node that stopped and started
+    again is in the map once it is fetched again, which a reserve does when
+    the map is older than MAP_MAX_AGE_S, though nothing else tells it to
+    (a reserve is never answered ``moved``)."""
+    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    try:
+        wait_until(lambda: clusternodes.settled(nodes), 20, "two nodes sharing the partitions")
+        staying, leaving = nodes
+        with ClusterClient([_address(node) for node in nodes]) as dw:
+            assert leaving.stop() == 0  # SIGTERM: it hands its partitions to a
+            wait_until(lambda: len(clusternodes.served(staying)) == PARTITIONS, 20, "a owns all")
+            assert dw.reserve(topic, 0) is None  # b refuses: the map is fetched, a alone
+            assert dw.partition_map().nodes() == [_address(staying)]
+            leaving.start()  # on its port: the same address
+            wait_until(lambda: clusternodes.settled(nodes), 20, "b serving its share again")
+            on_b = clusternodes.served(leaving)
+            task_id = next(
+                f"{topic}-{n}"
+                for n in range(1000)
+                if partition_of(f"{topic}-{n}", PARTITIONS) in on_b
+            )
+            with Client(*leaving.address) as direct:
+                direct.add(topic, "on b", id=task_id)
+            started_s = time.monotonic()
+            task = dw.reserve(topic, 3 * MAP_MAX_AGE_S)
+            assert task is not None and task["id"] == task_id
+            assert time.monotonic() - started_s < MAP_MAX_AGE_S + 2
+            assert sorted(dw.partition_map().nodes()) == sorted(_address(n) for n in nodes)
     finally:
         for node in nodes:
             node.kill()

@@ -17,6 +17,7 @@ import pytest
 from delaywheel_client import AsyncClient, Client, Worker
 from delaywheel_client.errors import Conflict, NotFound, TooLarge
 from endpoint import Endpoint, endpoint  # noqa: F401  (a fixture, used by name)
+from flowcheck import Waiting
 from helpers import unique
 from serverproc import ServerProcess, free_port
 
@@ -58,34 +59,6 @@ def _until(check: Any, what: str, within_s: float = SETTLE_S) -> Any:
             return found
         assert time.monotonic() < deadline, f"{what} within {within_s} s"
         time.sleep(0.02)
-
-
-class Waiting:
-    """A ``wait`` blocked in a thread of its own, on its own client."""
-
-    def __init__(self, address: tuple[str, int], task_id: str, timeout_s: float, **kw: Any):
-        self.answer: Any = "no answer"
-        self.error: BaseException | None = None
-        self.took_s = 0.0
-
-        def run() -> None:
-            started = time.monotonic()
-            try:
-                with Client(*address, **kw) as dw:
-                    self.answer = dw.wait(task_id, timeout_s)
-            except BaseException as exc:  # handed to the test
-                self.error = exc
-            self.took_s = time.monotonic() - started
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def result(self, within_s: float = 60.0) -> Any:
-        self.thread.join(within_s)
-        assert not self.thread.is_alive(), "the wait was never answered"
-        if self.error is not None:
-            raise self.error
-        return self.answer
 
 
 def _blocked(client: Client, n: int = 1) -> None:
@@ -204,7 +177,7 @@ def test_wait_is_answered_on_ack(server: ServerProcess, client: Client) -> None:
     topic, task_id = unique("w"), unique("w")
     client.add(topic, id=task_id, retain=60)
     assert client.reserve(topic, 5) is not None
-    waiting = Waiting(server.address, task_id, 30)
+    waiting = Waiting(lambda: Client(*server.address), task_id, 30)
     _blocked(client)
     client.ack(task_id, [1, 2, 3])
     answer = waiting.result()
@@ -218,7 +191,7 @@ def test_wait_is_answered_on_death(server: ServerProcess, client: Client) -> Non
     topic, task_id = unique("w"), unique("w")
     client.add(topic, id=task_id, max_attempts=1)
     assert client.reserve(topic, 5) is not None
-    waiting = Waiting(server.address, task_id, 30)
+    waiting = Waiting(lambda: Client(*server.address), task_id, 30)
     _blocked(client)
     client.release(task_id)  # its last attempt: dead
     answer = waiting.result()
@@ -228,7 +201,7 @@ def test_wait_is_answered_on_death(server: ServerProcess, client: Client) -> Non
 
 def test_wait_is_answered_on_delete(server: ServerProcess, client: Client) -> None:
     task_id = client.add(unique("w"), "body", delay=3600)["id"]
-    waiting = Waiting(server.address, task_id, 30)
+    waiting = Waiting(lambda: Client(*server.address), task_id, 30)
     _blocked(client)
     assert client.delete(task_id) is True
     answer = waiting.result()
@@ -338,7 +311,7 @@ def test_a_wait_is_answered_across_a_restart(restart_store: str) -> None:
             dw.add("t", id="across", retain=60)
             assert dw.reserve("t", 5) is not None
         # Retries enough (backing off to 1 s) to outlast the restart.
-        waiting = Waiting(("127.0.0.1", port), "across", 60, retries=60)
+        waiting = Waiting(lambda: Client("127.0.0.1", port, retries=60), "across", 60)
         with Client(*proc.address) as dw:
             _blocked(dw)
         proc.kill()

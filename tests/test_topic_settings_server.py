@@ -14,6 +14,7 @@ from delaywheel_client import Client, ClusterClient
 from delaywheel_client.partitions import partition_of, settings_key
 from endpoint import Endpoint
 from endpoint import endpoint as endpoint  # the fixture
+from flowcheck import Workers, most_in_any_window
 from helpers import cli, cli_json, unique
 from serverproc import ServerProcess
 from waiting import wait_until
@@ -118,6 +119,33 @@ def test_a_blocked_reserve_on_a_topic_at_its_concurrency_is_answered_on_an_ack(
     assert answer and answer[0] is not None and answer[0]["body"] == "b"
 
 
+def test_reserve_keeps_to_the_rate_burst_and_concurrency(durable_store_url: str) -> None:
+    """Workers reserving on connections of their own: never more than the
+    concurrency held at once, no more than rate * t + burst handed out in any
+    window of t."""
+    rate, burst, concurrency, count = 20.0, 3, 2, 30
+    proc = ServerProcess(store=durable_store_url, tick="0.02")
+    try:
+        with Client(*proc.address) as dw:
+            dw.topic_set("jobs", {"rate": rate, "burst": burst, "concurrency": concurrency})
+            ids = [task["id"] for task in dw.add_many([{"topic": "jobs"}] * count)]
+        connect = [lambda: Client(*proc.address)] * 4
+        workers = Workers(connect, "jobs", count, hold_s=0.05)
+        workers.join(60)
+    finally:
+        proc.stop()
+    assert sorted(workers.ids) == sorted(ids)  # each once
+    assert workers.most_held == concurrency, workers.report()  # reached, never passed
+    # One more for the jitter between the server's answer and the worker's
+    # clock, and what 50 ms of a stall here would bunch together.
+    jitter = 1 + rate * 0.05
+    for window_s in (0.25, 0.5, 1.0):
+        most = most_in_any_window(workers.handed_s, window_s)
+        assert most <= rate * window_s + burst + jitter, (window_s, most)
+    took_s = max(workers.handed_s) - min(workers.handed_s)
+    assert took_s >= (count - burst - jitter) / rate  # the rate held them back
+
+
 @pytest.fixture
 def delivering(durable_store_url: str) -> Iterator[ServerProcess]:
     proc = ServerProcess("--http-allow", "127.0.0.1", store=durable_store_url, tick="0.02")
@@ -125,16 +153,6 @@ def delivering(durable_store_url: str) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
-
-
-def most_in_any_window(arrivals_s: list[float], window_s: float) -> int:
-    arrivals_s = sorted(arrivals_s)
-    most, start = 0, 0
-    for end, at_s in enumerate(arrivals_s):
-        while arrivals_s[start] <= at_s - window_s:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
 
 
 @pytest.mark.slow

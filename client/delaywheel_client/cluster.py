@@ -20,7 +20,8 @@ docs/protocol.md, "Several nodes: the clients"):
   first send landed and the add succeeds; otherwise ``Exists`` is raised.
 - ``reserve`` polls every node in turn, starting one node further on each call, so none is
   starved; a blocking one waits on one node at a time for at most ``reserve_slice_s``,
-  polling the others in between.
+  polling the others in between. The nodes are the map's, fetched again when it is older
+  than ``MAP_MAX_AGE_S``: a node that joined since is polled too.
 - ``stats`` answers ``{"nodes": {address: that node's stats, or {"error": message}},
   "tasks": the sum}``; ``kick`` and ``list`` visit every node (``list``'s cursor names the
   node it is on); ``ping`` pings every node.

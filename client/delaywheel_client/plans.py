@@ -162,10 +162,13 @@ def reserve_call(base: ClusterBase[Any], topics: Any, timeout: float = 0) -> Pla
     """``reserve`` of a cluster: every node in turn without waiting (one node further on
     at each call, so none is starved), then a wait on one node for at most
     ``reserve_slice_s``, and again, until ``timeout``. A node that cannot be reached is
-    skipped (and the map fetched again: its partitions move); none reachable raises."""
+    skipped (and the map fetched again: its partitions move); none reachable raises.
+    A map older than ``MAP_MAX_AGE_S`` is fetched again first: the nodes are the map's."""
     wanted = topic_list(topics)
     deadline_s = time.monotonic() + max(float(timeout), 0.0)
     while True:
+        if base._map_is_old():
+            yield REFRESH  # the nodes that joined since are asked too (MAP_MAX_AGE_S)
         pmap: PartitionMap = yield FETCH_MAP
         nodes = base._rotate(pmap)
         failures: list[ConnectionFailed] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
@@ -37,6 +38,11 @@ FAILOVER_TIMEOUT_S = 30.0
 # A blocking ``reserve`` waits on one node at a time for at most this long, polling the
 # others in between: a task that becomes ready on another node waits at most this long.
 RESERVE_SLICE_S = 0.5
+
+# ``reserve`` fetches the map again when it is older than this: it asks the nodes of the
+# map, and a node that joined (or came back) since is in no map taken before, while no
+# reserve is ever answered ``moved`` to say so. One ``cluster`` a client at most this often.
+MAP_MAX_AGE_S = 5.0
 
 # Sleep bounds between tries while a partition has no owner that answers.
 RETRY_MIN_S = 0.05
@@ -265,6 +271,7 @@ class ClusterBase(Generic[_N]):
         self._nodes: dict[str, _N] = {}
         self._lock = threading.Lock()
         self._map: PartitionMap | None = None
+        self._map_s = 0.0  # when the map was fetched (monotonic)
         self._turn = 0  # where the next reserve starts in the node rotation
         self._closed = False
 
@@ -298,7 +305,13 @@ class ClusterBase(Generic[_N]):
         else:
             pmap = PartitionMap.from_cluster(answer, address)
         self._map = pmap  # replaced whole: readers keep the snapshot they took
+        self._map_s = time.monotonic()
         return pmap
+
+    def _map_is_old(self) -> bool:
+        """The map was fetched over ``MAP_MAX_AGE_S`` ago (a ``moved`` hint taken since
+        does not make it new: it names one partition's owner, not who joined)."""
+        return self._map is not None and time.monotonic() - self._map_s > MAP_MAX_AGE_S
 
     def _follow(self, hint: Any) -> None:
         """Take a ``moved`` hint into the map (a new snapshot, made under the lock so that

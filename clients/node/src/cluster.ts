@@ -19,7 +19,8 @@
  * - A resent add answered `exists` is read back: the same id, topic and body means the
  *   first send landed, and the add succeeds.
  * - `addMany` goes as one `add_many` per owner; `reserve` polls every node in turn, one
- *   node further on at each call, then waits on one node for at most `reserveSliceS`;
+ *   node further on at each call, then waits on one node for at most `reserveSliceS`
+ *   (the nodes of a map fetched at most `MAP_MAX_AGE_S` ago);
  *   `stats` is per node; `kick` and `list` visit every node; `ping` pings them all.
  */
 
@@ -29,6 +30,7 @@ import { ConnectionFailed, DelaywheelError } from "./errors.js";
 import { Retry, type Step, addedResult, nowS, sameTask } from "./retry.js";
 import {
   FAILOVER_TIMEOUT_S,
+  MAP_MAX_AGE_S,
   PartitionMap,
   RESERVE_SLICE_S,
   parseSeeds,
@@ -51,6 +53,7 @@ export class ClusterClient extends Commands<ClusterStats> {
   private readonly nodeOptions: ClientOptions;
   private readonly clients = new Map<string, Client>();
   private map: PartitionMap | undefined;
+  private mapS = 0; // when the map was fetched (nowS)
   private fetching: Promise<PartitionMap> | undefined;
   private turn = 0;
   private closed = false;
@@ -115,6 +118,7 @@ export class ClusterClient extends Commands<ClusterStats> {
         pmap = PartitionMap.fromCluster(answer, address);
       }
       this.map = pmap;
+      this.mapS = nowS();
       return pmap;
     }
     throw new ConnectionFailed(`no node answered cluster: ${failures.join("; ")}`);
@@ -249,10 +253,16 @@ export class ClusterClient extends Commands<ClusterStats> {
     return results;
   }
 
-  /** Every node in turn without waiting, then a wait on one node for at most a slice. */
+  /** Every node in turn without waiting, then a wait on one node for at most a slice; a
+   * map older than `MAP_MAX_AGE_S` fetched again first (the nodes are the map's). */
   private async reserveAny(topics: string | string[], timeoutS: number): Promise<unknown> {
     const deadline = nowS() + Math.max(timeoutS, 0);
     for (;;) {
+      // The nodes that joined since are asked too (MAP_MAX_AGE_S); a moved hint taken
+      // since does not make the map new.
+      if (this.map !== undefined && nowS() - this.mapS > MAP_MAX_AGE_S) {
+        await this.pause({ action: "resend", waitS: 0 });
+      }
       const pmap = await this.partitionMap();
       const nodes = this.rotate(pmap);
       const failures: ConnectionFailed[] = [];

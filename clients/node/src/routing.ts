@@ -22,6 +22,12 @@ export const MOVED_AT_ONCE = 3;
 export const FAILOVER_TIMEOUT_S = 30;
 /** A blocking `reserve` waits on one node at a time for at most this long. */
 export const RESERVE_SLICE_S = 0.5;
+/**
+ * `reserve` fetches the map again when it is older than this: it asks the nodes of the
+ * map, and a node that joined (or came back) since is in no map taken before, while no
+ * reserve is ever answered `moved` to say so. One `cluster` a client at most this often.
+ */
+export const MAP_MAX_AGE_S = 5;
 
 type Route = (params: unknown[]) => string | undefined;
 

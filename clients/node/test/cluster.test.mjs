@@ -180,4 +180,38 @@ describe("two nodes", () => {
     assert.equal((await dw.get(added.id)).body, "after");
     assert.ok(Date.now() - started < 30_000);
   });
+
+  // After the stop above: the map names one node.
+  test("a node that comes back: reserve asks it once the map is older than MAP_MAX_AGE_S", async () => {
+    const topic = unique("back");
+    const gone = nodes.find((node) => node.address === addresses[1]);
+    assert.deepEqual((await dw.partitionMap()).nodes(), [addresses[0]]);
+    await gone.start(); // on its port (--port given): the same address
+    let fresh;
+    await waitUntil(
+      async () => {
+        const plain = new Client({ host: gone.host, port: gone.port });
+        try {
+          fresh = PartitionMap.fromCluster(await plain.cluster(), gone.address);
+          return fresh.nodes().join() === addresses.join();
+        } finally {
+          plain.close();
+        }
+      },
+      30_000,
+      "the node serving its share again",
+    );
+    let id;
+    for (let n = 0; id === undefined; n++) if (fresh.ownerOf(`${topic}-${n}`) === gone.address) id = `${topic}-${n}`;
+    const direct = new Client({ host: gone.host, port: gone.port });
+    try {
+      await direct.add(topic, "on the node back", { id });
+    } finally {
+      direct.close();
+    }
+    // Nothing answers a reserve moved: the map is fetched again for its age alone.
+    const task = await dw.reserve(topic, 15);
+    assert.equal(task?.id, id);
+    assert.deepEqual((await dw.partitionMap()).nodes(), addresses);
+  });
 });
