@@ -90,7 +90,6 @@ class Engine:
             ownership=own,
             occurrence_of=self._occurrence_of,
             slow_flush_s=slow_flush_s,
-            topic_retain_s=self.topic_retain_s,
             topic_dead_retain_s=self.topic_dead_retain_s,
             horizon_s=horizon_s,
         )
@@ -263,11 +262,6 @@ class Engine:
         if self.flow.limited:  # a slot freed: a blocked reserve may take it
             self.table.serve_waiters(self.wheel.now_s)
         return True
-
-    def topic_retain_s(self, topic: str) -> float:
-        """How long a completed task of ``topic`` that names no ``retain`` of its
-        own is kept: the topic's ``retain`` setting (0 unless set: dropped at once)."""
-        return self.topics.of(topic).retain
 
     def topic_dead_retain_s(self, topic: str) -> float | None:
         """How long a dead task of ``topic`` is kept after it died: the topic's
@@ -553,9 +547,12 @@ class Engine:
         return task
 
     def _find(self, task_id: Any) -> Task:
-        task = self._lookup(self._served(task_id))
+        served = self._served(task_id)
+        task = self._tasks.get(served)  # the commonest: in memory, no ``_lookup`` call
         if task is None:
-            raise RequestError("not_found", f"no task with id {task_id!r}")
+            task = self._lookup(served)
+            if task is None:
+                raise RequestError("not_found", f"no task with id {task_id!r}")
         return task
 
     def describe(self, task: Task) -> dict[str, Any]:

@@ -76,12 +76,11 @@ class ReadyQueue:
         else:
             heapq.heappush(self.heap, entry)
 
-    def head(self) -> Task | None:
-        if self.ranked:
-            return self._ranked_head()
-        return self._default_head()
+    # The head is ``ranked_head()`` when ``ranked`` holds entries, else
+    # ``default_head()``: the caller looks (``Queues.oldest_ready``), one call
+    # fewer on a reserve than a ``head()`` that chose.
 
-    def _default_head(self) -> Task | None:
+    def default_head(self) -> Task | None:
         """The head among the tasks of the default priority."""
         run, heap = self.run, self.heap
         while run and not _is_live(run[0]):
@@ -94,12 +93,12 @@ class ReadyQueue:
             return run[0][2]
         return heap[0][2]
 
-    def _ranked_head(self) -> Task | None:
+    def ranked_head(self) -> Task | None:
         """The head when some tasks have another priority than the default."""
         ranked = self.ranked
         while ranked and not _is_live_ranked(ranked[0]):
             heapq.heappop(ranked)
-        task = self._default_head()
+        task = self.default_head()
         if not ranked:
             return task
         front = ranked[0]
@@ -178,7 +177,7 @@ class Queues:
             queue = self._ready.get(name)
             if queue is None:
                 continue
-            task = queue.head()
+            task = queue.ranked_head() if queue.ranked else queue.default_head()
             if task is not None and (
                 best is None
                 or (task.priority, task.at_s, task.queue_seq)

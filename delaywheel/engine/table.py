@@ -77,10 +77,6 @@ def _occurrence_in_utc(task_id: str) -> Occurrence | None:
     return occurrence(task_id, None)
 
 
-def _retain_nothing(topic: str) -> float:
-    return 0.0
-
-
 def _dead_kept_for_ever(topic: str) -> float | None:
     return None
 
@@ -96,7 +92,6 @@ class TaskTable:
         ownership: Ownership | None = None,
         occurrence_of: Callable[[str], Occurrence | None] = _occurrence_in_utc,
         slow_flush_s: float = DEFAULT_SLOW_FLUSH_S,
-        topic_retain_s: Callable[[str], float] = _retain_nothing,
         topic_dead_retain_s: Callable[[str], float | None] = _dead_kept_for_ever,
         horizon_s: float | None = None,
     ) -> None:
@@ -134,9 +129,6 @@ class TaskTable:
         # A schedule's occurrence as its deliveries and task maps show it; the
         # engine gives its schedules' look-up, which knows each one's zone.
         self.occurrence_of = occurrence_of
-        # How long a completed task of a topic is kept when it names no
-        # ``retain`` of its own (the engine's ``topic_retain_s``).
-        self.topic_retain_s = topic_retain_s
         # How long a dead task of a topic is kept after it died (its
         # ``deadline_s``, 0: not known), in the wheel at the time it goes;
         # None: for ever (the engine's ``topic_dead_retain_s``).
@@ -320,9 +312,15 @@ class TaskTable:
         """An ack or a delivery: ``done`` and kept for the task's ``retain``
         seconds (its own, else its topic's), else ``gone``. A gone task keeps
         its completion in memory for the ``wait`` calls it answers."""
+        # Most tasks: no retain of their own (no completion), none of their
+        # topic's (no settings applied), no wait on any task: gone at once,
+        # for two look-ups that miss.
+        if task.completion is None and not self.watches and task.topic not in self.topics.applied:
+            self.move(task, event, GONE)
+            return
         retain_s = self.retain_of(task)
         if retain_s <= 0 and not (self.watches and task.id in self.watches):
-            self.move(task, event, GONE)  # most tasks: as before, nothing more to keep
+            self.move(task, event, GONE)  # nothing more to keep
             return
         own_s = None if task.completion is None else task.completion.retain_s
         completion = Completion(own_s, now_s, outcome, result_packed)
@@ -335,7 +333,7 @@ class TaskTable:
         """How long ``task`` is kept once done: its own ``retain``, else its topic's."""
         done = task.completion
         own_s = None if done is None else done.retain_s
-        return self.topic_retain_s(task.topic) if own_s is None else own_s
+        return self.topics.of(task.topic).retain if own_s is None else own_s
 
     # -- blocked waits -------------------------------------------------------
 

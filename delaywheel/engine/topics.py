@@ -157,25 +157,26 @@ class TopicTable:
         # holds, as it published them (ha/topics.py), and their records as read.
         self.elsewhere: dict[str, TopicSettings] = {}
         self._elsewhere_records: dict[str, bytes] = {}
-        # What this node applies: its own, else learned (one look-up on an ack).
-        self._applied: dict[str, TopicSettings] = {}
+        # What this node applies: its own, else learned; a topic of the
+        # defaults is not in it (an ack looks here, and most miss).
+        self.applied: dict[str, TopicSettings] = {}
         # Called with a topic and its settings before and after, each time what
         # this node applies to the topic changes (flow control's, dead tasks').
         self._changed = changed
 
     def of(self, topic: str) -> TopicSettings:
         """The settings this node applies to ``topic``: its own, else learned."""
-        return self._applied.get(topic, DEFAULTS)
+        return self.applied.get(topic, DEFAULTS)
 
     def _apply(self, topic: str) -> None:
         """``topic``'s applied settings anew, from the held and the learned;
         the change, if any, to ``changed``."""
-        before = self._applied.get(topic, DEFAULTS)
+        before = self.applied.get(topic, DEFAULTS)
         after = self.settings.get(topic) or self.elsewhere.get(topic) or DEFAULTS
         if after == DEFAULTS:
-            self._applied.pop(topic, None)
+            self.applied.pop(topic, None)
         else:
-            self._applied[topic] = after
+            self.applied[topic] = after
         if after != before:
             self._changed(topic, before, after)
 

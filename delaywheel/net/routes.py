@@ -103,15 +103,21 @@ def _positional(
     ``now_s`` after them when the handler takes it (a verb whose outcome
     depends on the time)."""
     most = len(names)
+    least = most - optional
+    left_out = (None,) * optional  # the optional params when none is sent
 
     def timed(conn: Connection, params: list[Any], now_s: float) -> Any:
         if len(params) == most:  # the common case, without building a new list
             return handler(*params, now_s)
+        if len(params) == least:  # no optional one (an ack without a result): each None
+            return handler(*params, *left_out, now_s)
         return handler(*validate.params(method, params, *names, optional=optional), now_s)
 
     def untimed(conn: Connection, params: list[Any], _now_s: float) -> Any:
         if len(params) == most:
             return handler(*params)
+        if len(params) == least:
+            return handler(*params, *left_out)
         return handler(*validate.params(method, params, *names, optional=optional))
 
     return timed if "now_s" in inspect.signature(handler).parameters else untimed
