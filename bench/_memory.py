@@ -39,26 +39,52 @@ def memory(section: Section, directory: Path, beanstalkd: bool) -> None:
     with the default horizon a task due in a day is kept in the store alone
     (docs/performance.md, "The horizon at 10 million tasks")."""
     count = section.plan.memory_tasks
-    figures = section.figures
     progress(f"memory: {count:,} tasks due in a day, memory store")
-    with server_process("memory://", args=HELD) as (pid, address):
+    added = added_per_task("memory://", count)
+    progress(f"memory: {count:,} tasks added on SQLite, then loaded by a fresh server")
+    loaded_url = f"sqlite:///{directory / 'loaded.db'}"
+    added_sqlite = added_per_task(loaded_url, count)
+    loaded = loaded_per_task(loaded_url, f"sqlite:///{directory / 'empty.db'}", count)
+    section.figures += _our_figures(added, added_sqlite, loaded)
+    if not beanstalkd:
+        return
+    progress(f"memory: {count:,} beanstalkd jobs with delay {DAY_S:,}")
+    theirs = beanstalkd_per_job(count)
+    section.figures += _beside_beanstalkd(added, added_sqlite, loaded, theirs)
+
+
+def added_per_task(url: str, count: int) -> float:
+    """The RSS growth per task of a server on ``url`` over adding ``count`` tasks."""
+    with server_process(url, args=HELD) as (pid, address):
         before = settled_rss(pid, address)
         with pinned([pid]):  # only for speed: the RSS does not depend on it
             add_tasks(address, count, TOPIC, DAY_S)
-        added = (rss_bytes(pid) - before) / count
-    progress(f"memory: {count:,} tasks added on SQLite, then loaded by a fresh server")
-    loaded_url = f"sqlite:///{directory / 'loaded.db'}"
-    with server_process(loaded_url, args=HELD) as (pid, address):
-        before = settled_rss(pid, address)
-        with pinned([pid]):
-            add_tasks(address, count, TOPIC, DAY_S)
-        added_sqlite = (rss_bytes(pid) - before) / count
+        return (rss_bytes(pid) - before) / count
+
+
+def loaded_per_task(loaded_url: str, empty_url: str, count: int) -> float:
+    """The RSS per task of a fresh server on ``loaded_url`` (``count`` tasks),
+    less that of one on an empty store."""
     with server_process(loaded_url, args=HELD) as (pid, address):
         loaded_rss = settled_rss(pid, address)
-    with server_process(f"sqlite:///{directory / 'empty.db'}", args=HELD) as (pid, address):
+    with server_process(empty_url, args=HELD) as (pid, address):
         empty_rss = settled_rss(pid, address)
-    loaded = (loaded_rss - empty_rss) / count
-    figures += [
+    return (loaded_rss - empty_rss) / count
+
+
+def beanstalkd_per_job(count: int) -> float:
+    """beanstalkd's RSS growth per job over putting ``count`` jobs due in a day."""
+    with private_beanstalkd() as (pid, address):
+        with bs_client(address) as client:
+            client.put(BODY)  # the connection's buffers, before the baseline
+        before = rss_bytes(pid)
+        with pinned([pid]):
+            put_jobs(address, count, TOPIC, DAY_S)
+        return (rss_bytes(pid) - before) / count
+
+
+def _our_figures(added: float, added_sqlite: float, loaded: float) -> list[Figure]:
+    return [
         Figure(
             "memory_added_bytes",
             "memory per task, added",
@@ -81,17 +107,13 @@ def memory(section: Section, directory: Path, beanstalkd: bool) -> None:
             note="fresh server on the SQLite file, less one on an empty file",
         ),
     ]
-    if not beanstalkd:
-        return
-    progress(f"memory: {count:,} beanstalkd jobs with delay {DAY_S:,}")
-    with private_beanstalkd() as (pid, address):
-        with bs_client(address) as client:
-            client.put(BODY)  # the connection's buffers, before the baseline
-        before = rss_bytes(pid)
-        with pinned([pid]):
-            put_jobs(address, count, TOPIC, DAY_S)
-        theirs = (rss_bytes(pid) - before) / count
-    figures += [
+
+
+def _beside_beanstalkd(
+    added: float, added_sqlite: float, loaded: float, theirs: float
+) -> list[Figure]:
+    """beanstalkd's figure, and ours over it (each at most 1 is the target)."""
+    return [
         Figure("bs_memory_bytes", "beanstalkd memory per job", theirs, "B/job"),
         ratio_figure(
             "memory_added_vs_bs",

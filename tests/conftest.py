@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -27,6 +28,9 @@ from suites import pytest_runtest_makereport as pytest_runtest_makereport
 from suites import pytest_runtest_protocol as pytest_runtest_protocol
 from suites import pytest_runtest_setup as pytest_runtest_setup
 from suites import pytest_terminal_summary as pytest_terminal_summary
+
+if TYPE_CHECKING:
+    from redisfarm import SentinelFarm
 
 # ---------------------------------------------------------------------------
 # Redis: one private redis-server per test session (owner: store)
@@ -357,4 +361,48 @@ def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tasks.db'}"
     url: str = request.getfixturevalue("redis_url")
+    return url
+
+
+# -- each store, empty: the store's conformance suite and the horizon's (owner: store)
+
+# The stores a test taking `store_url` runs on, unless its module names its own
+# `STORE_KINDS` (test_store.py adds Sentinel, whose farm is its module's).
+STORE_KINDS = (
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+)
+SENTINEL_DB = 2  # the Sentinel farm's database a `redis-sentinel` store uses
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "store_url" in metafunc.fixturenames:
+        stores = getattr(metafunc.module, "STORE_KINDS", STORE_KINDS)
+        metafunc.parametrize("store_url", stores, indirect=True)
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store of each kind, empty: memory, SQLite, a private Redis (a database
+    of its own), a Redis Cluster (flushed; every script must be legal there)
+    and, where the module lists it, Sentinel (its `module_sentinels` farm's
+    database, flushed)."""
+    kind = request.param
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"  # tmp_path is absolute: four slashes
+    if kind == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        return cluster.far_node_url("{delaywheel}:meta")
+    if kind == "redis-sentinel":
+        farm: SentinelFarm = request.getfixturevalue("module_sentinels")
+        with farm.current_primary().client(SENTINEL_DB) as client:
+            client.flushdb()
+        hosts = ",".join(f"{host}:{port}" for host, port in farm.sentinel_addresses)
+        return f"redis+sentinel://{hosts}/dwmaster/{SENTINEL_DB}"
+    url: str = request.getfixturevalue("redis_url")  # only redis tests start Redis
     return url

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import RedisCluster
 from delaywheel_client.aio import AsyncClient
 from delaywheel_client.partitions import partition_of
 from hypothesis import settings
@@ -35,29 +34,6 @@ HORIZON_S = 60.0  # the watermark starts at T0 + 75 (1.25 horizons)
 WHEEL: dict[str, Any] = {"slots": 10, "tick_s": 1.0}
 IDS = st.sampled_from([f"k{i}" for i in range(6)])
 DELAYS = st.sampled_from([1.0, 10.0, 50.0, 74.0, 76.0, 100.0, 300.0, 1000.0])
-
-
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis-cluster", marks=pytest.mark.redis),
-    ]
-)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Each store with a far tier, empty: memory, SQLite, a private Redis (its
-    database flushed) and a Redis Cluster (every script must be legal there)."""
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/h.db"
-    if request.param == "redis-cluster":
-        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        cluster.flush()
-        return cluster.far_node_url("{delaywheel}:meta")
-    url: str = request.getfixturevalue("redis_url")
-    return url
 
 
 async def call(engine: Engine, verb: Callable[[], T]) -> T:

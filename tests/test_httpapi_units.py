@@ -15,7 +15,8 @@ from delaywheel.engine import validate
 from delaywheel.errors import RequestError
 from delaywheel.httpapi import schemas
 from delaywheel.httpapi.openapi import document, error_statuses
-from delaywheel.httpapi.operations import NOT_OPERATIONS, OPERATIONS, Inputs
+from delaywheel.httpapi.operation import Inputs
+from delaywheel.httpapi.operations import NOT_OPERATIONS, OPERATIONS
 from delaywheel.httpapi.problems import STATUS_OF_CODE, status_of
 from delaywheel.httpapi.values import (
     BadInput,

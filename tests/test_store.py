@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 import pytest
 import redis
 import redis.asyncio
+from conftest import STORE_KINDS as CONFTEST_STORE_KINDS
 from conftest import RedisCluster, RedisServer, free_port
 from helpers import load_all, run
 
@@ -58,7 +59,6 @@ async def opened(url: str) -> Store:
 # Conformance: every store
 # ---------------------------------------------------------------------------
 
-SENTINEL_DB = 2
 pytest_plugins = ("redisfarm",)
 
 
@@ -71,32 +71,9 @@ def module_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Senti
         yield farm
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis-cluster", marks=pytest.mark.redis),
-        pytest.param("redis-sentinel", marks=pytest.mark.redis),
-    ]
-)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/store.db"  # tmp_path is absolute: four slashes
-    if request.param == "redis-cluster":
-        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        cluster.flush()
-        return cluster.far_node_url("{delaywheel}:meta")
-    if request.param == "redis-sentinel":
-        farm: SentinelFarm = request.getfixturevalue("module_sentinels")
-        with farm.current_primary().client(SENTINEL_DB) as client:
-            client.flushdb()
-        hosts = ",".join(f"{host}:{port}" for host, port in farm.sentinel_addresses)
-        return f"redis+sentinel://{hosts}/dwmaster/{SENTINEL_DB}"
-    url: str = request.getfixturevalue("redis_url")  # only redis tests start Redis
-    return url
+# Every store the conformance tests run on: conftest.py's, and Sentinel
+# (conftest.py's `store_url` makes each).
+STORE_KINDS = (*CONFTEST_STORE_KINDS, pytest.param("redis-sentinel", marks=pytest.mark.redis))
 
 
 def test_empty_store_loads_nothing(store_url: str) -> None:

@@ -95,6 +95,19 @@ class TaskTable:
         topic_dead_retain_s: Callable[[str], float | None] = _dead_kept_for_ever,
         horizon_s: float | None = None,
     ) -> None:
+        self._make_containers(slots, tick_s, now_s)
+        self._make_store_side(store, slow_flush_s, horizon_s)
+        self._make_id_source()
+        self._keep_what_the_engine_gives(
+            ownership, occurrence_of, topic_retain_s, topic_dead_retain_s
+        )
+        # Blocked ``wait`` calls by task id, answered when the task reaches
+        # a state in FINAL (``_answer_watches``).
+        self.watches: dict[str, list[Watch]] = {}
+        self._make_topic_settings()
+
+    def _make_containers(self, slots: int, tick_s: float, now_s: float) -> None:
+        """The places a task lives in memory, and its counts."""
         self.wheel = TimingWheel(slots=slots, tick_s=tick_s, now_s=now_s)
         self.queues = Queues()
         # Due targeted tasks waiting for their destination's turn: delayed,
@@ -109,6 +122,9 @@ class TaskTable:
         # For metrics, read only when scraped (delaywheel.tallies): events
         # counted where each is handled.
         self.events = EventCounts()
+
+    def _make_store_side(self, store: Store, slow_flush_s: float, horizon_s: float | None) -> None:
+        """The store's side: the far tier beyond the horizon, the journal that writes."""
         # Delayed tasks beyond --horizon: only in the store (engine/horizon.py).
         self.horizon = Horizon(self, store, horizon_s)
         self.journal = Journal(
@@ -117,12 +133,24 @@ class TaskTable:
             slow_flush_s=slow_flush_s,
             tiering=self.horizon if self.horizon.on else None,
         )
+
+    def _make_id_source(self) -> None:
+        """Where the ids the server makes (``create``) come from."""
         # Server-made ids: a random per-process prefix and a counter (unique
         # across restarts without a round trip, and cheap to make). 40 bits in
         # base32 are 8 characters, so ids stay within 15 up to 0xfffffff tasks:
         # a str object of 64 bytes, not the 80 that a 17-character id takes.
         self._id_prefix = base64.b32encode(os.urandom(5)).decode().lower()
         self._id_counter = count(1)
+
+    def _keep_what_the_engine_gives(
+        self,
+        ownership: Ownership | None,
+        occurrence_of: Callable[[str], Occurrence | None],
+        topic_retain_s: Callable[[str], float],
+        topic_dead_retain_s: Callable[[str], float | None],
+    ) -> None:
+        """The engine's rules: which ids are served here, occurrences, retention."""
         # Which ids this node serves (ha/ownership.py), so that server-made ids
         # fall in a partition it serves.
         self.ownership = WholeKeyspace() if ownership is None else ownership
@@ -133,9 +161,8 @@ class TaskTable:
         # ``deadline_s``, 0: not known), in the wheel at the time it goes;
         # None: for ever (the engine's ``topic_dead_retain_s``).
         self.topic_dead_retain_s = topic_dead_retain_s
-        # Blocked ``wait`` calls by task id, answered when the task reaches
-        # a state in FINAL (``_answer_watches``).
-        self.watches: dict[str, list[Watch]] = {}
+
+    def _make_topic_settings(self) -> None:
         # Topic settings and what they hold back (engine/topics.py, engine/flow.py).
         self.flow = Flow(self.counts, self._basis)
         self.topics = TopicTable(self.journal, self._check_served, self._topic_changed)

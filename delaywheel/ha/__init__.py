@@ -11,6 +11,8 @@
 - ``failover``: after a Sentinel failover, which partitions may still be served.
 - ``topics``: the topic settings each owner publishes and every node reads.
 - ``coordinator``: the node's rounds: claim, load, serve, hand back, drop.
+- ``losses``: partitions dropped at once (a lease lost, a write refused, a
+  failover), one log line per kind.
 
 Below the engine: the coordinator asks of it only what ``coordinator.Host``
 names. The store's side (the partitions' keys, the fenced flush) is

@@ -51,15 +51,8 @@ on Python 3.11) swallows a cancel that lands while a command is being sent
 stop that waited on the cancelled round loop then waited for ever, while
 that loop went on running rounds (delaywheel/cancelling.py).
 
-A partition lost (the keeper's renewal was refused, or 0.8 L passed without
-one: self-fenced) or fenced (a flush was refused) is dropped at once: no
-request, tick or delivery of this node touches it after that, and the
-store refuses any flush of it still in flight.
-
-After a Sentinel failover (the store names a new primary) every owned
-partition's epoch and lease are read again on the new primary, and those
-that are not this node's as it holds them are dropped, to be acquired anew
-by the next round (ha/failover.py). One log line per failover.
+A partition lost (its lease), fenced (a flush refused) or stale after a
+Sentinel failover is dropped at once, not handed back: ha/losses.py.
 
 The coordinator sits below the engine and imports nothing of it: it asks
 the engine only what ``Host`` names, and changes what requests see through
@@ -79,8 +72,8 @@ from typing import Any, Protocol, TypeVar
 from delaywheel_client.partitions import settings_key
 
 from delaywheel.ha.assignment import moved, plan, rebalance
-from delaywheel.ha.failover import stale_partitions
 from delaywheel.ha.lease import LeaseKeeper, Leases
+from delaywheel.ha.losses import Losses
 from delaywheel.ha.membership import Membership, Record
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
@@ -95,19 +88,6 @@ log = logging.getLogger("delaywheel.cluster")
 HANDOFF_WAIT_S = 10.0
 # A stop gives up after handoff_wait_s and this many lease periods more.
 STOP_BOUND_LEASES = 3
-# Partitions lost or fenced within this of each other are one event, one log
-# line: a node woken from a pause self-fences every partition in one loop turn
-# and has its flushes in flight refused just after (one line each was 14 lines).
-GATHER_LINES_S = 0.1
-# How each kind of loss is said: (what, why).
-_LOSSES = {
-    "fenced": ("fenced partitions %s, epochs %s", "no lease renewal for 0.8 L"),
-    "lost": ("lost partitions %s, epochs %s", "a lease renewal was refused"),
-    "refused": (
-        "partitions %s fenced",
-        "a write was refused (another node owns them now)",
-    ),
-}
 
 
 def _nothing_to_rearm() -> None:
@@ -203,6 +183,17 @@ class Coordinator:
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.counts = ClusterCounts()
+        # Partitions dropped at once (lost, fenced, stale), and the store's news.
+        self.losses = Losses(
+            engine.drop_partitions,
+            keyspace,
+            sharing,
+            rights,
+            self.keeper,
+            self.leases.token,
+            self.counts,
+            lambda: self._stopping,
+        )
         keys = [names.epoch for names in layout]  # one key of each partition: its primary
         self.replicas = ReplicaWatch(
             keyspace.replicas,
@@ -216,11 +207,6 @@ class Coordinator:
         self._gave_up = False  # a hand-back whose cancel was swallowed ends on it
         self._stop_step = ""  # what a stop waits on now, for its give-up line
         self._handed_at_stop = 0  # the partitions a stop hands back, for its exit line
-        self._dropping: set[int] = set()  # lost, their tasks to be dropped next turn
-        # Losses not logged yet, by kind: (partition, epoch), said together (_say_losses).
-        self._losses: dict[str, list[tuple[int, int | None]]] = {}
-        self._failed_over_to: tuple[str, int] | None = None  # a primary not yet re-read
-        self._rereading: asyncio.Task[None] | None = None
         self._handing: set[asyncio.Task[None]] = set()  # handbacks to a joining node
         self._following: asyncio.Task[None] | None = None  # the rights' news, until stopped
 
@@ -231,7 +217,7 @@ class Coordinator:
         ``rearm`` is called after each partition's tasks come in."""
         self.rearm = rearm
         loop = asyncio.get_running_loop()
-        self._following = loop.create_task(self._follow_the_store())
+        self._following = loop.create_task(self.losses.follow_the_store())
         await self.leases.load()
         await self.membership.load()
         # Renewing before the first round: that round acquires and loads every
@@ -296,7 +282,7 @@ class Coordinator:
 
     async def _hand_all_back(self) -> None:
         self._stop_step = "waiting for the coordinator's round to end"
-        for task in (self._loop_task, self._rereading):
+        for task in (self._loop_task, self.losses.rereading):
             if task is not None:
                 task.cancel()  # may be swallowed: the loops end on _stopping too
                 await asyncio.wait({task})
@@ -549,101 +535,8 @@ class Coordinator:
     # -- losses ----------------------------------------------------------------
 
     def _lost(self, partition: int, epoch: int, why: str) -> None:
-        """The keeper's: the lease is gone or may be (self-fenced)."""
-        self.counts.lost += 1
-        self._note_loss(why, partition, epoch)
-        self._forget(partition)
-
-    def _note_loss(self, kind: str, partition: int, epoch: int | None) -> None:
-        if not self._losses:
-            asyncio.get_running_loop().call_later(GATHER_LINES_S, self._say_losses)
-        self._losses.setdefault(kind, []).append((partition, epoch))
-
-    def _say_losses(self) -> None:
-        """One warning per kind for the losses gathered (``GATHER_LINES_S``)."""
-        losses, self._losses = self._losses, {}
-        for kind, found in sorted(losses.items()):
-            what, why = _LOSSES.get(kind, (f"{kind} partitions %s, epochs %s", kind))
-            found.sort()
-            partitions = [p for p, _ in found]
-            epochs = [e for _, e in found]
-            shown = (partitions, epochs) if what.count("%s") == 2 else (partitions,)
-            log.warning(
-                f"{what}: %s", *shown, why,
-                extra={"partitions": partitions, "epochs": epochs, "reason": kind},
-            )  # fmt: skip
-
-    async def _follow_the_store(self) -> None:
-        """The rest of what the store reported to the rights (ha/rights.py),
-        which no longer write nor serve a refused partition."""
-        while True:
-            refused, primary = await self.rights.news()
-            try:
-                self._answer(refused, primary)
-            except Exception:  # logged, and the next news is followed all the same
-                log.exception("following the store's refusals and failovers failed")
-
-    def _answer(self, refused: list[set[int]], primary: tuple[str, int] | None) -> None:
-        dropping: set[int] = set()
-        for fenced in refused:
-            self.counts.fenced_flushes += 1
-            for partition in fenced:
-                self._note_loss("refused", partition, None)
-                self.keeper.forget(partition)
-            dropping |= fenced
-        if dropping:  # a loop turn after the journal rolled their lanes back
-            self.engine.drop_partitions(dropping)
-        if primary is not None:
-            self._primary_changed(*primary)
-
-    def _primary_changed(self, host: str, port: int) -> None:
-        """The store's news: Sentinel names a new primary. Its epochs are read in a task
-        (one at a time; a failover during the read is read again after it)."""
-        self._failed_over_to = (host, port)
-        if not self._stopping and (self._rereading is None or self._rereading.done()):
-            self._rereading = asyncio.get_running_loop().create_task(self._reread_epochs())
-
-    async def _reread_epochs(self) -> None:
-        topology = self.keyspace.topology
-        while (address := self._failed_over_to) is not None:
-            self._failed_over_to = None
-            held = self.keeper.held
-            why = ""
-            try:
-                stale = await stale_partitions(
-                    topology, address, self.keyspace.layout, held, self.leases.token
-                )
-            except Exception as exc:  # unread is untrusted: drop them all
-                stale, why = set(held), f" (the read failed: {exc!r})"
-            for partition in sorted(stale):
-                if self.keeper.held.get(partition) == held[partition]:  # not re-acquired meanwhile
-                    self.keeper.forget(partition)
-                    self.counts.lost += 1
-                    self._forget(partition)
-            log.warning(
-                "store failed over to %s:%d: epochs re-read, %d partitions kept, %d dropped%s",
-                *(*address, len(held) - len(stale), len(stale), why),
-                extra={
-                    "primary": f"{address[0]}:{address[1]}",
-                    "kept": len(held) - len(stale),
-                    "dropped": sorted(stale),
-                },
-            )
-
-    def _forget(self, partition: int) -> None:
-        """Stop serving and writing ``partition`` now; its tasks leave the table
-        at the next loop turn, with every other partition lost in this one, in
-        one pass (16 fence timers firing together once cost 16 passes, ten
-        seconds over 1,000,000 tasks, during which no renewal was sent)."""
-        self.sharing.unserve(partition)
-        self.keyspace.epochs.pop(partition, None)
-        if not self._dropping:
-            asyncio.get_running_loop().call_soon(self._drop_forgotten)
-        self._dropping.add(partition)
-
-    def _drop_forgotten(self) -> None:
-        dropping, self._dropping = self._dropping, set()
-        self.engine.drop_partitions(dropping)
+        """The keeper's: the lease is gone or may be (self-fenced); see ha/losses.py."""
+        self.losses.lost(partition, epoch, why)
 
     def stats(self) -> dict[str, Any]:
         return {

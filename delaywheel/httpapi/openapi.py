@@ -13,7 +13,8 @@ from typing import Any
 
 from delaywheel import __version__
 from delaywheel.httpapi import schemas
-from delaywheel.httpapi.operations import OPERATIONS, Operation
+from delaywheel.httpapi.operation import Operation
+from delaywheel.httpapi.operations import OPERATIONS
 from delaywheel.httpapi.problems import MEDIA_TYPE, TITLES
 
 PREFIX = "/v1"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import unquote
 
-from delaywheel.httpapi.operations import Operation
+from delaywheel.httpapi.operation import Operation
 
 PREFIX = "/v1"
 DOCUMENT_PATH = PREFIX + "/openapi.json"

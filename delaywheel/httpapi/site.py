@@ -35,7 +35,8 @@ from delaywheel.errors import RequestError
 from delaywheel.httpapi import openapi
 from delaywheel.httpapi.forward import ELSEWHERE, Calls
 from delaywheel.httpapi.messages import JSON, ApiRequest, Reply, json_reply
-from delaywheel.httpapi.operations import OPERATIONS, Inputs, Operation
+from delaywheel.httpapi.operation import Inputs, Operation
+from delaywheel.httpapi.operations import OPERATIONS
 from delaywheel.httpapi.problems import from_error, problem
 from delaywheel.httpapi.routes import DOCUMENT_PATH, Router
 from delaywheel.httpapi.values import BadInput

@@ -15,6 +15,8 @@ Sentinel or a Redis Cluster alike: the differences are its topology's
   itself, ``SoleOwner``, for one process alone). A change in a partition not
   in ``epochs`` is refused here, without a round trip, as the script would
   refuse it.
+- Tasks due beyond --horizon are in each partition's far tier, which the
+  flush writes and ``far_range``, ``far_get`` and ``far_counts`` read (far.py).
 
 Each partition is a lane of the journal's (``lanes``, ``lane_of``,
 ``submit_lanes``; engine/journal.py): the journal keeps at most one write
@@ -50,7 +52,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from delaywheel.store.base import (
     DEFAULT_BATCH_SIZE,
@@ -67,9 +69,9 @@ from delaywheel.store.base import (
     Unconfirmed,
     check_batch_size,
     redact_url,
-    unavailable,
 )
 from delaywheel.store.redis.client import Client, durability_warnings, replicas_warning
+from delaywheel.store.redis.far import read_by_id, read_counts, read_range
 from delaywheel.store.redis.fenced import (
     FlushOutcome,
     PartitionWrite,
@@ -266,70 +268,25 @@ class RedisStore(Store):
     async def far_range(
         self, lane: int, after: tuple[float, str] | None, before_s: float | None, limit: int
     ) -> list[FarRecord]:
-        """The partition's due zset read by score from ``after``'s (members of an
-        equal score come in id order, as Redis sorts them), then their records."""
+        """The partition's far tasks by due time, from ``after``'s (far.py)."""
         self._check_open("far_range")
         names = self.layout.partition(lane)
-        low = "-inf" if after is None else repr(after[0])
-        high = "+inf" if before_s is None else f"({before_s!r}"
-        client = self.client
-        found: list[tuple[str, float]] = []
-        offset = 0
-        try:
-            while len(found) < limit:
-                want = limit - len(found)
-                page = await client.zrangebyscore(
-                    names.due, low, high, start=offset, num=want, withscores=True
-                )
-                offset += len(page)
-                for member, score in cast(list[tuple[bytes, float]], page):
-                    task_id = member.decode()
-                    if after is None or (score, task_id) > after:
-                        found.append((task_id, float(score)))
-                if len(page) < want:
-                    break
-            if not found:
-                return []
-            records = cast(
-                list[bytes | None], await client.hmget(names.far, [key for key, _ in found])
-            )
-        except Exception as exc:
-            raise unavailable(self.url, "far_range", exc, self.topology.secrets) from exc
-        return [
-            (task_id, due_s, record)
-            for (task_id, due_s), record in zip(found, records, strict=True)
-            if record is not None
-        ]
+        topology = self.topology
+        return await read_range(
+            topology.client, names, after, before_s, limit, url=self.url, secrets=topology.secrets
+        )
 
     async def far_get(self, task_ids: Sequence[str]) -> dict[str, tuple[float, bytes]]:
         self._check_open("far_get")
-        by_partition: dict[int, list[str]] = {}
-        for task_id in task_ids:
-            by_partition.setdefault(partition_of(task_id, self.partitions), []).append(task_id)
-        found: dict[str, tuple[float, bytes]] = {}
-        try:
-            for p, ids in by_partition.items():
-                names = self.layout.partition(p)
-                records = cast(list[bytes | None], await self.client.hmget(names.far, ids))
-                for task_id, record in zip(ids, records, strict=True):
-                    if record is not None:
-                        due_s = await self.client.zscore(names.due, task_id)
-                        found[task_id] = (0.0 if due_s is None else float(due_s), record)
-        except Exception as exc:
-            raise unavailable(self.url, "far_get", exc, self.topology.secrets) from exc
-        return found
+        topology = self.topology
+        return await read_by_id(
+            topology.client, self.layout, task_ids, url=self.url, secrets=topology.secrets
+        )
 
     async def far_counts(self, lane: int) -> dict[str, int]:
         self._check_open("far_counts")
-        try:
-            counts = await self.client.hgetall(self.layout.partition(lane).far_counts)
-        except Exception as exc:
-            raise unavailable(self.url, "far_counts", exc, self.topology.secrets) from exc
-        return {
-            (topic.decode() if isinstance(topic, bytes) else topic): int(n)
-            for topic, n in counts.items()
-            if int(n) > 0
-        }
+        names, topology = self.layout.partition(lane), self.topology
+        return await read_counts(topology.client, names, url=self.url, secrets=topology.secrets)
 
     def lane_group(self, lane: int) -> object:
         """On a Cluster, the primary that serves the partition's slot now; else
