@@ -98,9 +98,7 @@ class TaskTable:
         self._make_containers(slots, tick_s, now_s)
         self._make_store_side(store, slow_flush_s, horizon_s)
         self._make_id_source()
-        self._keep_what_the_engine_gives(
-            ownership, occurrence_of, topic_retain_s, topic_dead_retain_s
-        )
+        self._keep_what_the_engine_gives(ownership, occurrence_of, topic_dead_retain_s)
         # Blocked ``wait`` calls by task id, answered when the task reaches
         # a state in FINAL (``_answer_watches``).
         self.watches: dict[str, list[Watch]] = {}
@@ -147,7 +145,6 @@ class TaskTable:
         self,
         ownership: Ownership | None,
         occurrence_of: Callable[[str], Occurrence | None],
-        topic_retain_s: Callable[[str], float],
         topic_dead_retain_s: Callable[[str], float | None],
     ) -> None:
         """The engine's rules: which ids are served here, occurrences, retention."""
