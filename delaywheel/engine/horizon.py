@@ -11,8 +11,9 @@ The pull. Before ``now + horizon`` reaches the watermark, the engine moves
 the watermark a quarter of a horizon on (first, so nothing new goes far
 below it), then reads the far tier up to it, a batch at a time (a store
 read per batch: the loop runs between them), and schedules what it read
-as a start does. Each lane (a partition on Redis) keeps the (due, id) it
-has read up to. A task is so in the wheel a horizon or more before it is
+as a start does, a slice of a batch per loop turn (paced while serving:
+``pull``). Each lane (a partition on Redis) keeps the (due, id) it has
+read up to. A task is so in the wheel a horizon or more before it is
 due: a pull held up for minutes makes nothing late.
 
 Far tasks in memory. A pulled task (or one a request brought in) stays in
@@ -49,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -68,6 +70,12 @@ log = logging.getLogger("delaywheel.horizon")
 MIN_HORIZON_S = 120.0
 # Records read from the far tier per store read (a pull, a page of list).
 PULL_BATCH = 2_000
+# Records of a pull's read brought into memory (decoded, scheduled) per loop
+# turn: about 20 us each, so a turn of a pull takes a few ms. A whole batch
+# in one turn held the loop 30-40 ms, and a stream of near tasks due
+# meanwhile was late by as much (docs/performance.md, "Lateness while the
+# far tier is pulled").
+BRING_SLICE = 200
 # Records one page of list looks at in the far tier, as over memory
 # (engine.py's LIST_SCAN_BUDGET): a filter that matches little stays bounded.
 LIST_SCAN_BUDGET = 20_000
@@ -366,34 +374,47 @@ class Horizon:
 
     async def _pull_in_background(self, now_s: float) -> None:
         try:
-            await self.pull(now_s)
+            await self.pull(now_s, paced=True)
         except Exception as exc:  # the store is down: the next tick tries again
             log.warning("pulling far tasks failed: %s", exc)
         finally:
             self.pulling = None
             self._next_pull()
 
-    async def pull(self, now_s: float) -> int:
+    async def pull(self, now_s: float, paced: bool = False) -> int:
         """Move the watermark to ``now + 1.25 horizon`` and read every lane's far
-        tier up to it. Returns how many tasks came into memory."""
+        tier up to it. Returns how many tasks came into memory. ``paced`` (a
+        pull while serving): the loop is left free between slices as long as
+        each took, so a pull takes at most half of it (it has a quarter of a
+        horizon to finish; a start has none and is not paced)."""
         self.watermark_s = max(self.watermark_s, now_s + 1.25 * self.horizon_s)
         pulled = 0
         for lane in sorted(self.read_to):
-            pulled += await self._pull_lane(lane)
+            pulled += await self._pull_lane(lane, paced)
         return pulled
 
-    async def _pull_lane(self, lane: int) -> int:
-        pulled = 0
+    async def _pull_lane(self, lane: int, paced: bool = False) -> int:
+        pulled, pause_s = 0, 0.0
         while lane in self.read_to:
             after, to_s = self.read_to[lane], self.watermark_s
             token = self._read_started()
             try:
                 records = await self.store.far_range(lane, after, to_s, PULL_BATCH)
-                if lane not in self.read_to:
-                    break  # dropped meanwhile (a partition handed over)
                 # A record changed meanwhile is in memory, or gone, or beyond
                 # the watermark now (engine/horizon.py's docstring): skipped.
-                pulled += len(self._bring(records, self.reads[token]))
+                # BRING_SLICE records per loop turn, the loop free between.
+                for start in range(0, len(records), BRING_SLICE):
+                    if start or paced:
+                        await asyncio.sleep(pause_s)
+                    if lane not in self.read_to:
+                        return pulled  # dropped meanwhile (a partition handed over)
+                    started_s = time.perf_counter()
+                    chunk = records[start : start + BRING_SLICE]
+                    pulled += len(self._bring(chunk, self.reads[token]))
+                    if paced:
+                        pause_s = time.perf_counter() - started_s
+                if lane not in self.read_to:
+                    break
             finally:
                 self._read_ended(token)
             if records:
