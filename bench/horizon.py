@@ -120,7 +120,9 @@ class Server:
         if self.tree is not None:
             python, cwd = str(self.tree / ".venv" / "bin" / "python"), self.tree
         command = [python, "-m", "delaywheel", "serve", "--port", "0"]
-        command += ["--store", self.store_url, "--max-connections-per-address", "10000"]
+        command += ["--store", self.store_url]
+        if knows_option(self.tree, "--max-connections-per-address"):  # 24aa740 does not
+            command += ["--max-connections-per-address", "10000"]
         found = threading.Event()
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -176,10 +178,15 @@ def running(tree: Path | None, store_url: str, args: Sequence[str] = ()) -> Iter
         server.stop()
 
 
+def knows_option(tree: Path | None, option: str) -> bool:
+    """Whether the tree's server takes ``option`` (an older tree may not)."""
+    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
+    return f'"{option}"' in serve.read_text()
+
+
 def knows_horizon(tree: Path | None) -> bool:
     """Whether the tree's server takes ``--horizon`` (the tree before it does not)."""
-    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
-    return '"--horizon"' in serve.read_text()
+    return knows_option(tree, "--horizon")
 
 
 def tree_name(tree: Path | None) -> str:

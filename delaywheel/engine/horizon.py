@@ -320,11 +320,18 @@ class Horizon:
     def _bring(self, records: list[FarRecord], since: int) -> list[Task]:
         """Far records into memory, scheduled as a start schedules them, unless
         memory has the id, or a write changed its far record after write
-        ``since`` (the read may have seen it before)."""
+        ``since`` (the read may have seen it before), or its lane is not read
+        here (any more: a partition handed back meanwhile).
+
+        The lane, not the node's ownership: a takeover reads a partition's far
+        tier while loading it, before the node serves it, and a record left
+        out then was never read again (read_to had passed it): a node killed
+        with -9 had its far tasks due within the horizon never fired by the
+        node that took its partitions over (test_horizon_process)."""
         changed = self.changed
         table = self.table
         by_id, journal = table.index.by_id, table.journal
-        ownership = table.ownership
+        read_to, lane_of = self.read_to, self.lane_of
         brought: list[Task] = []
         for task_id, _, record in records:
             if (
@@ -332,7 +339,7 @@ class Horizon:
                 or task_id in self.unconfirmed
                 or changed.get(task_id, -1) > since
                 or journal.touches(task_id)
-                or (not ownership.owns_all and not ownership.owns(task_id))
+                or lane_of(task_id) not in read_to
             ):
                 continue
             try:
