@@ -102,6 +102,18 @@ async def fire_until(engine: Engine, start_s: float, end_s: float) -> list[tuple
     return fired
 
 
+async def added_many(engine: Engine, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``add_many`` as a connection answers it: its reply once its write is
+    durable, or the write's error (``exists`` for a blind put refused)."""
+    added = await call(engine, lambda: engine.add_many(tasks, T0))
+    wait = engine.journal.pending()
+    await engine.journal.drain()
+    if wait is not None and wait.error is not None:
+        error = wait.error
+        raise RequestError(getattr(error, "reply_code", "unavailable"), str(error))
+    return added
+
+
 def in_memory(engine: Engine) -> int:
     return len(engine.table.index)
 
@@ -201,12 +213,7 @@ def test_each_verb_on_a_far_a_near_and_across(store_url: str) -> None:
         assert in_memory(engine) == 1  # far2 alone, near went far
         # add_many naming a far id: exists, and nothing added.
         with pytest.raises(RequestError) as raised:
-            await call(
-                engine,
-                lambda: engine.add_many(
-                    [{"id": "m1", "topic": "t"}, {"id": "far5", "topic": "t"}], T0
-                ),
-            )
+            await added_many(engine, [{"id": "m1", "topic": "t"}, {"id": "far5", "topic": "t"}])
         assert raised.value.code == "exists"
         assert await call(engine, lambda: engine.get("m1")) is None
         # Everything fires once, on time: far2 at 3, far at 500, far5 at 500, ...
@@ -712,6 +719,52 @@ def test_a_handover_forgets_far_counts_a_step_per_topic(redis_url: str) -> None:
         assert (stats["tasks"], stats["wheel"]["far"], stats["states"]["delayed"]) == (0, 0, 0)
         assert stats["topics"] == {}
         assert took_s < 0.5, took_s  # a step per far task took 9.1 s here
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_add_many_of_an_id_only_the_far_tier_holds_answers_exists_from_its_write(
+    store_url: str,
+) -> None:
+    """``add_many`` naming an id that only the far tier holds needs no read of
+    the store: its tasks are put blind, together, in the write that answers
+    it (``exists`` for that id, by its index, and none of the batch put); a
+    batch of ids the store does not hold is added by the same one write."""
+
+    async def main() -> None:
+        store = open_store(store_url)
+        await store.open()
+        engine = await started(store)
+        add(engine, "far", 500)
+        await engine.journal.drain()
+        assert in_memory(engine) == 0 and engine.horizon.far_total == 1
+        # On Redis, ids of far's partition (a group is one partition's write),
+        # and no id made by the server (it may fall in any partition served).
+        lane_of, lanes = engine.horizon.lane_of, engine.horizon.lanes
+        m1, m2 = [name for n in range(2000) if lane_of(name := f"m{n}") == lane_of("far")][:2]
+        made = [{"topic": "t"}] if lanes == 1 else [{"id": m2, "topic": "t"}]
+        batch = [{"id": m1, "topic": "t"}, {"id": "far", "topic": "t"}, *made]
+        engine.add_many(batch, T0)  # no NeedsStore: nothing to read first
+        wait = engine.journal.pending()
+        assert wait is not None
+        await engine.journal.drain()
+        assert wait.error is not None
+        assert str(wait.error) == "task 1: a task with id 'far' already exists"
+        assert engine.horizon.fetched == [] and not engine.horizon.unconfirmed
+        stats = engine.stats(T0)
+        assert (stats["tasks"], stats["wheel"]["far"], engine.events.added) == (1, 1, 1)
+        for name in (m1, m2):
+            assert await call(engine, lambda name=name: engine.get(name)) is None
+        assert (await call(engine, lambda: engine.get("far")))["at"] == T0 + 500  # type: ignore[index]
+        # The batch without the far id: one write adds the others.
+        added = engine.add_many([batch[0], *made], T0)
+        wait = engine.journal.pending()
+        await engine.journal.drain()
+        assert wait is not None and wait.error is None
+        assert in_memory(engine) == 2 and engine.stats(T0)["tasks"] == 3
+        fired = [name for _, name in await fire_until(engine, T0, T0 + 501)]
+        assert sorted(fired) == sorted(["far", *(task["id"] for task in added)])
         await store.close()
 
     asyncio.run(main())

@@ -31,7 +31,10 @@ nothing lets them go again (``settle``). ``add`` of such an id needs no
 read: its put is *blind* (``Tiers.blind``), made only if the store holds
 no task of that id, and the task joins memory once the write says it did;
 its reply waits on a ``BlindWait``, which answers ``exists`` for a put the
-store refused. ``list`` pages over memory first, then over the far tier
+store refused. ``add_many`` naming such ids puts all its tasks blind, as one
+group (``Tiers.groups``) that the store puts whole or not at all (``together``
+says when: one lane, no change of those ids pending), so it needs no read
+either; else it reads first (``misses``). ``list`` pages over memory first, then over the far tier
 (a cursor ``f...``: see ``list_page``).
 
 Counts. The far tier's tasks stay counted in the task table's counts (as
@@ -112,8 +115,11 @@ class Horizon:
         # In memory and in the far tier: id -> (topic held under, bring number).
         self.far_ids: dict[str, tuple[str, int]] = {}
         self.brought = 0  # bring numbers: list's far pages leave out earlier ones
-        # Blind adds whose write has not returned: id -> task.
+        # Blind adds whose write has not returned: id -> task; the group of
+        # those an add_many made (Tiers.groups), and the last group's number.
         self.unconfirmed: dict[str, Task] = {}
+        self.groups: dict[str, str] = {}
+        self.group_count = 0
         # Ids a fetch found absent, for the request run again; tasks it brought.
         self.checked: set[str] = set()
         self.fetched: list[Task] = []
@@ -149,13 +155,15 @@ class Horizon:
             for task_id in far_ids.keys() & set(records):
                 tiers.was_far[task_id] = far_ids[task_id][0]
         if marked:
-            watermark_s, unconfirmed = self.watermark_s, self.unconfirmed
+            watermark_s, unconfirmed, groups = self.watermark_s, self.unconfirmed, self.groups
             for task_id, task in tasks.items():
                 far = task.state == DELAYED and task.at_s >= watermark_s
                 if far and not task_id.startswith("s:"):
                     tiers.far[task_id] = (task.at_s, task.topic)
                 if unconfirmed.get(task_id) is task:
                     tiers.blind.add(task_id)
+                    if groups and task_id in groups:
+                        tiers.groups[task_id] = groups[task_id]
         return tiers if tiers else None
 
     def written(
@@ -174,11 +182,12 @@ class Horizon:
                 self.changed[task_id] = self.writes
         for task_id in tiers.was_far:
             far_ids.pop(task_id, None)
-        conflicts = tiers.conflicts
+        conflicts = tiers.refused(tiers.conflicts)  # an add_many's refused whole
         for task_id in tiers.blind:
             task = tasks[task_id]
             if self.unconfirmed.get(task_id) is task:
                 del self.unconfirmed[task_id]
+                self.groups.pop(task_id, None)
             if task_id in conflicts:
                 table.events.added -= 1
                 continue
@@ -205,6 +214,7 @@ class Horizon:
         if tiers is not None:
             for task_id in tiers.blind:
                 self.unconfirmed.pop(task_id, None)
+                self.groups.pop(task_id, None)
 
     def _forget(self, task: Task) -> None:
         """A task the far tier holds as it is: out of memory, still counted."""
@@ -246,6 +256,35 @@ class Horizon:
             and task_id not in self.checked
             and not task_id.startswith("s:")
         )
+
+    def together(self, task_ids: list[str], server_made: bool) -> bool | None:
+        """How ``add_many`` adds tasks with ``task_ids`` given (and others whose
+        ids the server makes, if ``server_made``): None, as ever (the far tier
+        holds none of them); True, blind and together, one group the store
+        puts whole or not at all (no read); False: the store is read first
+        (``misses``), when one of the ids has a blind add in flight (its
+        answer comes first) or a change pending (memory knew it: the batch
+        may hold its removal), or the tasks may span lanes (a group is one
+        partition's write)."""
+        if not any(map(self.may_hold, task_ids)):
+            return None
+        touches = self.table.journal.touches
+        if any(task_id in self.unconfirmed or touches(task_id) for task_id in task_ids):
+            return False
+        if self.lanes > 1:
+            lane_of = self.lane_of
+            if server_made or len({lane_of(task_id) for task_id in task_ids}) > 1:
+                return False
+        return True
+
+    def new_group(self, tasks: list[Task]) -> None:
+        """``tasks`` (an add_many's, not yet journaled) are blind adds of one group."""
+        self.group_count += 1
+        group = str(self.group_count)
+        unconfirmed, groups = self.unconfirmed, self.groups
+        for task in tasks:
+            unconfirmed[task.id] = task
+            groups[task.id] = group
 
     def misses(self, task_ids: Iterable[str]) -> None:
         """``miss`` for several ids at once (``add_many``): one fetch for all."""

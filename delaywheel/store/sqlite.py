@@ -285,13 +285,14 @@ class SqliteStore(Store):
                     or conn.execute("SELECT 1 FROM far WHERE id = ?", (task_id,)).fetchone()
                 ):
                     conflicts.add(task_id)
+            refused = tiers.refused(conflicts)
             left: dict[str, int] = {}
             for task_id, topic in tiers.was_far.items():
-                if task_id not in conflicts and conn.execute(_FAR_REMOVE, (task_id,)).rowcount:
+                if task_id not in refused and conn.execute(_FAR_REMOVE, (task_id,)).rowcount:
                     left[topic] = left.get(topic, 0) - 1
             puts, removes, far_puts = [], [], []
             for task_id, record in changes.items():
-                if task_id in conflicts:
+                if task_id in refused:
                     continue
                 if record is None:
                     removes.append((task_id,))
