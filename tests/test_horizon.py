@@ -440,6 +440,8 @@ def test_over_the_wire_far_tasks_answer_as_near_ones() -> None:
                 pipe.update("f5", delay=2000)
                 pipe.delete("nothing")
                 pipe.add("t", "dup", id="f6")
+                pipe.add_many([{"topic": "t", "id": "n1"}, {"topic": "t", "id": "f7"}])
+                pipe.get("n1")
                 answers = await pipe.execute(raise_on_error=False)
                 assert answers[0] is True
                 assert answers[1]["id"] == "f4"
@@ -447,6 +449,10 @@ def test_over_the_wire_far_tasks_answer_as_near_ones() -> None:
                 assert answers[3]["at"] > time.time() + 1500
                 assert answers[4] is False
                 assert getattr(answers[5], "code", None) == "exists"
+                # add_many: blind and together, exists from its write, none put.
+                assert getattr(answers[6], "code", None) == "exists"
+                assert "task 1: a task with id 'f7' already exists" in str(answers[6])
+                assert answers[7] is None
                 seen = [task["id"] async for task in client.iter_tasks()]
                 assert sorted(seen) == sorted(f"f{i}" for i in range(20))
                 stats = await client.stats()
