@@ -18,7 +18,8 @@ the exec to the ``listening`` line, to the first ``stats`` answered, and to
 the first ``get`` of a task of the fill answered, and the RSS once it
 answered. Restart figures are the median of the restarts, every run listed.
 
-**Lateness while the far tier is pulled.** A server on a fresh SQLite file
+**Lateness while the far tier is pulled.** A server on a fresh SQLite file (or,
+with ``--lateness-store redis``, a private redis-server, AOF off)
 with ``--tick 0.01`` and, on a tree that has it, ``--horizon 2m``:
 ``far_tasks`` tasks of another topic are added first, due uniformly over
 ``FAR_SPAN_S`` from ``FAR_LEAD_S`` after the fill starts, so that from then
@@ -119,7 +120,9 @@ class Server:
         if self.tree is not None:
             python, cwd = str(self.tree / ".venv" / "bin" / "python"), self.tree
         command = [python, "-m", "delaywheel", "serve", "--port", "0"]
-        command += ["--store", self.store_url, "--max-connections-per-address", "10000"]
+        command += ["--store", self.store_url]
+        if knows_option(self.tree, "--max-connections-per-address"):  # 24aa740 does not
+            command += ["--max-connections-per-address", "10000"]
         found = threading.Event()
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -175,10 +178,15 @@ def running(tree: Path | None, store_url: str, args: Sequence[str] = ()) -> Iter
         server.stop()
 
 
+def knows_option(tree: Path | None, option: str) -> bool:
+    """Whether the tree's server takes ``option`` (an older tree may not)."""
+    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
+    return f'"{option}"' in serve.read_text()
+
+
 def knows_horizon(tree: Path | None) -> bool:
     """Whether the tree's server takes ``--horizon`` (the tree before it does not)."""
-    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
-    return '"--horizon"' in serve.read_text()
+    return knows_option(tree, "--horizon")
 
 
 def tree_name(tree: Path | None) -> str:
@@ -426,13 +434,26 @@ def stream(address: Address, stream_s: float) -> list[float]:
     return lateness
 
 
-def lateness(tree: Path | None, directory: Path, plan: Plan) -> list[Figure]:
-    db = directory / "lateness.db"
+def lateness(tree: Path | None, directory: Path, plan: Plan, store: str = "sqlite") -> list[Figure]:
     args = ["--tick", "0.01"]
     horizon = knows_horizon(tree)
     if horizon:
         args += ["--horizon", LATENESS_HORIZON]
-    with running(tree, f"sqlite:///{db}", args) as server:
+    with contextlib_redis(store, directory) as redis_url:
+        if store == "redis":
+            if redis_url is None:
+                progress("no redis-server installed: the lateness on Redis skipped")
+                return []
+            url = redis_url
+        else:
+            url = f"sqlite:///{directory / 'lateness.db'}"
+        return _lateness(tree, url, args, horizon, plan, store)
+
+
+def _lateness(
+    tree: Path | None, url: str, args: list[str], horizon: bool, plan: Plan, store: str
+) -> list[Figure]:
+    with running(tree, url, args) as server:
         fill_started_s = time.time()
         progress(f"lateness: {plan.far_tasks:,} tasks due from {FAR_LEAD_S:.0f} s on")
         fill(server.address, plan.far_tasks, "far", fill_started_s + FAR_LEAD_S, FAR_SPAN_S)
@@ -441,7 +462,7 @@ def lateness(tree: Path | None, directory: Path, plan: Plan) -> list[Figure]:
         seen = sorted(stream(server.address, plan.stream_s))
     overlap_s = max(0.0, filled_s + plan.stream_s + STREAM_DELAY_S - FAR_LEAD_S)
     note = (
-        f"{len(seen):,} tasks at {STREAM_RATE}/s due {STREAM_DELAY_S:.0f} s on;"
+        f"{store}; {len(seen):,} tasks at {STREAM_RATE}/s due {STREAM_DELAY_S:.0f} s on;"
         f" {'horizon ' + LATENESS_HORIZON if horizon else 'no horizon (all in memory)'};"
         f" {plan.far_tasks:,} far tasks over {FAR_SPAN_S:.0f} s"
     )
@@ -459,7 +480,13 @@ def lateness(tree: Path | None, directory: Path, plan: Plan) -> list[Figure]:
 # -- the section ------------------------------------------------------------------------
 
 
-def measure(tree: Path | None, stores: Sequence[str], plan: Plan, with_lateness: bool) -> Report:
+def measure(
+    tree: Path | None,
+    stores: Sequence[str],
+    plan: Plan,
+    with_lateness: bool,
+    lateness_store: str = "sqlite",
+) -> Report:
     started = time.perf_counter()
     figures: list[Figure] = []
     directory = Path(tempfile.mkdtemp(prefix="delaywheel-bench-horizon-"))
@@ -467,7 +494,7 @@ def measure(tree: Path | None, stores: Sequence[str], plan: Plan, with_lateness:
         for store in stores:
             figures += scale(tree, store, directory, plan.tasks, plan.restarts)
         if with_lateness and plan.far_tasks:
-            figures += lateness(tree, directory, plan)
+            figures += lateness(tree, directory, plan, lateness_store)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return Report(
@@ -482,6 +509,7 @@ def measure(tree: Path | None, stores: Sequence[str], plan: Plan, with_lateness:
             "stores": list(stores),
             "far_tasks": plan.far_tasks if with_lateness else 0,
             "stream_s": plan.stream_s if with_lateness else 0,
+            "lateness_store": lateness_store if with_lateness else None,
         },
         elapsed_s=time.perf_counter() - started,
     )
@@ -503,9 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lateness", action="store_true", help="the stream while pulled too")
     parser.add_argument("--far-tasks", type=int, default=FULL.far_tasks)
     parser.add_argument("--stream-s", type=float, default=FULL.stream_s)
+    parser.add_argument(
+        "--lateness-store",
+        choices=("sqlite", "redis"),
+        default="sqlite",
+        help="the store of the lateness run (redis: a private redis-server, AOF off)",
+    )
     args = parser.parse_args(argv)
     plan = Plan(args.tasks, args.restarts, args.far_tasks, args.stream_s)
-    report = measure(args.tree, args.store, plan, args.lateness)
+    report = measure(args.tree, args.store, plan, args.lateness, args.lateness_store)
     print(render_table(report), flush=True)
     return 0
 

@@ -78,6 +78,18 @@ async def fire_until(engine: Engine, start_s: float, end_s: float) -> list[tuple
     return fired
 
 
+async def added_many(engine: Engine, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``add_many`` as a connection answers it: its reply once its write is
+    durable, or the write's error (``exists`` for a blind put refused)."""
+    added = await call(engine, lambda: engine.add_many(tasks, T0))
+    wait = engine.journal.pending()
+    await engine.journal.drain()
+    if wait is not None and wait.error is not None:
+        error = wait.error
+        raise RequestError(getattr(error, "reply_code", "unavailable"), str(error))
+    return added
+
+
 def in_memory(engine: Engine) -> int:
     return len(engine.table.index)
 
@@ -177,12 +189,7 @@ def test_each_verb_on_a_far_a_near_and_across(store_url: str) -> None:
         assert in_memory(engine) == 1  # far2 alone, near went far
         # add_many naming a far id: exists, and nothing added.
         with pytest.raises(RequestError) as raised:
-            await call(
-                engine,
-                lambda: engine.add_many(
-                    [{"id": "m1", "topic": "t"}, {"id": "far5", "topic": "t"}], T0
-                ),
-            )
+            await added_many(engine, [{"id": "m1", "topic": "t"}, {"id": "far5", "topic": "t"}])
         assert raised.value.code == "exists"
         assert await call(engine, lambda: engine.get("m1")) is None
         # Everything fires once, on time: far2 at 3, far at 500, far5 at 500, ...
@@ -409,6 +416,8 @@ def test_over_the_wire_far_tasks_answer_as_near_ones() -> None:
                 pipe.update("f5", delay=2000)
                 pipe.delete("nothing")
                 pipe.add("t", "dup", id="f6")
+                pipe.add_many([{"topic": "t", "id": "n1"}, {"topic": "t", "id": "f7"}])
+                pipe.get("n1")
                 answers = await pipe.execute(raise_on_error=False)
                 assert answers[0] is True
                 assert answers[1]["id"] == "f4"
@@ -416,6 +425,10 @@ def test_over_the_wire_far_tasks_answer_as_near_ones() -> None:
                 assert answers[3]["at"] > time.time() + 1500
                 assert answers[4] is False
                 assert getattr(answers[5], "code", None) == "exists"
+                # add_many: blind and together, exists from its write, none put.
+                assert getattr(answers[6], "code", None) == "exists"
+                assert "task 1: a task with id 'f7' already exists" in str(answers[6])
+                assert answers[7] is None
                 seen = [task["id"] async for task in client.iter_tasks()]
                 assert sorted(seen) == sorted(f"f{i}" for i in range(20))
                 stats = await client.stats()
@@ -648,6 +661,92 @@ def test_a_takeover_reads_a_partitions_far_tier_up_to_the_horizon(redis_url: str
         node.drop_partitions([0, 1])
         stats = node.stats(T0)
         assert (stats["tasks"], stats["wheel"]["far"], stats["states"]["delayed"]) == (0, 0, 0)
+        await store.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.redis
+def test_a_handover_forgets_far_counts_a_step_per_topic(redis_url: str) -> None:
+    """Handing a partition back forgets its far tier's counts in one step per
+    topic, not one per far task: a partition whose counts say 30 million far
+    tasks (the store's farcount hash, as a store with that many keeps it) is
+    taken and handed back in well under the seconds a step per task took."""
+    far = 30_000_000
+
+    async def main() -> None:
+        import time
+
+        import redis.asyncio as aioredis
+
+        store = open_store(redis_url, partitions=4)
+        await store.open()
+        assert isinstance(store, RedisStore)
+        raw = aioredis.Redis.from_url(redis_url)
+        try:
+            far_counts = store.layout.partition(1).far_counts
+            await raw.hset(far_counts, mapping={"a": far - 5, "b": 5})
+        finally:
+            await raw.aclose()
+        node = Engine(store, now_s=T0, horizon_s=HORIZON_S, **WHEEL)
+        for p in (0, 1):
+            await node.load_partition(store.load_partition(p), p)
+        stats = node.stats(T0)
+        assert (stats["tasks"], stats["wheel"]["far"]) == (far, far)
+        assert stats["topics"] == {"a": {"delayed": far - 5}, "b": {"delayed": 5}}
+        started = time.perf_counter()
+        node.drop_partitions([1])
+        took_s = time.perf_counter() - started
+        stats = node.stats(T0)
+        assert (stats["tasks"], stats["wheel"]["far"], stats["states"]["delayed"]) == (0, 0, 0)
+        assert stats["topics"] == {}
+        assert took_s < 0.5, took_s  # a step per far task took 9.1 s here
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_add_many_of_an_id_only_the_far_tier_holds_answers_exists_from_its_write(
+    store_url: str,
+) -> None:
+    """``add_many`` naming an id that only the far tier holds needs no read of
+    the store: its tasks are put blind, together, in the write that answers
+    it (``exists`` for that id, by its index, and none of the batch put); a
+    batch of ids the store does not hold is added by the same one write."""
+
+    async def main() -> None:
+        store = open_store(store_url)
+        await store.open()
+        engine = await started(store)
+        add(engine, "far", 500)
+        await engine.journal.drain()
+        assert in_memory(engine) == 0 and engine.horizon.far_total == 1
+        # On Redis, ids of far's partition (a group is one partition's write),
+        # and no id made by the server (it may fall in any partition served).
+        lane_of, lanes = engine.horizon.lane_of, engine.horizon.lanes
+        m1, m2 = [name for n in range(2000) if lane_of(name := f"m{n}") == lane_of("far")][:2]
+        made = [{"topic": "t"}] if lanes == 1 else [{"id": m2, "topic": "t"}]
+        batch = [{"id": m1, "topic": "t"}, {"id": "far", "topic": "t"}, *made]
+        engine.add_many(batch, T0)  # no NeedsStore: nothing to read first
+        wait = engine.journal.pending()
+        assert wait is not None
+        await engine.journal.drain()
+        assert wait.error is not None
+        assert str(wait.error) == "task 1: a task with id 'far' already exists"
+        assert engine.horizon.fetched == [] and not engine.horizon.unconfirmed
+        stats = engine.stats(T0)
+        assert (stats["tasks"], stats["wheel"]["far"], engine.events.added) == (1, 1, 1)
+        for name in (m1, m2):
+            assert await call(engine, lambda name=name: engine.get(name)) is None
+        assert (await call(engine, lambda: engine.get("far")))["at"] == T0 + 500  # type: ignore[index]
+        # The batch without the far id: one write adds the others.
+        added = engine.add_many([batch[0], *made], T0)
+        wait = engine.journal.pending()
+        await engine.journal.drain()
+        assert wait is not None and wait.error is None
+        assert in_memory(engine) == 2 and engine.stats(T0)["tasks"] == 3
+        fired = [name for _, name in await fire_until(engine, T0, T0 + 501)]
+        assert sorted(fired) == sorted(["far", *(task["id"] for task in added)])
         await store.close()
 
     asyncio.run(main())

@@ -128,10 +128,6 @@ class Engine:
             try:
                 new = self._checked(fields, now_s)
                 if new.id:  # given, not SERVER_MADE_ID
-                    if new.id not in self._tasks and (
-                        self.horizon.far_total or self.horizon.unconfirmed
-                    ):
-                        self.horizon.misses(_ids_given(tasks, self._tasks.by_id))
                     if new.id in self._tasks:
                         raise self.table.exists(new.id)
                     if new.id in seen:
@@ -140,6 +136,17 @@ class Engine:
             except RequestError as exc:
                 raise RequestError(exc.code, f"task {index}: {exc.message}") from None
             checked.append(new)
+        horizon = self.horizon
+        if seen and (horizon.far_total or horizon.unconfirmed):
+            # The far tier may hold a given id: put them all blind, together,
+            # or read the store first (engine/horizon.py, ``together``).
+            given = [new.id for new in checked if new.id]
+            together = horizon.together(given, len(given) < len(checked))
+            if together:
+                created = self.table.create_together(checked, now_s)
+                return [self._added(task) for task in created]
+            if together is not None:
+                horizon.misses(given)
         created = [self.table.create(new, now_s) for new in checked]
         self.table.serve_waiters(now_s)
         return [self._added(task) for task in created]
@@ -679,12 +686,3 @@ class Engine:
         """Wait until every change made so far is durable or has failed; of
         ``partitions`` only, when given (a keyspace's lane is its partition)."""
         await self.journal.drain(None if partitions is None else list(partitions))
-
-
-def _ids_given(tasks: list[Any], held: Collection[str]) -> list[str]:
-    """The ids ``add_many``'s tasks name that memory does not hold."""
-    return [
-        task_id
-        for fields in tasks
-        if type(fields) is dict and type(task_id := fields.get("id")) is str and task_id not in held
-    ]

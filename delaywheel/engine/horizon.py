@@ -11,8 +11,9 @@ The pull. Before ``now + horizon`` reaches the watermark, the engine moves
 the watermark a quarter of a horizon on (first, so nothing new goes far
 below it), then reads the far tier up to it, a batch at a time (a store
 read per batch: the loop runs between them), and schedules what it read
-as a start does. Each lane (a partition on Redis) keeps the (due, id) it
-has read up to. A task is so in the wheel a horizon or more before it is
+as a start does, a slice of a batch per loop turn (paced while serving:
+``pull``). Each lane (a partition on Redis) keeps the (due, id) it has
+read up to. A task is so in the wheel a horizon or more before it is
 due: a pull held up for minutes makes nothing late.
 
 Far tasks in memory. A pulled task (or one a request brought in) stays in
@@ -30,7 +31,10 @@ nothing lets them go again (``settle``). ``add`` of such an id needs no
 read: its put is *blind* (``Tiers.blind``), made only if the store holds
 no task of that id, and the task joins memory once the write says it did;
 its reply waits on a ``BlindWait``, which answers ``exists`` for a put the
-store refused. ``list`` pages over memory first, then over the far tier
+store refused. ``add_many`` naming such ids puts all its tasks blind, as one
+group (``Tiers.groups``) that the store puts whole or not at all (``together``
+says when: one lane, no change of those ids pending), so it needs no read
+either; else it reads first (``misses``). ``list`` pages over memory first, then over the far tier
 (a cursor ``f...``: see ``list_page``).
 
 Counts. The far tier's tasks stay counted in the task table's counts (as
@@ -49,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -68,6 +73,12 @@ log = logging.getLogger("delaywheel.horizon")
 MIN_HORIZON_S = 120.0
 # Records read from the far tier per store read (a pull, a page of list).
 PULL_BATCH = 2_000
+# Records of a pull's read brought into memory (decoded, scheduled) per loop
+# turn: about 20 us each, so a turn of a pull takes a few ms. A whole batch
+# in one turn held the loop 30-40 ms, and a stream of near tasks due
+# meanwhile was late by as much (docs/performance.md, "Lateness while the
+# far tier is pulled").
+BRING_SLICE = 200
 # Records one page of list looks at in the far tier, as over memory
 # (engine.py's LIST_SCAN_BUDGET): a filter that matches little stays bounded.
 LIST_SCAN_BUDGET = 20_000
@@ -104,8 +115,11 @@ class Horizon:
         # In memory and in the far tier: id -> (topic held under, bring number).
         self.far_ids: dict[str, tuple[str, int]] = {}
         self.brought = 0  # bring numbers: list's far pages leave out earlier ones
-        # Blind adds whose write has not returned: id -> task.
+        # Blind adds whose write has not returned: id -> task; the group of
+        # those an add_many made (Tiers.groups), and the last group's number.
         self.unconfirmed: dict[str, Task] = {}
+        self.groups: dict[str, str] = {}
+        self.group_count = 0
         # Ids a fetch found absent, for the request run again; tasks it brought.
         self.checked: set[str] = set()
         self.fetched: list[Task] = []
@@ -141,13 +155,15 @@ class Horizon:
             for task_id in far_ids.keys() & set(records):
                 tiers.was_far[task_id] = far_ids[task_id][0]
         if marked:
-            watermark_s, unconfirmed = self.watermark_s, self.unconfirmed
+            watermark_s, unconfirmed, groups = self.watermark_s, self.unconfirmed, self.groups
             for task_id, task in tasks.items():
                 far = task.state == DELAYED and task.at_s >= watermark_s
                 if far and not task_id.startswith("s:"):
                     tiers.far[task_id] = (task.at_s, task.topic)
                 if unconfirmed.get(task_id) is task:
                     tiers.blind.add(task_id)
+                    if groups and task_id in groups:
+                        tiers.groups[task_id] = groups[task_id]
         return tiers if tiers else None
 
     def written(
@@ -166,11 +182,12 @@ class Horizon:
                 self.changed[task_id] = self.writes
         for task_id in tiers.was_far:
             far_ids.pop(task_id, None)
-        conflicts = tiers.conflicts
+        conflicts = tiers.refused(tiers.conflicts)  # an add_many's refused whole
         for task_id in tiers.blind:
             task = tasks[task_id]
             if self.unconfirmed.get(task_id) is task:
                 del self.unconfirmed[task_id]
+                self.groups.pop(task_id, None)
             if task_id in conflicts:
                 table.events.added -= 1
                 continue
@@ -197,6 +214,7 @@ class Horizon:
         if tiers is not None:
             for task_id in tiers.blind:
                 self.unconfirmed.pop(task_id, None)
+                self.groups.pop(task_id, None)
 
     def _forget(self, task: Task) -> None:
         """A task the far tier holds as it is: out of memory, still counted."""
@@ -238,6 +256,35 @@ class Horizon:
             and task_id not in self.checked
             and not task_id.startswith("s:")
         )
+
+    def together(self, task_ids: list[str], server_made: bool) -> bool | None:
+        """How ``add_many`` adds tasks with ``task_ids`` given (and others whose
+        ids the server makes, if ``server_made``): None, as ever (the far tier
+        holds none of them); True, blind and together, one group the store
+        puts whole or not at all (no read); False: the store is read first
+        (``misses``), when one of the ids has a blind add in flight (its
+        answer comes first) or a change pending (memory knew it: the batch
+        may hold its removal), or the tasks may span lanes (a group is one
+        partition's write)."""
+        if not any(map(self.may_hold, task_ids)):
+            return None
+        touches = self.table.journal.touches
+        if any(task_id in self.unconfirmed or touches(task_id) for task_id in task_ids):
+            return False
+        if self.lanes > 1:
+            lane_of = self.lane_of
+            if server_made or len({lane_of(task_id) for task_id in task_ids}) > 1:
+                return False
+        return True
+
+    def new_group(self, tasks: list[Task]) -> None:
+        """``tasks`` (an add_many's, not yet journaled) are blind adds of one group."""
+        self.group_count += 1
+        group = str(self.group_count)
+        unconfirmed, groups = self.unconfirmed, self.groups
+        for task in tasks:
+            unconfirmed[task.id] = task
+            groups[task.id] = group
 
     def misses(self, task_ids: Iterable[str]) -> None:
         """``miss`` for several ids at once (``add_many``): one fetch for all."""
@@ -312,11 +359,18 @@ class Horizon:
     def _bring(self, records: list[FarRecord], since: int) -> list[Task]:
         """Far records into memory, scheduled as a start schedules them, unless
         memory has the id, or a write changed its far record after write
-        ``since`` (the read may have seen it before)."""
+        ``since`` (the read may have seen it before), or its lane is not read
+        here (any more: a partition handed back meanwhile).
+
+        The lane, not the node's ownership: a takeover reads a partition's far
+        tier while loading it, before the node serves it, and a record left
+        out then was never read again (read_to had passed it): a node killed
+        with -9 had its far tasks due within the horizon never fired by the
+        node that took its partitions over (test_horizon_process)."""
         changed = self.changed
         table = self.table
         by_id, journal = table.index.by_id, table.journal
-        ownership = table.ownership
+        read_to, lane_of = self.read_to, self.lane_of
         brought: list[Task] = []
         for task_id, _, record in records:
             if (
@@ -324,7 +378,7 @@ class Horizon:
                 or task_id in self.unconfirmed
                 or changed.get(task_id, -1) > since
                 or journal.touches(task_id)
-                or (not ownership.owns_all and not ownership.owns(task_id))
+                or lane_of(task_id) not in read_to
             ):
                 continue
             try:
@@ -366,34 +420,47 @@ class Horizon:
 
     async def _pull_in_background(self, now_s: float) -> None:
         try:
-            await self.pull(now_s)
+            await self.pull(now_s, paced=True)
         except Exception as exc:  # the store is down: the next tick tries again
             log.warning("pulling far tasks failed: %s", exc)
         finally:
             self.pulling = None
             self._next_pull()
 
-    async def pull(self, now_s: float) -> int:
+    async def pull(self, now_s: float, paced: bool = False) -> int:
         """Move the watermark to ``now + 1.25 horizon`` and read every lane's far
-        tier up to it. Returns how many tasks came into memory."""
+        tier up to it. Returns how many tasks came into memory. ``paced`` (a
+        pull while serving): the loop is left free between slices as long as
+        each took, so a pull takes at most half of it (it has a quarter of a
+        horizon to finish; a start has none and is not paced)."""
         self.watermark_s = max(self.watermark_s, now_s + 1.25 * self.horizon_s)
         pulled = 0
         for lane in sorted(self.read_to):
-            pulled += await self._pull_lane(lane)
+            pulled += await self._pull_lane(lane, paced)
         return pulled
 
-    async def _pull_lane(self, lane: int) -> int:
-        pulled = 0
+    async def _pull_lane(self, lane: int, paced: bool = False) -> int:
+        pulled, pause_s = 0, 0.0
         while lane in self.read_to:
             after, to_s = self.read_to[lane], self.watermark_s
             token = self._read_started()
             try:
                 records = await self.store.far_range(lane, after, to_s, PULL_BATCH)
-                if lane not in self.read_to:
-                    break  # dropped meanwhile (a partition handed over)
                 # A record changed meanwhile is in memory, or gone, or beyond
                 # the watermark now (engine/horizon.py's docstring): skipped.
-                pulled += len(self._bring(records, self.reads[token]))
+                # BRING_SLICE records per loop turn, the loop free between.
+                for start in range(0, len(records), BRING_SLICE):
+                    if start or paced:
+                        await asyncio.sleep(pause_s)
+                    if lane not in self.read_to:
+                        return pulled  # dropped meanwhile (a partition handed over)
+                    started_s = time.perf_counter()
+                    chunk = records[start : start + BRING_SLICE]
+                    pulled += len(self._bring(chunk, self.reads[token]))
+                    if paced:
+                        pause_s = time.perf_counter() - started_s
+                if lane not in self.read_to:
+                    break
             finally:
                 self._read_ended(token)
             if records:
@@ -448,8 +515,7 @@ class Horizon:
         for lane in lanes:
             self.read_to.pop(lane, None)
             for topic, n in self.far_counts[lane].items():
-                for _ in range(n):
-                    counts.remove(topic, DELAYED)
+                counts.remove_many(topic, DELAYED, n)  # a step per topic, not per task
             self.far_total -= self.lane_totals[lane]
             self.lane_totals[lane] = 0
             self.far_counts[lane] = {}

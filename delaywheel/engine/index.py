@@ -164,6 +164,21 @@ class TaskCounts:
         if not counts:
             del self._topics[topic]
 
+    def remove_many(self, topic: str, state: str, n: int) -> None:
+        """``remove`` ``n`` times over, in one step (a handover's far counts:
+        millions of far tasks, engine/horizon.py)."""
+        if not n:
+            return
+        self._states[state] -= n
+        counts = self._topics[topic]
+        left = counts[state] - n
+        if left:
+            counts[state] = left
+            return
+        del counts[state]
+        if not counts:
+            del self._topics[topic]
+
     def add_all(self, tasks: Iterable[Task]) -> None:
         """Count many tasks at once (a batch of a load): one C-level pass."""
         for (topic, state), n in Counter((t.topic, t.state) for t in tasks).items():

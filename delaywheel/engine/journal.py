@@ -195,12 +195,13 @@ class Joint:
 
 class BlindWait:
     """A blind add's wait: its batch's, answering ``exists`` when the store
-    refused the put (a task of that id was in the far tier)."""
+    refused the put (a task of that id was in the far tier). ``add_many``'s
+    (``many``) names the first task refused by its index in the call."""
 
-    __slots__ = ("batch", "task_id")
+    __slots__ = ("batch", "many", "task_ids")
 
-    def __init__(self, batch: Batch, task_id: str) -> None:
-        self.batch, self.task_id = batch, task_id
+    def __init__(self, batch: Batch, task_ids: tuple[str, ...], many: bool = False) -> None:
+        self.batch, self.task_ids, self.many = batch, task_ids, many
 
     @property
     def finished(self) -> bool:
@@ -212,8 +213,12 @@ class BlindWait:
         error = batch.error
         # ``exists`` acknowledges the task: only once the write that found it
         # (and wrote its record again) is confirmed, replicas included.
-        if error is None and batch.tiers is not None and self.task_id in batch.tiers.conflicts:
-            return ExistsInStore(f"a task with id {self.task_id!r} already exists")
+        if error is None and batch.tiers is not None and batch.tiers.conflicts:
+            conflicts = batch.tiers.conflicts
+            for index, task_id in enumerate(self.task_ids):
+                if task_id in conflicts:
+                    where = f"task {index}: " if self.many else ""
+                    return ExistsInStore(f"{where}a task with id {task_id!r} already exists")
         return error
 
     def add_callback(self, callback: Callback) -> None:
@@ -269,7 +274,8 @@ class Journal:
         self._store = store
         self._hooks = hooks
         self.tiering = tiering  # the horizon's, on a store with a far tier
-        self._blind: tuple[Batch, str] | None = None  # the next pending()'s blind add
+        # The next pending()'s blind add (or add_many): its batch, ids, and many.
+        self._blind: tuple[Batch, tuple[str, ...], bool] | None = None
         self.inline = store.inline
         self.lanes = lanes = store.lanes
         # None: one lane (memory, SQLite), whose path is the single-node one.
@@ -352,7 +358,16 @@ class Journal:
         self.record(task, None)
         batch = self._lane(task.id).gathering
         batch.tiered = True
-        self._blind = (batch, task.id)
+        self._blind = (batch, (task.id,), False)
+
+    def blind_many(self, tasks: list[Task]) -> None:
+        """Journal an ``add_many``'s blind adds, all in one lane (engine/horizon.py):
+        the next ``pending()`` is their ``BlindWait``."""
+        for task in tasks:
+            self.record(task, None)
+        batch = self._lane(tasks[0].id).gathering
+        batch.tiered = True
+        self._blind = (batch, tuple(task.id for task in tasks), True)
 
     def touches(self, key: str) -> bool:
         """Whether a batch not yet durable holds a change of ``key``."""
@@ -423,13 +438,14 @@ class Journal:
             return self.newest()
         self._wait = None
         if self._blind is not None:
-            batch, task_id = self._blind
+            batch, task_ids, many = self._blind
             self._blind = None
             if self._more is None and wait is batch:
-                return BlindWait(batch, task_id)
+                return BlindWait(batch, task_ids, many)
             more, self._more = self._more or [], None
             found: list[Any] = [
-                BlindWait(batch, task_id) if each is batch else each for each in (wait, *more)
+                BlindWait(batch, task_ids, many) if each is batch else each
+                for each in (wait, *more)
             ]
             return Joint(found) if len(found) > 1 else found[0]
         if self._more is not None:

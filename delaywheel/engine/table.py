@@ -311,6 +311,22 @@ class TaskTable:
         self.events.added += 1
         return task
 
+    def create_together(self, tasks: list[Task], now_s: float) -> list[Task]:
+        """``add_many``'s tasks as blind adds of one group (engine/horizon.py,
+        ``Horizon.together``): each put only if the store holds none of their
+        ids, and in memory once the write says so."""
+        for task in tasks:
+            if not task.id:  # SERVER_MADE_ID
+                task_id = self._new_id()
+                if not self.ownership.owns_all:
+                    task_id = self.ownership.new_id(task_id, self._new_id)
+                task.id = task_id
+            task.state = DELAYED if task.at_s > now_s or task.target is not None else READY
+        self.horizon.new_group(tasks)
+        self.journal.blind_many(tasks)
+        self.events.added += len(tasks)
+        return tasks
+
     def _new_id(self) -> str:
         """A server-made id: the per-process prefix and the next count."""
         return f"{self._id_prefix}{next(self._id_counter):x}"

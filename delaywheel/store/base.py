@@ -71,7 +71,10 @@ class Tiers:
 
     - ``blind``: a put made only if neither tier holds the id; one that
       does is left as it is and named in ``conflicts`` (the store fills it
-      before ``done`` runs), with the rest of the write applied;
+      before ``done`` runs), with the rest of the write applied; blind ids
+      of one ``groups`` value (id -> group; an ``add_many``'s, all in one
+      lane) go together: when one is held, none of the group is put (the
+      held ones alone are named in ``conflicts``);
     - ``was_far`` (id -> the topic the far tier holds it under): the id
       leaves the far tier (its index entry, its topic's count) if there;
     - then the change itself: a remove takes the id out of the near tier,
@@ -82,13 +85,23 @@ class Tiers:
     ``was_far`` too, so the counts stay exact.
     """
 
-    __slots__ = ("blind", "conflicts", "far", "was_far")
+    __slots__ = ("blind", "conflicts", "far", "groups", "was_far")
 
     def __init__(self) -> None:
         self.far: dict[str, tuple[float, str]] = {}
         self.was_far: dict[str, str] = {}
         self.blind: set[str] = set()
+        self.groups: dict[str, str] = {}
         self.conflicts: set[str] = set()
+
+    def refused(self, conflicts: set[str]) -> set[str]:
+        """The ids not put, given the blind ids held (``conflicts``): those,
+        and the rest of their groups."""
+        groups = self.groups
+        if not conflicts or not groups:
+            return conflicts
+        lost = {groups[task_id] for task_id in conflicts if task_id in groups}
+        return conflicts | {task_id for task_id, group in groups.items() if group in lost}
 
     def __bool__(self) -> bool:
         return bool(self.far or self.was_far or self.blind)

@@ -73,11 +73,12 @@ class MemoryStore(Store):
         for task_id in tiers.blind:
             if task_id in records or task_id in far:
                 conflicts.add(task_id)
+        refused = tiers.refused(conflicts)
         for task_id, topic in tiers.was_far.items():
-            if task_id not in conflicts and far.pop(task_id, None) is not None:
+            if task_id not in refused and far.pop(task_id, None) is not None:
                 counts[topic] -= 1
         for task_id, record in changes.items():
-            if task_id in conflicts:
+            if task_id in refused:
                 continue
             if record is None:
                 records.pop(task_id, None)

@@ -35,6 +35,15 @@ same transaction as the tasks they go with; ``load()`` reads only the
 ``tasks`` table. A file written before the far tier existed gets the two
 tables at open (``CREATE TABLE IF NOT EXISTS``); the engine moves its far
 tasks there at its first start (docs/operations.md, "Upgrading").
+The far tier's reads (``far_range``, ``far_get``) run on a second
+connection and thread of their own: a pull reads tens of thousands of
+records while the server runs, and on the writer's thread each read of a
+batch held up the journal's writes queued behind it (a near add's write
+waited 30 ms at the median during a pull of 500,000 far tasks, against
+1.6 ms otherwise). WAL lets that connection read while the writer writes;
+it sees the last committed write, which is all the engine asks of a far
+read (engine/horizon.py: memory lets go of a far task only once its write
+is durable).
 
 Assumes one server per database file: two servers on one file would both
 write, and the engine would not know of the other's tasks.
@@ -131,6 +140,9 @@ class SqliteStore(Store):
         self._busy_timeout_s = busy_timeout_s
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        # The far tier's reads: their own thread and connection (module docstring).
+        self._reader: ThreadPoolExecutor | None = None
+        self._read_conn: sqlite3.Connection | None = None  # touched only on the reader thread
         self._warnings: list[str] = []
         self._lock_file: int | None = None  # the descriptor holding the one-node lock
 
@@ -145,6 +157,7 @@ class SqliteStore(Store):
         self._check_the_directory()
         self._hold_the_file()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delaywheel-sqlite")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delaywheel-sqlite-far")
         try:
             journal_mode = await self._run(self._open_sync)
         except (sqlite3.Error, OSError) as exc:
@@ -272,13 +285,14 @@ class SqliteStore(Store):
                     or conn.execute("SELECT 1 FROM far WHERE id = ?", (task_id,)).fetchone()
                 ):
                     conflicts.add(task_id)
+            refused = tiers.refused(conflicts)
             left: dict[str, int] = {}
             for task_id, topic in tiers.was_far.items():
-                if task_id not in conflicts and conn.execute(_FAR_REMOVE, (task_id,)).rowcount:
+                if task_id not in refused and conn.execute(_FAR_REMOVE, (task_id,)).rowcount:
                     left[topic] = left.get(topic, 0) - 1
             puts, removes, far_puts = [], [], []
             for task_id, record in changes.items():
-                if task_id in conflicts:
+                if task_id in refused:
                     continue
                 if record is None:
                     removes.append((task_id,))
@@ -324,7 +338,7 @@ class SqliteStore(Store):
             query += " WHERE " + " AND ".join(where)
         query += " ORDER BY due, id LIMIT ?"
         args.append(limit)
-        return await self._read(query, args)
+        return await self._read_far(query, args)
 
     async def far_get(self, task_ids: Sequence[str]) -> dict[str, tuple[float, bytes]]:
         self._check_open("far_get")
@@ -333,7 +347,9 @@ class SqliteStore(Store):
         for start in range(0, len(ids), 500):  # SQLite's limit on ? in one statement
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            rows = await self._read(f"SELECT id, due, record FROM far WHERE id IN ({marks})", chunk)
+            rows = await self._read_far(
+                f"SELECT id, due, record FROM far WHERE id IN ({marks})", chunk
+            )
             found.update((task_id, (due, record)) for task_id, due, record in rows)
         return found
 
@@ -350,6 +366,27 @@ class SqliteStore(Store):
 
         try:
             return await self._run(read)
+        except sqlite3.Error as exc:
+            raise unavailable(self.url, "read", exc) from exc
+
+    async def _read_far(self, query: str, args: Sequence[Any]) -> list[Any]:
+        """A read of the far tier, on the reader's thread and connection."""
+        reader = self._reader
+        if reader is None:
+            raise StoreUnavailable(f"store {self.url}: the store is closed")
+
+        def read() -> list[Any]:
+            conn = self._read_conn
+            if conn is None:  # the first far read: made on this thread, used only here
+                conn = sqlite3.connect(
+                    self.path, timeout=self._busy_timeout_s, isolation_level=None
+                )
+                conn.execute("PRAGMA query_only=1")
+                self._read_conn = conn
+            return conn.execute(query, args).fetchall()
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(reader, read)
         except sqlite3.Error as exc:
             raise unavailable(self.url, "read", exc) from exc
 
@@ -372,6 +409,10 @@ class SqliteStore(Store):
         self._state = "closed"
         if self._executor is not None:
             try:
+                if self._reader is not None:
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._reader, self._close_reader_sync
+                    )
                 # Queued behind any write already submitted, so that finishes first.
                 await self._run(self._close_sync)
             except sqlite3.Error:
@@ -430,12 +471,18 @@ class SqliteStore(Store):
         if conn is not None:
             conn.close()
 
+    def _close_reader_sync(self) -> None:
+        conn, self._read_conn = self._read_conn, None
+        if conn is not None:
+            conn.close()
+
     def _shutdown(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            # Its queue is empty by now, so the thread ends at once; no need to
-            # block the loop joining it.
-            executor.shutdown(wait=False)
+        for executor in (self._executor, self._reader):
+            if executor is not None:
+                # Its queue is empty by now, so the thread ends at once; no need
+                # to block the loop joining it.
+                executor.shutdown(wait=False)
+        self._executor = self._reader = None
 
     def warnings(self) -> list[str]:
         return list(self._warnings)

@@ -95,18 +95,19 @@ LOAD_SCRIPT: Command = ("SCRIPT", "LOAD", FLUSH_SCRIPT)
 # A flush with far-tier changes (store/base.py, Tiers), over the partition's
 # far hash, due zset and far counts too (KEYS[4..6], the same hash tag).
 # ARGV: epoch, then the counts of blind ids, of was_far pairs and of changes,
-# then the blind ids, the (id, topic) pairs, and each change as (id, kind,
-# record, due, topic), kind p (near put), r (remove) or f (far put). Answers
-# the blind ids refused (an array, maybe empty).
+# then the blind ids with their groups ('' for none: Tiers.groups), the (id,
+# topic) pairs, and each change as (id, kind, record, due, topic), kind p
+# (near put), r (remove) or f (far put). Answers the blind ids held (an
+# array, maybe empty); the other ids of their groups are not put either.
 FLUSH_FAR_SCRIPT = (
     _FENCE
     + """
 local blind, was_far, changes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local at = 5
-local refused, skip = {}, {}
+local refused, skip, lost = {}, {}, {}
 for _ = 1, blind do
-  local id = ARGV[at]
-  at = at + 1
+  local id, group = ARGV[at], ARGV[at + 1]
+  at = at + 2
   -- An id held already is refused, and its record written again: the flush's
   -- WAIT then confirms it, since the answer (exists) acknowledges the task.
   local key = KEYS[2]
@@ -119,6 +120,16 @@ for _ = 1, blind do
     redis.call('HSET', key, id, held)
     skip[id] = true
     refused[#refused + 1] = id
+    if group ~= '' then
+      lost[group] = true
+    end
+  end
+end
+if next(lost) then  -- an add_many's ids go together: one held, none put
+  for i = 5, 4 + 2 * blind, 2 do
+    if lost[ARGV[i + 1]] then
+      skip[ARGV[i]] = true
+    end
   end
 end
 for _ = 1, was_far do
@@ -302,6 +313,8 @@ def _evalsha_far(write: PartitionWrite) -> Any:
     tiers = write.tiers
     assert tiers is not None and write.far_keys is not None
     was_far = [item for pair in tiers.was_far.items() for item in pair]
+    groups = tiers.groups
+    blind = [item for task_id in tiers.blind for item in (task_id, groups.get(task_id, ""))]
     changes: list[str | bytes] = []
     for task_id, record in write.changes.items():
         if record is None:
@@ -323,7 +336,7 @@ def _evalsha_far(write: PartitionWrite) -> Any:
         len(tiers.blind),
         len(tiers.was_far),
         len(write.changes),
-        *tiers.blind,
+        *blind,
         *was_far,
         *changes,
     )

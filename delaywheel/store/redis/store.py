@@ -331,6 +331,8 @@ class RedisStore(Store):
             mine.far = {key: tiers.far[key] for key in part if key in tiers.far}
             mine.was_far = {key: tiers.was_far[key] for key in part if key in tiers.was_far}
             mine.blind = {key for key in part if key in tiers.blind}
+            if tiers.groups:  # a group is in one partition (engine/horizon.py)
+                mine.groups = {key: tiers.groups[key] for key in mine.blind if key in tiers.groups}
         return split
 
     def _merged(self, results: dict[int, StoreError | None]) -> StoreError | None:
