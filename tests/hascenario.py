@@ -13,13 +13,17 @@ and returns ``check``'s ``Report``, printed as one line (``pytest -s``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from delaywheel_client import ClusterClient
 from hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
-from serverproc import ServerProcess
+from serverproc import KEEP_LOGS, ServerProcess
 
 # The load: adds per second, their delays, and the sink target's timeout. A
 # short timeout bounds how long a new owner holds a taken-over attempt
@@ -92,7 +96,27 @@ def finish(run: Run, nodes: Sequence[ServerProcess], scenario: str) -> Report:
             pending = [task_id for task_id in sorted(missing) if client.get(task_id) is not None]
     report = check(run.log.snapshot(), run.sink.received(), pending, faults=run.faults)
     print(f"\nHA scenario {scenario}: {report.summary()}")
+    _keep(run, scenario, report)
     return report
+
+
+def _keep(run: Run, scenario: str, report: Report) -> None:
+    """The run's requests and deliveries as JSON beside the servers' logs, under
+    $KEEP_TEST_LOGS (tests/serverproc.py), to read a failure with them."""
+    folder = os.environ.get(KEEP_LOGS)
+    if not folder:
+        return
+    kept = {
+        "scenario": scenario,
+        "summary": report.summary(),
+        "duplicates": report.duplicates,
+        "faults": [dataclasses.asdict(f) if isinstance(f, Fault) else f for f in run.faults],
+        "requests": [dataclasses.asdict(r) for r in run.log.snapshot()],
+        "deliveries": [dataclasses.asdict(d) for d in run.sink.received()],
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    name = f"run-{int(time.time() * 1000)}.json"
+    (Path(folder) / name).write_text(json.dumps(kept, default=repr, indent=0))
 
 
 def explain(report: Report) -> str:
