@@ -1,0 +1,105 @@
+"""A partition handed back to a joining node while one of its attempts is being
+journaled: the attempt is sent once, by one node.
+
+In-process: one node's engine, coordinator and real deliveries (aiohttp) on
+a private redis-server, sending to an HTTP sink (tests/hacheck.py). The task
+fires and its attempt is begun (journaled ``delivering``, the write not yet
+done) in the same loop turn as the handback starts, so the handback finds
+an attempt that is not being sent yet and whose write is in flight.
+
+Scenario 8 of tests/test_ha.py (2 -> 3 -> 2 nodes) once saw a task fired
+twice in 63 runs, scenario 7 once too: the handback did not wait for such an
+attempt, whose write came back during its drain and sent it; it released the
+lease with the attempt still ``delivering`` in the store (its outcome is no
+write of a partition no longer here), and the next owner sent it again
+after its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Iterator
+
+import pytest
+from hacheck import Sink, sink
+from owners import keyspace_node
+from redis.asyncio import Redis
+
+from delaywheel.delivery.allow import AllowList
+from delaywheel.delivery.service import Deliveries
+from delaywheel.delivery.targets import TargetRules
+from delaywheel.engine.record import from_record
+from delaywheel.ha.coordinator import Coordinator
+
+pytestmark = pytest.mark.redis
+
+PARTITIONS = 4
+LEASE_S = 3.0
+TASK_ID = "handed-1"
+PARTITION = zlib.crc32(TASK_ID.encode()) % PARTITIONS
+# The attempt's deadline: the next owner sends it again once this has passed.
+TIMEOUT_S = 0.5
+
+
+@pytest.fixture
+def receiver() -> Iterator[Sink]:
+    with sink() as running:
+        yield running
+
+
+async def _handed_back_while_journaled(url: str, receiver: Sink) -> tuple[int, int, str | None]:
+    """Fire the task and hand its partition back in one loop turn; then take
+    the partition again (as the next owner would) past the attempt's deadline.
+    Returns the deliveries when the handback ended, at the end, and the
+    task's state in the store after the handback (None: gone)."""
+    rules = TargetRules(AllowList.parse("127.0.0.1"))
+    deliveries = Deliveries(rules, http_concurrency=4, signing_secret=None)
+    async with keyspace_node(
+        url, partitions=PARTITIONS, lease_s=LEASE_S, now_s=time.time(), tick_s=0.05, targets=rules
+    ) as node:
+        sharing, keyspace, engine = node.sharing, node.keyspace, node.engine
+        coordinator = Coordinator(engine, keyspace, sharing, node.rights)
+        try:
+            await coordinator.start()  # one node: it takes every partition
+            rounds = coordinator._loop_task
+            assert rounds is not None and len(sharing.serving) == PARTITIONS
+            rounds.cancel()  # no round takes the partition back but the test's own
+            await asyncio.wait({rounds})
+            await deliveries.start(engine, lambda: None)
+            target = {"type": "http", "url": receiver.url, "timeout": TIMEOUT_S}
+            engine.add({"id": TASK_ID, "topic": "hooks", "delay": 0, "target": target}, time.time())
+            await engine.drain()  # the add is durable: its attempt may begin
+            fire_s = engine.next_fire_s()
+            assert fire_s is not None
+            # No await from here into the handback: the attempt is begun (its
+            # write queued, not done) and the partition is handed back at once.
+            engine.advance(max(fire_s, time.time()))
+            assert TASK_ID in engine.table.delivering, "the attempt did not begin"
+            await coordinator._hand_back({PARTITION})
+            at_handback = len(receiver.received())
+            async with Redis.from_url(url) as client:
+                record = await client.hget(keyspace.layout.partition(PARTITION).tasks, TASK_ID)
+            state = None if record is None else from_record(TASK_ID, record).state
+            # The next owner (this node again) loads the partition past the deadline.
+            await asyncio.sleep(TIMEOUT_S + 0.2)
+            await coordinator._round()
+            assert PARTITION in sharing.serving
+            until_s = time.monotonic() + 2.0
+            while time.monotonic() < until_s:  # a resend would come within a tick
+                engine.advance(time.time())
+                await asyncio.sleep(0.05)
+            return at_handback, len(receiver.received()), state
+        finally:
+            await coordinator.stop()
+            await deliveries.stop(1.0)
+
+
+def test_an_attempt_journaled_as_its_partition_is_handed_back_is_sent_once(
+    redis_url: str, receiver: Sink
+) -> None:
+    at_handback, at_end, state = asyncio.run(_handed_back_while_journaled(redis_url, receiver))
+    assert [d.task_id for d in receiver.received()] == [TASK_ID], (at_handback, state)
+    # The handback waited for the send and wrote its outcome before it let go.
+    assert (at_handback, at_end, state) == (1, 1, None)
