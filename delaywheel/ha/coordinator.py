@@ -520,7 +520,7 @@ class Coordinator:
             # flight now, and its outcome is this node's to write. Let go
             # before that and the store keeps it delivering, and the next
             # owner sends it again at its deadline: a duplicate
-            # (tests/test_handback_attempts.py).
+            # (tests/test_attempts_in_flight.py).
             while self.engine.sending(kept) and time.monotonic() < deadline_s:
                 # Those whose attempt ended leave first, before a failed one's
                 # retry could fire here.

@@ -1,18 +1,21 @@
-"""A partition handed back to a joining node while one of its attempts is being
-journaled: the attempt is sent once, by one node.
+"""An attempt whose own write is in flight as its node lets go of it (a
+handback to a joining node, a stop) is sent once, by one node.
 
-In-process: one node's engine, coordinator and real deliveries (aiohttp) on
-a private redis-server, sending to an HTTP sink (tests/hacheck.py). The task
-fires and its attempt is begun (journaled ``delivering``, the write not yet
-done) in the same loop turn as the handback starts, so the handback finds
-an attempt that is not being sent yet and whose write is in flight.
+In-process, on the real deliveries (aiohttp) to a real HTTP receiver:
 
-Scenario 8 of tests/test_ha.py (2 -> 3 -> 2 nodes) once saw a task fired
-twice in 63 runs, scenario 7 once too: the handback did not wait for such an
-attempt, whose write came back during its drain and sent it; it released the
-lease with the attempt still ``delivering`` in the store (its outcome is no
-write of a partition no longer here), and the next owner sent it again
-after its deadline.
+- a handback: one node's engine and coordinator on a private redis-server,
+  sending to an HTTP sink (tests/hacheck.py). The task fires and its attempt
+  is begun (journaled ``delivering``, the write not yet done) in the same
+  loop turn as the handback starts, so the handback finds an attempt that is
+  not being sent yet and whose write is in flight. The handback did not
+  wait for it: the write came back during its drain and sent it, the lease
+  was released with the attempt ``delivering`` in the store (its outcome no
+  write of a partition gone from here), and the next owner sent it again at
+  its deadline.
+- a stop: the dispatcher's drain waited only for the sends running when it
+  began; one that started during it (its attempt's write came back then)
+  was cut off at the end of the others, maybe after it had reached its
+  receiver, its outcome never written.
 """
 
 from __future__ import annotations
@@ -20,17 +23,24 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from endpoint import Endpoint
+from endpoint import endpoint as endpoint  # the fixture
 from hacheck import Sink, sink
 from owners import keyspace_node
 from redis.asyncio import Redis
 
 from delaywheel.delivery.allow import AllowList
+from delaywheel.delivery.base import Delivery
+from delaywheel.delivery.dispatcher import Dispatcher
+from delaywheel.delivery.http import HttpSender
 from delaywheel.delivery.service import Deliveries
 from delaywheel.delivery.targets import TargetRules
 from delaywheel.engine.record import from_record
+from delaywheel.engine.task import DEFAULT_PRIORITY
 from delaywheel.ha.coordinator import Coordinator
 
 pytestmark = pytest.mark.redis
@@ -103,3 +113,48 @@ def test_an_attempt_journaled_as_its_partition_is_handed_back_is_sent_once(
     assert [d.task_id for d in receiver.received()] == [TASK_ID], (at_handback, state)
     # The handback waited for the send and wrote its outcome before it let go.
     assert (at_handback, at_end, state) == (1, 1, None)
+
+
+async def _drained_while_a_send_starts(endpoint: Endpoint) -> tuple[int, list[tuple[str, Any]]]:
+    """Two attempts to a slow receiver: the first sent before the drain, the
+    second's write coming back during it. Returns the sends cut off and the
+    outcomes reported (id, error)."""
+    rules = TargetRules(AllowList.parse("127.0.0.1"))
+    sender = HttpSender(rules.allow, concurrency=4)
+    readies: dict[str, Callable[[Delivery | None], None]] = {}
+
+    def begin(task_id: str, ready: Callable[[Delivery | None], None]) -> bool:
+        readies[task_id] = ready  # its write in flight until the test says
+        return True
+
+    reported: list[tuple[str, Any]] = []
+    dispatcher = Dispatcher(
+        lambda target: sender,
+        begin,
+        lambda task_id, attempt, error, *_: reported.append((task_id, error)),
+        http_lane_limit=4,
+    )
+    target = rules.check(
+        {"type": "http", "url": endpoint.url("/slow"), "timeout": 5.0},
+        b"\xc0",
+        task_id=None,
+        topic="hooks",
+    )
+    try:
+        for task_id in ("first", "second"):
+            dispatcher.queue(task_id, target, DEFAULT_PRIORITY)
+        readies["first"](Delivery("first", "hooks", 1, time.time(), b"\xc0", target))
+        draining = asyncio.get_running_loop().create_task(dispatcher.drain(5.0))
+        await asyncio.sleep(endpoint.slow_s / 3)
+        readies["second"](Delivery("second", "hooks", 1, time.time(), b"\xc0", target))
+        cut = await draining
+    finally:
+        await sender.close()
+    return cut, reported
+
+
+def test_a_stop_lets_a_send_that_starts_during_its_grace_finish(endpoint: Endpoint) -> None:
+    endpoint.slow_s = 0.3
+    cut, reported = asyncio.run(_drained_while_a_send_starts(endpoint))
+    assert [seen.path for seen in endpoint.requests()] == ["/slow", "/slow"]
+    assert (cut, reported) == (0, [("first", None), ("second", None)])
