@@ -509,7 +509,7 @@ class Coordinator:
         self._busy.update(partitions)
         try:
             for partition in partitions:
-                self.sharing.unserve(partition)
+                self.sharing.hand_back(partition)
             # Nothing fires from here on; attempts in flight stay in the table,
             # so that their outcomes are journaled as they come.
             kept = self.engine.drop_partitions(partitions, keep_delivering=True)
@@ -541,6 +541,8 @@ class Coordinator:
                 log.info("handed back partition %d", partition, extra={"partition": partition})
         finally:
             self._busy.difference_update(partitions)
+            for partition in partitions:
+                self.sharing.handed_back(partition)
 
     async def _sent_and_written(
         self, kept: list[Any], partitions: set[int], deadline_s: float
