@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from delaywheel_client import ClusterClient
-from hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
+from hacheck import (
+    Fault,
+    LoadGenerator,
+    Report,
+    RequestLog,
+    Sink,
+    check,
+    failed_attempts,
+    sink,
+)
 from serverproc import KEEP_LOGS, ServerProcess
 
 # The load: adds per second, their delays, and the sink target's timeout. A
@@ -82,8 +91,12 @@ def undelivered(run: Run) -> set[str]:
     return acknowledged - deleted - delivered
 
 
-def finish(run: Run, nodes: Sequence[ServerProcess], scenario: str) -> Report:
-    """Stop the load, let what is due be delivered, and check the logs."""
+def finish(
+    run: Run, nodes: Sequence[ServerProcess], scenario: str, gone: Sequence[ServerProcess] = ()
+) -> Report:
+    """Stop the load, let what is due be delivered, and check the logs: the
+    run's, and the servers' (``nodes``, and ``gone``: those stopped for good
+    before the end) for the attempts they saw fail."""
     run.load.stop()
     deadline_s = time.monotonic() + SETTLE_S
     while undelivered(run) and time.monotonic() < deadline_s:
@@ -94,7 +107,10 @@ def finish(run: Run, nodes: Sequence[ServerProcess], scenario: str) -> Report:
     if missing:
         with ClusterClient(seeds(nodes)) as client:
             pending = [task_id for task_id in sorted(missing) if client.get(task_id) is not None]
-    report = check(run.log.snapshot(), run.sink.received(), pending, faults=run.faults)
+    failed = failed_attempts(line for node in [*nodes, *gone] for line in list(node.log))
+    report = check(
+        run.log.snapshot(), run.sink.received(), pending, faults=run.faults, failed=failed
+    )
     print(f"\nHA scenario {scenario}: {report.summary()}")
     _keep(run, scenario, report)
     return report
@@ -110,6 +126,7 @@ def _keep(run: Run, scenario: str, report: Report) -> None:
         "scenario": scenario,
         "summary": report.summary(),
         "duplicates": report.duplicates,
+        "retried": report.retried,
         "faults": [dataclasses.asdict(f) if isinstance(f, Fault) else f for f in run.faults],
         "requests": [dataclasses.asdict(r) for r in run.log.snapshot()],
         "deliveries": [dataclasses.asdict(d) for d in run.sink.received()],
