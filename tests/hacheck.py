@@ -15,7 +15,8 @@
   resurrected (delivered after its delete was acknowledged), early
   (delivered before it was due), duplicates per id (and those no fault
   explains: neither an attempt in flight at it nor an add resent across
-  it), and the takeover time (the worst lateness of a task first
+  it, nor the next attempt after one its sender logged as failed), and the
+  takeover time (the worst lateness of a task first
   delivered after a fault).
 
 Times are ``time.time()`` of this machine: the servers under test run here
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 import time
 from collections import Counter
@@ -242,8 +244,13 @@ class Report:
     duplicates: dict[str, int] = field(default_factory=dict)  # id -> deliveries (> 1)
     # The duplicates no fault explains: the first delivery came before no
     # fault's end (its attempt cannot have been in flight at a crash or
-    # pause), and the add was not resent across one: none is allowed.
+    # pause), and the add was not resent across one, nor is it the retry of
+    # an attempt its sender saw fail (``retried``): none is allowed.
     unexplained: dict[str, int] = field(default_factory=dict)
+    # Duplicates whose every delivery but the last is an attempt its sending
+    # node logged as failed (the receiver answered after the target's
+    # timeout): the next attempt, at-least-once as on one node (docs/delivery.md).
+    retried: dict[str, int] = field(default_factory=dict)
     takeover_s: float | None = None  # worst lateness of a first delivery after a fault
     max_late_s: float = 0.0  # worst lateness of any first delivery
     acknowledged: int = 0
@@ -261,7 +268,8 @@ class Report:
             f"{self.acknowledged} acknowledged, {self.delivered} delivered, "
             f"{self.pending} pending: "
             f"{len(self.lost)} lost, {len(self.resurrected)} resurrected, {len(self.early)} early, "
-            f"{len(self.duplicates)} duplicated ({len(self.unexplained)} unexplained), "
+            f"{len(self.duplicates)} duplicated ({len(self.unexplained)} unexplained, "
+            f"{len(self.retried)} retried after a failed attempt), "
             f"takeover {takeover}, max late {self.max_late_s:.2f} s"
         )
 
@@ -272,12 +280,14 @@ def check(
     pending: Iterable[str] = (),
     *,
     faults: Sequence[float | Fault] = (),
+    failed: Iterable[tuple[str, int]] = (),
     early_margin_s: float = 0.005,
     inflight_s: float = 0.5,
 ) -> Report:
     """What went wrong. ``pending``: ids the servers still hold at the end.
     ``faults``: when each fault was injected (time.time(); a ``Fault`` for one
-    that lasted). ``inflight_s``: a delivery arriving this soon after a
+    that lasted). ``failed``: the (id, attempt) the servers logged as failed
+    (``failed_attempts``). ``inflight_s``: a delivery arriving this soon after a
     delete's reply, or after a fault's end, may have been sent before it, so
     it is neither a resurrection nor an unexplained duplicate."""
     report = Report()
@@ -321,16 +331,48 @@ def check(
             report.resurrected.append(task_id)
     counts = Counter(d.task_id for d in itertools.chain.from_iterable(by_id.values()))
     report.duplicates = {task_id: n for task_id, n in counts.items() if n > 1}
+    failed_attempts = set(failed)
+    report.retried = {
+        task_id: n
+        for task_id, n in report.duplicates.items()
+        if _retried(by_id[task_id], failed_attempts)
+    }
     report.unexplained = {
         task_id: n
         for task_id, n in report.duplicates.items()
-        if not any(
+        if task_id not in report.retried
+        and not any(
             _in_flight_at(by_id[task_id], f, inflight_s)
             or _resent_across(adds.get(task_id), by_id[task_id], f, inflight_s)
             for f in spans
         )
     }
     return report
+
+
+def _retried(got: list[Delivery], failed: set[tuple[str, int]]) -> bool:
+    """Whether a duplicate's deliveries are attempts of their own, each before
+    the last one its sender saw fail: the receiver had it, but its answer
+    came after the target's timeout (or was lost), so the next attempt went
+    (docs/delivery.md, "an answer lost on the way back"). Not an attempt sent
+    again under its own number: that is a resend, which only a fault explains."""
+    attempts = [d.attempt for d in got]
+    return len(set(attempts)) == len(attempts) and all(
+        (d.task_id, d.attempt) in failed for d in got[:-1]
+    )
+
+
+# A server's line for an attempt that failed (delivery/dispatcher.py).
+FAILED_ATTEMPT = re.compile(r"delaywheel\.delivery\.dispatcher: task '([^']+)' attempt (\d+) to ")
+
+
+def failed_attempts(log_lines: Iterable[str]) -> set[tuple[str, int]]:
+    """The (id, attempt) a server's log says failed, for ``check``'s ``failed``."""
+    return {
+        (found.group(1), int(found.group(2)))
+        for line in log_lines
+        if (found := FAILED_ATTEMPT.search(line)) and " failed: " in line
+    }
 
 
 def _in_flight_at(got: list[Delivery], fault: Fault, inflight_s: float) -> bool:

@@ -13,13 +13,26 @@ and returns ``check``'s ``Report``, printed as one line (``pytest -s``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from delaywheel_client import ClusterClient
-from hacheck import Fault, LoadGenerator, Report, RequestLog, Sink, check, sink
-from serverproc import ServerProcess
+from hacheck import (
+    Fault,
+    LoadGenerator,
+    Report,
+    RequestLog,
+    Sink,
+    check,
+    failed_attempts,
+    sink,
+)
+from serverproc import KEEP_LOGS, ServerProcess
 
 # The load: adds per second, their delays, and the sink target's timeout. A
 # short timeout bounds how long a new owner holds a taken-over attempt
@@ -78,8 +91,12 @@ def undelivered(run: Run) -> set[str]:
     return acknowledged - deleted - delivered
 
 
-def finish(run: Run, nodes: Sequence[ServerProcess], scenario: str) -> Report:
-    """Stop the load, let what is due be delivered, and check the logs."""
+def finish(
+    run: Run, nodes: Sequence[ServerProcess], scenario: str, gone: Sequence[ServerProcess] = ()
+) -> Report:
+    """Stop the load, let what is due be delivered, and check the logs: the
+    run's, and the servers' (``nodes``, and ``gone``: those stopped for good
+    before the end) for the attempts they saw fail."""
     run.load.stop()
     deadline_s = time.monotonic() + SETTLE_S
     while undelivered(run) and time.monotonic() < deadline_s:
@@ -90,9 +107,33 @@ def finish(run: Run, nodes: Sequence[ServerProcess], scenario: str) -> Report:
     if missing:
         with ClusterClient(seeds(nodes)) as client:
             pending = [task_id for task_id in sorted(missing) if client.get(task_id) is not None]
-    report = check(run.log.snapshot(), run.sink.received(), pending, faults=run.faults)
+    failed = failed_attempts(line for node in [*nodes, *gone] for line in list(node.log))
+    report = check(
+        run.log.snapshot(), run.sink.received(), pending, faults=run.faults, failed=failed
+    )
     print(f"\nHA scenario {scenario}: {report.summary()}")
+    _keep(run, scenario, report)
     return report
+
+
+def _keep(run: Run, scenario: str, report: Report) -> None:
+    """The run's requests and deliveries as JSON beside the servers' logs, under
+    $KEEP_TEST_LOGS (tests/serverproc.py), to read a failure with them."""
+    folder = os.environ.get(KEEP_LOGS)
+    if not folder:
+        return
+    kept = {
+        "scenario": scenario,
+        "summary": report.summary(),
+        "duplicates": report.duplicates,
+        "retried": report.retried,
+        "faults": [dataclasses.asdict(f) if isinstance(f, Fault) else f for f in run.faults],
+        "requests": [dataclasses.asdict(r) for r in run.log.snapshot()],
+        "deliveries": [dataclasses.asdict(d) for d in run.sink.received()],
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    name = f"run-{int(time.time() * 1000)}.json"
+    (Path(folder) / name).write_text(json.dumps(kept, default=repr, indent=0))
 
 
 def explain(report: Report) -> str:

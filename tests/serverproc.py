@@ -13,6 +13,7 @@ standard library alone, so importing it loads nothing of pytest.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -24,9 +25,14 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
 START_TIMEOUT_S = 30.0
+# A folder to copy every server's log into, whole (the ``log`` deque keeps the
+# last 2,000 lines): ``server-NODE-PID.log``, for reading a failure of a run
+# repeated in a loop. Not DELAYWHEEL_*: the server reads those as settings.
+KEEP_LOGS = "KEEP_TEST_LOGS"
 
 
 def free_port() -> int:
@@ -87,13 +93,26 @@ class ServerProcess:
 
     def _read_log(self, proc: subprocess.Popen[str], found: threading.Event) -> None:
         assert proc.stderr is not None
-        with proc.stderr:  # closed at EOF, i.e. when the process has exited
+        with proc.stderr, self._kept(proc.pid) as kept:  # closed at EOF: the process exited
             for line in proc.stderr:
                 self.log.append(line.rstrip())
+                if kept is not None:
+                    kept.write(line)
+                    kept.flush()
                 match = LISTENING.search(line)
                 if match and not found.is_set():
                     self.host, self.port = match.group(1), int(match.group(2))
                     found.set()
+
+    def _kept(self, pid: int) -> contextlib.AbstractContextManager[TextIO | None]:
+        """The file this process's log is copied to, under $KEEP_TEST_LOGS (or None)."""
+        folder = os.environ.get(KEEP_LOGS)
+        if not folder:
+            return contextlib.nullcontext()
+        args = self.args
+        node = args[len(args) - 1 - args[::-1].index("--node") + 1] if "--node" in args else "node"
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        return open(Path(folder) / f"server-{node}-{pid}.log", "a")
 
     @property
     def address(self) -> tuple[str, int]:

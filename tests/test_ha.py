@@ -171,10 +171,14 @@ def _assert_clean(report: Report, *, graceful: bool) -> None:
     figures = explain(report)
     assert report.acknowledged >= 30 and report.delivered >= 25, figures  # the load ran
     assert report.ok and report.pending == 0, figures
-    if graceful:  # a handoff journals every outcome before it lets go: no duplicate at all
-        assert not report.duplicates, figures
-    else:  # only attempts in flight at the crash or pause go again
-        assert not report.unexplained, figures
+    # Duplicates only those the checker explains: after a crash or pause, an
+    # attempt in flight at it; and anywhere, the next attempt after one its
+    # sender saw fail (the sink, in this loaded process, read it as or after
+    # the target's timeout: at-least-once, as on one node; 2 runs of 45 of
+    # scenario 7 on main, 5 and 3 such, each run's in one burst).
+    assert not report.unexplained, figures
+    if graceful:  # a handoff journals every outcome before it lets go: no other
+        assert report.duplicates == report.retried, figures
 
 
 def _assert_took_over(report: Report, serving_s: float) -> None:
@@ -451,7 +455,8 @@ def test_scenario_8_scale_2_to_3_to_2(redis_url: str, two_nodes: list[ServerProc
         finally:
             third.kill()
         time.sleep(1.0)  # on two again
-        report = finish(run, two_nodes, f"8 (2 -> 3 -> 2; back to 2 in {scaled_down_s:.2f} s)")
+        figures = f"8 (2 -> 3 -> 2; back to 2 in {scaled_down_s:.2f} s)"
+        report = finish(run, two_nodes, figures, gone=[third])
     _assert_clean(report, graceful=True)
     assert "handed back partition" in third.log_text()
     assert scaled_down_s < LEASE_S  # handed back, not waited out

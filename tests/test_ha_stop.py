@@ -26,15 +26,12 @@ from pathlib import Path
 import pytest
 from conftest import RedisServer
 from delaywheel_client import Client, DelaywheelError
+from owners import keyspace_node
 from redis.asyncio import Redis
 from serverproc import ServerProcess
 from waiting import wait_until
 
-from delaywheel.engine.engine import Engine
 from delaywheel.ha.coordinator import Coordinator
-from delaywheel.ha.rights import NodeRights
-from delaywheel.ha.sharing import Sharing
-from delaywheel.store.redis import RedisStore
 
 PARTITIONS = 4
 LEASE_S = 1.0
@@ -61,15 +58,13 @@ def _logged_s(line: str) -> float:
 async def _stop_in_mid_round(url: str, after_s: float) -> tuple[bool, bool, int]:
     """One node: start, let its rounds run back to back for ``after_s``, stop.
     Returns (stop ended in time, round loop ended, lease keys left)."""
-    async with Redis.from_url(url) as client:
-        await client.flushdb()
-    sharing = Sharing(node="a", address="127.0.0.1:7001", partitions=PARTITIONS, lease_s=LEASE_S)
-    rights = NodeRights(sharing)
-    keyspace = RedisStore(url, partitions=PARTITIONS, owner=rights)
-    await keyspace.open()
-    try:
-        engine = Engine(keyspace, now_s=time.time(), ownership=sharing)
-        coordinator = Coordinator(engine, keyspace, sharing, rights, handoff_wait_s=0.5)
+    async with keyspace_node(
+        url, partitions=PARTITIONS, lease_s=LEASE_S, now_s=time.time()
+    ) as node:
+        keyspace = node.keyspace
+        coordinator = Coordinator(
+            node.engine, keyspace, node.sharing, node.rights, handoff_wait_s=0.5
+        )
         await coordinator.start()
         # Rounds back to back: a stop then nearly always lands inside a Redis
         # command of a round, the window where redis-py swallows a cancel.
@@ -82,8 +77,6 @@ async def _stop_in_mid_round(url: str, after_s: float) -> tuple[bool, bool, int]
         async with Redis.from_url(url) as client:
             leases = sum([await client.exists(keys.lease) for keys in keyspace.layout], start=0)
         return bool(done), ended, leases
-    finally:
-        await keyspace.close()
 
 
 @pytest.mark.slow

@@ -8,7 +8,16 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from delaywheel_client.errors import ConnectionFailed, NotFound, Unavailable
-from hacheck import Delivery, Fault, Request, RequestLog, check, outcome_of, sink
+from hacheck import (
+    Delivery,
+    Fault,
+    Request,
+    RequestLog,
+    check,
+    failed_attempts,
+    outcome_of,
+    sink,
+)
 
 
 def add(task_id: str, sent_s: float, delay_s: float, outcome: str = "ok") -> Request:
@@ -109,6 +118,42 @@ def test_a_duplicate_of_an_add_resent_across_a_fault_is_explained() -> None:
     report = check([resent, calm, quick], deliveries, faults=[Fault(100.0, 103.1)])
     assert report.duplicates == {"resent": 2, "calm": 2, "quick": 2}
     assert report.unexplained == {"calm": 2, "quick": 2}
+
+
+def test_the_next_attempt_after_one_its_sender_saw_fail_is_explained() -> None:
+    """Scenario 7 saw it: attempt 1 reached the sink after the server's 1 s
+    timeout, and attempt 2 went. Only attempts under numbers of their own,
+    each but the last logged as failed: an attempt sent twice under one
+    number is a resend, which only a fault explains."""
+    requests = [add(i, 100, 1) for i in ("retried", "unlogged", "resent", "thrice")]
+    deliveries = [
+        Delivery("retried", 3, 1, 101.0),
+        Delivery("retried", 4, 2, 102.5),  # by the next owner: the record said delayed
+        Delivery("unlogged", 3, 1, 101.0),  # no server said attempt 1 failed
+        Delivery("unlogged", 3, 2, 102.1),
+        Delivery("resent", 3, 1, 101.0),  # attempt 1 failed, then sent again as 1
+        Delivery("resent", 4, 1, 102.1),
+        Delivery("thrice", 3, 1, 101.0),
+        Delivery("thrice", 3, 2, 102.1),
+        Delivery("thrice", 3, 3, 104.1),
+    ]
+    lines = [
+        "2026-12-06 10:06:29,808 INFO delaywheel.delivery.dispatcher: task 'retried' attempt 1"
+        " to http://127.0.0.1:40893 failed: timed out after 1 s waiting for"
+        " http://127.0.0.1:40893/deliver",
+        *(
+            f"x INFO delaywheel.delivery.dispatcher: task '{task_id}' attempt {n} to"
+            " http://127.0.0.1:9 failed: HTTP 503"
+            for task_id, n in [("resent", 1), ("thrice", 1), ("thrice", 2)]
+        ),
+        "x INFO delaywheel.cluster: handed back partition 3",
+    ]
+    failed = failed_attempts(lines)
+    assert failed == {("retried", 1), ("resent", 1), ("thrice", 1), ("thrice", 2)}
+    report = check(requests, deliveries, failed=failed)
+    assert report.retried == {"retried": 2, "thrice": 3}
+    assert report.unexplained == {"unlogged": 2, "resent": 2}
+    assert "2 retried after a failed attempt" in report.summary()
 
 
 def test_takeover_is_the_worst_lateness_after_the_fault() -> None:

@@ -224,8 +224,14 @@ class Dispatcher:
         Returns how many were cut off (they are tried again after a restart)."""
         for lane in self._lanes.values():
             lane.clear()
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=grace_s)
+        # Until every send has ended, not only those running now: an attempt
+        # begun before the lanes were cleared, its own write in flight, starts
+        # its send when that write comes back. Cut off, it may have reached its
+        # receiver with no outcome written, and the next owner (or the
+        # restart) sends it again at its deadline.
+        until_s = time.monotonic() + grace_s
+        while self._running and (left_s := until_s - time.monotonic()) > 0:
+            await asyncio.wait(set(self._running), timeout=left_s)
         self._closed = True
         cut = list(self._running)
         if cut:

@@ -48,6 +48,10 @@ class Sharing:
         # served): their deliveries carry it (``epoch_of``) from the first,
         # which may start while the load awaits the store.
         self.loading: dict[int, int] = {}
+        # partition -> epoch of the partitions being handed back: served no
+        # more, but an attempt of theirs that starts meanwhile (its write came
+        # back during the handback's drain) carries it, not 0.
+        self.leaving: dict[int, int] = {}
         self.owns_all = False
         # Who owns each partition, as the store showed at the coordinator's
         # last look (read by ``cluster`` and the ``moved`` answers).
@@ -73,6 +77,16 @@ class Sharing:
         epoch = self.serving.pop(partition, None)
         self.owns_all = len(self.serving) == self.partitions
         return epoch
+
+    def hand_back(self, partition: int) -> None:
+        """``unserve`` for a handback: its epoch stays for its deliveries
+        (``epoch_of``) until ``handed_back``."""
+        epoch = self.unserve(partition)
+        if epoch is not None:
+            self.leaving[partition] = epoch
+
+    def handed_back(self, partition: int) -> None:
+        self.leaving.pop(partition, None)
 
     def partition_of(self, task_id: str) -> int:
         return partition_of(task_id, self.partitions)
@@ -116,7 +130,9 @@ class Sharing:
     def epoch_of(self, task_id: str) -> int:
         partition = partition_of(task_id, self.partitions)
         epoch = self.serving.get(partition)
-        return self.loading.get(partition, 0) if epoch is None else epoch
+        if epoch is None:
+            return self.loading.get(partition) or self.leaving.get(partition, 0)
+        return epoch
 
     def elsewhere(self, partition: int, task_id: str | None = None) -> RequestError:
         owner = self.owners.get(partition)
