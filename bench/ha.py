@@ -160,8 +160,11 @@ def cluster_client_process(
             client.add(TOPIC, BODY, delay=DELAY_S)
         time.sleep(max(0.0, start_at - time.monotonic()))
         started = time.monotonic()
+        # A process that got here late (a loaded machine: 10 s of start-up
+        # once left every one past the round, 0 adds) still runs a round.
+        deadline = max(start_at, started) + duration_s
         adds = 0
-        while time.monotonic() < start_at + duration_s:
+        while time.monotonic() < deadline:
             client.add(TOPIC, BODY, delay=DELAY_S)
             adds += 1
         return adds, started, time.monotonic()
