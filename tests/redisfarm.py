@@ -10,8 +10,10 @@
 
 Each runs in a directory of its own and ``close()`` kills every process and
 removes the directory. The fixtures ``redis_sentinels`` and ``redis_cluster6``
-give each test a fresh one (tests kill and freeze its processes): import
-them with ``pytest_plugins = ("redisfarm",)`` in the test module.
+give each test a fresh one (tests kill and freeze its processes);
+``module_sentinels`` one Sentinel farm for a module's conformance tests (the
+Sentinel kind of conftest.py's ``store_url``). Import them with
+``pytest_plugins = ("redisfarm",)`` in the test module.
 All ports are free ports of 127.0.0.1, never 6379.
 """
 
@@ -289,6 +291,14 @@ def running(farm: Farm) -> Iterator[Farm]:
 
 @pytest.fixture
 def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelFarm]:
+    with running(SentinelFarm(tmp_path_factory.mktemp("sentinels"))) as farm:
+        yield farm
+
+
+@pytest.fixture(scope="module")
+def module_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelFarm]:
+    """One Sentinel farm for a module's tests, which must not kill or freeze it
+    (conftest.py's ``store_url`` flushes its database for each test)."""
     with running(SentinelFarm(tmp_path_factory.mktemp("sentinels"))) as farm:
         yield farm
 

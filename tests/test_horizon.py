@@ -1,7 +1,8 @@
 """The horizon (delaywheel/engine/horizon.py): delayed tasks due beyond it are
 kept only in the store's far tier, pulled ahead of time, and every verb
-answers as if they were in memory. In process, on memory:// and SQLite,
-with a manual clock: a horizon of a minute costs no wall time."""
+answers as if they were in memory. In process, on every store (memory,
+SQLite, Redis, Redis Cluster and Sentinel: conftest.py's ``store_url``), with
+a manual clock: a horizon of a minute costs no wall time."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from conftest import STORE_KINDS as CONFTEST_STORE_KINDS
 from delaywheel_client.aio import AsyncClient
 from delaywheel_client.partitions import partition_of
 from hypothesis import settings
@@ -27,6 +29,11 @@ from delaywheel.net.server import Server
 from delaywheel.store import Store, open_store
 from delaywheel.store.base import Tiers
 from delaywheel.store.redis import RedisStore
+
+pytest_plugins = ("redisfarm",)  # module_sentinels, for the Sentinel kind
+
+# Sentinel too: the same writer and scripts as plain Redis, behind Sentinel's discovery.
+STORE_KINDS = (*CONFTEST_STORE_KINDS, pytest.param("redis-sentinel", marks=pytest.mark.redis))
 
 T = TypeVar("T")
 T0 = 1_800_000_000.0

@@ -42,7 +42,7 @@ from delaywheel.store.redis import RedisStore
 from delaywheel.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
-    from redisfarm import SentinelFarm
+    pass
 
 T = TypeVar("T")
 
@@ -60,15 +60,6 @@ async def opened(url: str) -> Store:
 # ---------------------------------------------------------------------------
 
 pytest_plugins = ("redisfarm",)
-
-
-@pytest.fixture(scope="module")
-def module_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelFarm]:
-    """One Sentinel farm for the module's tests (each flushes its database first)."""
-    from redisfarm import SentinelFarm, running
-
-    with running(SentinelFarm(tmp_path_factory.mktemp("sentinels"))) as farm:
-        yield farm
 
 
 # Every store the conformance tests run on: conftest.py's, and Sentinel
