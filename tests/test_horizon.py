@@ -307,7 +307,7 @@ def test_a_store_written_before_the_horizon_is_moved_at_the_first_start(tmp_path
 
 
 def test_pulls_bring_tasks_a_horizon_ahead_in_batches(store_url: str, monkeypatch: Any) -> None:
-    monkeypatch.setattr("delaywheel.engine.horizon.PULL_BATCH", 7)
+    monkeypatch.setattr("delaywheel.engine.far_pull.PULL_BATCH", 7)
 
     async def main() -> None:
         store = open_store(store_url)

@@ -1,6 +1,6 @@
 """The horizon with real servers: on SQLite, killed with SIGKILL while a
 start pulls the far tier, it starts again with every task, counted exactly
-(the pull only reads; engine/horizon.py); on Redis, two nodes, one killed
+(the pull only reads; engine/far_pull.py); on Redis, two nodes, one killed
 with SIGKILL: the other takes its partitions' far tiers and fires each far
 task once, on time."""
 

@@ -228,7 +228,7 @@ class ColdTasks:
         into the table; corrupt ones are logged with their id and skipped.
         Returns how many tasks were loaded. With ``far_from_s``, a delayed
         task due from then on is not loaded but handed to ``push``, a batch
-        at a time, to be moved to the far tier (engine/horizon.py)."""
+        at a time, to be moved to the far tier (engine/far_pull.py, ``push``)."""
         loaded = 0
         next_report = LOAD_PROGRESS_EVERY
         now_s = self._table.wheel.now_s

@@ -588,7 +588,7 @@ class Engine:
         skipped. Returns how many loaded (see ``delaywheel.engine.cold``). With
         a horizon, records beyond it are moved to the far tier as they are met
         (a store written before it), then the far tier is read up to it
-        (engine/horizon.py); those pulled count as loaded."""
+        (engine/far_pull.py); those pulled count as loaded."""
         horizon = self.horizon
         horizon.start(self.wheel.now_s)
         loaded = await self.table.cold.load(

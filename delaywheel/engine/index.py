@@ -166,7 +166,7 @@ class TaskCounts:
 
     def remove_many(self, topic: str, state: str, n: int) -> None:
         """``remove`` ``n`` times over, in one step (a handover's far counts:
-        millions of far tasks, engine/horizon.py)."""
+        millions of far tasks, engine/far_pull.py)."""
         if not n:
             return
         self._states[state] -= n

@@ -4,7 +4,7 @@ Each partition's far tier is three keys (layout.py): ``far`` (id -> record),
 ``due`` (a zset: id -> due time, the tier's time index) and ``farcount``
 (topic -> far tasks). The fenced flush writes them (fenced.py); the engine
 reads them through the store's ``far_range``, ``far_get`` and ``far_counts``
-(store/base.py; engine/horizon.py pulls what comes due). A failed read is
+(store/base.py; engine/far_pull.py pulls what comes due). A failed read is
 ``StoreUnavailable``, naming the store as ``url`` shows it, ``secrets`` hidden.
 """
 
