@@ -283,7 +283,6 @@ def scale(
     tree: Path | None, store: str, directory: Path, tasks: int, restarts: int
 ) -> list[Figure]:
     """Fill ``tasks`` over a year on ``store`` (sqlite or redis), then restart."""
-    figures: list[Figure] = []
     with contextlib_redis(store, directory) as redis_url:
         if store == "redis":
             if redis_url is None:
@@ -295,63 +294,101 @@ def scale(
             url = f"sqlite:///{db}"
         server = Server(tree, url)
         try:
-            empty_rss = settled_rss(server)
-            used_before = redis_used_memory(url) if store == "redis" else 0
-            now_s = time.time()
             progress(f"{store}: {tasks:,} tasks due over a year, {tree_name(tree)}")
-            rate, task_id = fill(server.address, tasks, "far", now_s + 2 * HOUR_S, YEAR_S)
-            added_rss = settled_rss(server)
-            figures.append(
-                Figure(
-                    f"{store}_fill_rate",
-                    f"{store}: adds while filling",
-                    rate,
-                    "/s",
-                    note=f"add_many of {FILL_BATCH:,}, {FILL_IN_FLIGHT} in flight",
-                )
-            )
-            figures.append(
-                Figure(
-                    f"{store}_rss_added_mb",
-                    f"{store}: server RSS after the adds",
-                    added_rss / MB,
-                    "MB",
-                    Target("<=", 300.0) if store == "sqlite" else None,
-                    note=f"{tasks:,} tasks; {empty_rss / MB:.0f} MB before them",
-                )
-            )
-            if store == "redis":
-                used_after = redis_used_memory(url)
-                figures.append(
-                    Figure(
-                        "redis_used_memory_per_task",
-                        "redis: used_memory per task",
-                        (used_after - used_before) / tasks,
-                        "B",
-                        note=f"INFO memory: {used_before / MB:.1f} MB before the fill,"
-                        f" {used_after / MB:.1f} MB after; AOF off",
-                    )
-                )
-            runs: list[Restart] = []
-            for number in range(restarts):
-                progress(f"{store}: restart {number + 1} of {restarts}")
-                server, measured = restart(server, task_id)
-                runs.append(measured)
+            filled = fill_over_a_year(server, store, url, tasks)
+            figures = fill_figures(store, tasks, filled)
+            server, runs = restarted(server, filled.task_id, store, restarts)
             if store == "sqlite":
-                size = store_bytes(db)
-                figures.append(
-                    Figure(
-                        "sqlite_file_bytes_per_task",
-                        "sqlite: file per task",
-                        size / tasks,
-                        "B",
-                        note=f"{size / MB:,.0f} MB with its WAL, after the restarts",
-                    )
-                )
+                figures.append(sqlite_file_figure(db, tasks))
         finally:
             server.stop()
+    return figures + restart_figures(store, runs)
+
+
+@dataclass(frozen=True)
+class Filled:
+    """What the fill measured: its rate, and the memory before and after it."""
+
+    task_id: str  # the first task added: each restart gets it
+    rate: float  # adds a second
+    empty_rss: int  # the server's, before the fill
+    added_rss: int  # the server's, after it
+    used_before: int  # Redis's used_memory before the fill (0 on SQLite)
+    used_after: int  # and after it
+
+
+def fill_over_a_year(server: Server, store: str, url: str, tasks: int) -> Filled:
+    """``tasks`` due from two hours to a year ahead, with the memory around the fill."""
+    empty_rss = settled_rss(server)
+    used_before = redis_used_memory(url) if store == "redis" else 0
+    now_s = time.time()
+    rate, task_id = fill(server.address, tasks, "far", now_s + 2 * HOUR_S, YEAR_S)
+    added_rss = settled_rss(server)
+    used_after = redis_used_memory(url) if store == "redis" else 0
+    return Filled(task_id, rate, empty_rss, added_rss, used_before, used_after)
+
+
+def fill_figures(store: str, tasks: int, filled: Filled) -> list[Figure]:
+    """The fill's rate, the server's RSS after it and, on Redis, used_memory per task."""
+    figures = [
+        Figure(
+            f"{store}_fill_rate",
+            f"{store}: adds while filling",
+            filled.rate,
+            "/s",
+            note=f"add_many of {FILL_BATCH:,}, {FILL_IN_FLIGHT} in flight",
+        ),
+        Figure(
+            f"{store}_rss_added_mb",
+            f"{store}: server RSS after the adds",
+            filled.added_rss / MB,
+            "MB",
+            Target("<=", 300.0) if store == "sqlite" else None,
+            note=f"{tasks:,} tasks; {filled.empty_rss / MB:.0f} MB before them",
+        ),
+    ]
+    if store == "redis":
+        used_before, used_after = filled.used_before, filled.used_after
+        figures.append(
+            Figure(
+                "redis_used_memory_per_task",
+                "redis: used_memory per task",
+                (used_after - used_before) / tasks,
+                "B",
+                note=f"INFO memory: {used_before / MB:.1f} MB before the fill,"
+                f" {used_after / MB:.1f} MB after; AOF off",
+            )
+        )
+    return figures
+
+
+def restarted(
+    server: Server, task_id: str, store: str, restarts: int
+) -> tuple[Server, list[Restart]]:
+    """``restarts`` restarts in turn: the server last started, and each one measured."""
+    runs: list[Restart] = []
+    for number in range(restarts):
+        progress(f"{store}: restart {number + 1} of {restarts}")
+        server, measured = restart(server, task_id)
+        runs.append(measured)
+    return server, runs
+
+
+def sqlite_file_figure(db: Path, tasks: int) -> Figure:
+    size = store_bytes(db)
+    return Figure(
+        "sqlite_file_bytes_per_task",
+        "sqlite: file per task",
+        size / tasks,
+        "B",
+        note=f"{size / MB:,.0f} MB with its WAL, after the restarts",
+    )
+
+
+def restart_figures(store: str, runs: Sequence[Restart]) -> list[Figure]:
+    """The medians of the restarts: to listening, to serving, RSS, and the stop before."""
     target_s = Target("<=", 2.0) if store == "sqlite" else None
-    figures += [
+    return [
         median_figure(
             f"{store}_restart_listening_s",
             f"{store}: restart to listening",
@@ -387,7 +424,6 @@ def scale(
             note="the server before each restart",
         ),
     ]
-    return figures
 
 
 @contextmanager
