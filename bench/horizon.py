@@ -283,15 +283,11 @@ def scale(
     tree: Path | None, store: str, directory: Path, tasks: int, restarts: int
 ) -> list[Figure]:
     """Fill ``tasks`` over a year on ``store`` (sqlite or redis), then restart."""
-    with contextlib_redis(store, directory) as redis_url:
-        if store == "redis":
-            if redis_url is None:
-                progress("no redis-server installed: Redis skipped")
-                return []
-            url = redis_url
-        else:
-            db = directory / "horizon.db"
-            url = f"sqlite:///{db}"
+    db = directory / "horizon.db"
+    with store_url(store, db) as url:
+        if url is None:
+            progress("no redis-server installed: Redis skipped")
+            return []
         server = Server(tree, url)
         try:
             progress(f"{store}: {tasks:,} tasks due over a year, {tree_name(tree)}")
@@ -427,12 +423,13 @@ def restart_figures(store: str, runs: Sequence[Restart]) -> list[Figure]:
 
 
 @contextmanager
-def contextlib_redis(store: str, directory: Path) -> Iterator[str | None]:
-    """A private redis-server, AOF off, for ``store`` redis; None for any other store."""
+def store_url(store: str, db: Path) -> Iterator[str | None]:
+    """The URL of ``store``: the SQLite file ``db``, or for redis a private
+    redis-server, AOF off, in ``db``'s folder (None when none is installed)."""
     if store != "redis":
-        yield None
+        yield f"sqlite:///{db}"
         return
-    with private_redis_process(directory, aof=False) as found:
+    with private_redis_process(db.parent, aof=False) as found:
         yield None if found is None else found[1]
 
 
@@ -475,14 +472,10 @@ def lateness(tree: Path | None, directory: Path, plan: Plan, store: str = "sqlit
     horizon = knows_horizon(tree)
     if horizon:
         args += ["--horizon", LATENESS_HORIZON]
-    with contextlib_redis(store, directory) as redis_url:
-        if store == "redis":
-            if redis_url is None:
-                progress("no redis-server installed: the lateness on Redis skipped")
-                return []
-            url = redis_url
-        else:
-            url = f"sqlite:///{directory / 'lateness.db'}"
+    with store_url(store, directory / "lateness.db") as url:
+        if url is None:
+            progress("no redis-server installed: the lateness on Redis skipped")
+            return []
         return _lateness(tree, url, args, horizon, plan, store)
 
 
