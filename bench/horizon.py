@@ -45,18 +45,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -64,11 +61,9 @@ from delaywheel_client import AsyncClient
 
 from bench import Figure, Report, Target, progress, render_table
 from bench._loads import Address, dw_client, rss_bytes
-from bench._procs import private_redis_process
+from bench._procs import knows_option, private_redis_process, tree_server
 from bench.lateness import percentile
 
-ROOT = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
 START_TIMEOUT_S = 900.0  # the tree before the horizon loads 10 M tasks in about 20 s
 STOP_TIMEOUT_S = 300.0
 HOUR_S = 3600.0
@@ -104,68 +99,25 @@ QUICK = Plan(tasks=2_000, restarts=1, far_tasks=0, stream_s=0.0)
 # -- a server of a tree -----------------------------------------------------------------
 
 
-@dataclass
 class Server:
     """``delaywheel serve`` of ``tree`` (None: this checkout), started at construction."""
 
-    tree: Path | None
-    store_url: str
-    args: Sequence[str] = ()
-    log: deque[str] = field(default_factory=lambda: deque(maxlen=2000))
-    listening_s: float = 0.0  # exec to the listening line
-    address: Address = ("", 0)
-
-    def __post_init__(self) -> None:
-        python, cwd = sys.executable, ROOT
-        if self.tree is not None:
-            python, cwd = str(self.tree / ".venv" / "bin" / "python"), self.tree
-        command = [python, "-m", "delaywheel", "serve", "--port", "0"]
-        command += ["--store", self.store_url]
-        if knows_option(self.tree, "--max-connections-per-address"):  # 24aa740 does not
-            command += ["--max-connections-per-address", "10000"]
-        found = threading.Event()
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [*command, *self.args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=cwd,
-        )
-        self.reader = threading.Thread(target=self._read_log, args=(found,), daemon=True)
-        self.reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not found.wait(0.005):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("server did not start:\n" + "\n".join(self.log))
-
-    def _read_log(self, found: threading.Event) -> None:
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            for line in self.proc.stderr:
-                self.log.append(line.rstrip())
-                match = LISTENING.search(line)
-                if match and not found.is_set():
-                    self.listening_s = time.perf_counter() - self.started
-                    self.address = (match.group(1), int(match.group(2)))
-                    found.set()
+    def __init__(self, tree: Path | None, store_url: str, args: Sequence[str] = ()) -> None:
+        self.tree, self.store_url, self.args = tree, store_url, args
+        self.process = tree_server(tree, store_url, args, START_TIMEOUT_S)
+        self.started = self.process.started  # perf_counter at the exec
+        self.listening_s = self.process.listening_s  # exec to the listening line
+        self.address: Address = self.process.address
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        assert self.process.proc is not None
+        return self.process.proc.pid
 
     def stop(self) -> float:
         """SIGTERM and wait for the exit: the seconds it took."""
         started = time.perf_counter()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.reader.join(5)
+        self.process.stop(STOP_TIMEOUT_S)
         return time.perf_counter() - started
 
 
@@ -176,12 +128,6 @@ def running(tree: Path | None, store_url: str, args: Sequence[str] = ()) -> Iter
         yield server
     finally:
         server.stop()
-
-
-def knows_option(tree: Path | None, option: str) -> bool:
-    """Whether the tree's server takes ``option`` (an older tree may not)."""
-    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
-    return f'"{option}"' in serve.read_text()
 
 
 def knows_horizon(tree: Path | None) -> bool:
