@@ -3,7 +3,8 @@ and the small servers of bench/ that print the address they listen on.
 
 The real server is started by the tests' ``ServerProcess`` (tests/serverproc.py:
 the bench runs from a checkout, as the tests do), so the two start it, read its
-port and stop it the same way.
+port and stop it the same way; ``tree_server`` starts it from another source
+tree too, and times its start (bench/horizon.py, bench/recovery.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ from tests.serverproc import LISTENING, ServerProcess, free_port
 # tasks, docs/performance.md): the bench waits for that, however big.
 START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _wait_for_port(port: int, timeout_s: float = 10.0) -> None:
@@ -101,6 +104,41 @@ def listening_child(
             proc.stdout.close()
 
 
+def knows_option(tree: Path | None, option: str) -> bool:
+    """Whether the tree's server takes ``option`` (an older tree may not)."""
+    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
+    return f'"{option}"' in serve.read_text()
+
+
+def tree_server(
+    tree: Path | None,
+    store_url: str,
+    args: Sequence[str] = (),
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> ServerProcess:
+    """``delaywheel serve`` of ``tree`` (None: this checkout; else that tree's own
+    ``.venv/bin/python``, run in that tree) on a free port with ``store_url``,
+    listening: its ``listening_s`` is the time from the exec to the listening line.
+
+    ``args`` are more ``serve`` options; the tick is the server's own.
+    """
+    python, cwd = sys.executable, ROOT
+    if tree is not None:
+        python, cwd = str(tree / ".venv" / "bin" / "python"), tree
+    # Every client of a bench connects from 127.0.0.1: one address may hold every
+    # connection (by default a quarter of --max-connections). 24aa740 has no such option.
+    if knows_option(tree, "--max-connections-per-address"):
+        args = ("--max-connections-per-address", "10000", *args)
+    return ServerProcess(
+        *args,
+        store=store_url,
+        tick=None,
+        start_timeout_s=start_timeout_s,
+        python=python,
+        cwd=cwd,
+    )
+
+
 @contextmanager
 def running_server(store_url: str, start_log: list[str] | None = None) -> Iterator[tuple[str, int]]:
     """``delaywheel serve`` on a free port with the given store; yields (host, port).
@@ -120,11 +158,8 @@ def server_process(
 
     ``args`` are more ``serve`` options, e.g. ``("--tick", "0.01")``.
     """
-    # Every client of a bench connects from 127.0.0.1: one address may hold every
-    # connection (by default a quarter of --max-connections).
-    args = ("--max-connections-per-address", "10000", *args)
     try:
-        server = ServerProcess(*args, store=store_url, tick=None, start_timeout_s=START_TIMEOUT_S)
+        server = tree_server(None, store_url, args)
     except RuntimeError as exc:
         raise RuntimeError(f"server for {store_url} did not start: {exc}") from None
     try:

@@ -45,18 +45,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -64,11 +61,9 @@ from delaywheel_client import AsyncClient
 
 from bench import Figure, Report, Target, progress, render_table
 from bench._loads import Address, dw_client, rss_bytes
-from bench._procs import private_redis_process
+from bench._procs import knows_option, private_redis_process, tree_server
 from bench.lateness import percentile
 
-ROOT = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
 START_TIMEOUT_S = 900.0  # the tree before the horizon loads 10 M tasks in about 20 s
 STOP_TIMEOUT_S = 300.0
 HOUR_S = 3600.0
@@ -104,68 +99,25 @@ QUICK = Plan(tasks=2_000, restarts=1, far_tasks=0, stream_s=0.0)
 # -- a server of a tree -----------------------------------------------------------------
 
 
-@dataclass
 class Server:
     """``delaywheel serve`` of ``tree`` (None: this checkout), started at construction."""
 
-    tree: Path | None
-    store_url: str
-    args: Sequence[str] = ()
-    log: deque[str] = field(default_factory=lambda: deque(maxlen=2000))
-    listening_s: float = 0.0  # exec to the listening line
-    address: Address = ("", 0)
-
-    def __post_init__(self) -> None:
-        python, cwd = sys.executable, ROOT
-        if self.tree is not None:
-            python, cwd = str(self.tree / ".venv" / "bin" / "python"), self.tree
-        command = [python, "-m", "delaywheel", "serve", "--port", "0"]
-        command += ["--store", self.store_url]
-        if knows_option(self.tree, "--max-connections-per-address"):  # 24aa740 does not
-            command += ["--max-connections-per-address", "10000"]
-        found = threading.Event()
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [*command, *self.args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=cwd,
-        )
-        self.reader = threading.Thread(target=self._read_log, args=(found,), daemon=True)
-        self.reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not found.wait(0.005):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("server did not start:\n" + "\n".join(self.log))
-
-    def _read_log(self, found: threading.Event) -> None:
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            for line in self.proc.stderr:
-                self.log.append(line.rstrip())
-                match = LISTENING.search(line)
-                if match and not found.is_set():
-                    self.listening_s = time.perf_counter() - self.started
-                    self.address = (match.group(1), int(match.group(2)))
-                    found.set()
+    def __init__(self, tree: Path | None, store_url: str, args: Sequence[str] = ()) -> None:
+        self.tree, self.store_url, self.args = tree, store_url, args
+        self.process = tree_server(tree, store_url, args, START_TIMEOUT_S)
+        self.started = self.process.started  # perf_counter at the exec
+        self.listening_s = self.process.listening_s  # exec to the listening line
+        self.address: Address = self.process.address
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        assert self.process.proc is not None
+        return self.process.proc.pid
 
     def stop(self) -> float:
         """SIGTERM and wait for the exit: the seconds it took."""
         started = time.perf_counter()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.reader.join(5)
+        self.process.stop(STOP_TIMEOUT_S)
         return time.perf_counter() - started
 
 
@@ -176,12 +128,6 @@ def running(tree: Path | None, store_url: str, args: Sequence[str] = ()) -> Iter
         yield server
     finally:
         server.stop()
-
-
-def knows_option(tree: Path | None, option: str) -> bool:
-    """Whether the tree's server takes ``option`` (an older tree may not)."""
-    serve = (tree or ROOT) / "delaywheel" / "cli" / "serve.py"
-    return f'"{option}"' in serve.read_text()
 
 
 def knows_horizon(tree: Path | None) -> bool:
@@ -283,75 +229,108 @@ def scale(
     tree: Path | None, store: str, directory: Path, tasks: int, restarts: int
 ) -> list[Figure]:
     """Fill ``tasks`` over a year on ``store`` (sqlite or redis), then restart."""
-    figures: list[Figure] = []
-    with contextlib_redis(store, directory) as redis_url:
-        if store == "redis":
-            if redis_url is None:
-                progress("no redis-server installed: Redis skipped")
-                return []
-            url = redis_url
-        else:
-            db = directory / "horizon.db"
-            url = f"sqlite:///{db}"
+    db = directory / "horizon.db"
+    with store_url(store, db) as url:
+        if url is None:
+            progress("no redis-server installed: Redis skipped")
+            return []
         server = Server(tree, url)
         try:
-            empty_rss = settled_rss(server)
-            used_before = redis_used_memory(url) if store == "redis" else 0
-            now_s = time.time()
             progress(f"{store}: {tasks:,} tasks due over a year, {tree_name(tree)}")
-            rate, task_id = fill(server.address, tasks, "far", now_s + 2 * HOUR_S, YEAR_S)
-            added_rss = settled_rss(server)
-            figures.append(
-                Figure(
-                    f"{store}_fill_rate",
-                    f"{store}: adds while filling",
-                    rate,
-                    "/s",
-                    note=f"add_many of {FILL_BATCH:,}, {FILL_IN_FLIGHT} in flight",
-                )
-            )
-            figures.append(
-                Figure(
-                    f"{store}_rss_added_mb",
-                    f"{store}: server RSS after the adds",
-                    added_rss / MB,
-                    "MB",
-                    Target("<=", 300.0) if store == "sqlite" else None,
-                    note=f"{tasks:,} tasks; {empty_rss / MB:.0f} MB before them",
-                )
-            )
-            if store == "redis":
-                used_after = redis_used_memory(url)
-                figures.append(
-                    Figure(
-                        "redis_used_memory_per_task",
-                        "redis: used_memory per task",
-                        (used_after - used_before) / tasks,
-                        "B",
-                        note=f"INFO memory: {used_before / MB:.1f} MB before the fill,"
-                        f" {used_after / MB:.1f} MB after; AOF off",
-                    )
-                )
-            runs: list[Restart] = []
-            for number in range(restarts):
-                progress(f"{store}: restart {number + 1} of {restarts}")
-                server, measured = restart(server, task_id)
-                runs.append(measured)
+            filled = fill_over_a_year(server, store, url, tasks)
+            figures = fill_figures(store, tasks, filled)
+            server, runs = restarted(server, filled.task_id, store, restarts)
             if store == "sqlite":
-                size = store_bytes(db)
-                figures.append(
-                    Figure(
-                        "sqlite_file_bytes_per_task",
-                        "sqlite: file per task",
-                        size / tasks,
-                        "B",
-                        note=f"{size / MB:,.0f} MB with its WAL, after the restarts",
-                    )
-                )
+                figures.append(sqlite_file_figure(db, tasks))
         finally:
             server.stop()
+    return figures + restart_figures(store, runs)
+
+
+@dataclass(frozen=True)
+class Filled:
+    """What the fill measured: its rate, and the memory before and after it."""
+
+    task_id: str  # the first task added: each restart gets it
+    rate: float  # adds a second
+    empty_rss: int  # the server's, before the fill
+    added_rss: int  # the server's, after it
+    used_before: int  # Redis's used_memory before the fill (0 on SQLite)
+    used_after: int  # and after it
+
+
+def fill_over_a_year(server: Server, store: str, url: str, tasks: int) -> Filled:
+    """``tasks`` due from two hours to a year ahead, with the memory around the fill."""
+    empty_rss = settled_rss(server)
+    used_before = redis_used_memory(url) if store == "redis" else 0
+    now_s = time.time()
+    rate, task_id = fill(server.address, tasks, "far", now_s + 2 * HOUR_S, YEAR_S)
+    added_rss = settled_rss(server)
+    used_after = redis_used_memory(url) if store == "redis" else 0
+    return Filled(task_id, rate, empty_rss, added_rss, used_before, used_after)
+
+
+def fill_figures(store: str, tasks: int, filled: Filled) -> list[Figure]:
+    """The fill's rate, the server's RSS after it and, on Redis, used_memory per task."""
+    figures = [
+        Figure(
+            f"{store}_fill_rate",
+            f"{store}: adds while filling",
+            filled.rate,
+            "/s",
+            note=f"add_many of {FILL_BATCH:,}, {FILL_IN_FLIGHT} in flight",
+        ),
+        Figure(
+            f"{store}_rss_added_mb",
+            f"{store}: server RSS after the adds",
+            filled.added_rss / MB,
+            "MB",
+            Target("<=", 300.0) if store == "sqlite" else None,
+            note=f"{tasks:,} tasks; {filled.empty_rss / MB:.0f} MB before them",
+        ),
+    ]
+    if store == "redis":
+        used_before, used_after = filled.used_before, filled.used_after
+        figures.append(
+            Figure(
+                "redis_used_memory_per_task",
+                "redis: used_memory per task",
+                (used_after - used_before) / tasks,
+                "B",
+                note=f"INFO memory: {used_before / MB:.1f} MB before the fill,"
+                f" {used_after / MB:.1f} MB after; AOF off",
+            )
+        )
+    return figures
+
+
+def restarted(
+    server: Server, task_id: str, store: str, restarts: int
+) -> tuple[Server, list[Restart]]:
+    """``restarts`` restarts in turn: the server last started, and each one measured."""
+    runs: list[Restart] = []
+    for number in range(restarts):
+        progress(f"{store}: restart {number + 1} of {restarts}")
+        server, measured = restart(server, task_id)
+        runs.append(measured)
+    return server, runs
+
+
+def sqlite_file_figure(db: Path, tasks: int) -> Figure:
+    size = store_bytes(db)
+    return Figure(
+        "sqlite_file_bytes_per_task",
+        "sqlite: file per task",
+        size / tasks,
+        "B",
+        note=f"{size / MB:,.0f} MB with its WAL, after the restarts",
+    )
+
+
+def restart_figures(store: str, runs: Sequence[Restart]) -> list[Figure]:
+    """The medians of the restarts: to listening, to serving, RSS, and the stop before."""
     target_s = Target("<=", 2.0) if store == "sqlite" else None
-    figures += [
+    return [
         median_figure(
             f"{store}_restart_listening_s",
             f"{store}: restart to listening",
@@ -387,16 +366,16 @@ def scale(
             note="the server before each restart",
         ),
     ]
-    return figures
 
 
 @contextmanager
-def contextlib_redis(store: str, directory: Path) -> Iterator[str | None]:
-    """A private redis-server, AOF off, for ``store`` redis; None for any other store."""
+def store_url(store: str, db: Path) -> Iterator[str | None]:
+    """The URL of ``store``: the SQLite file ``db``, or for redis a private
+    redis-server, AOF off, in ``db``'s folder (None when none is installed)."""
     if store != "redis":
-        yield None
+        yield f"sqlite:///{db}"
         return
-    with private_redis_process(directory, aof=False) as found:
+    with private_redis_process(db.parent, aof=False) as found:
         yield None if found is None else found[1]
 
 
@@ -439,14 +418,10 @@ def lateness(tree: Path | None, directory: Path, plan: Plan, store: str = "sqlit
     horizon = knows_horizon(tree)
     if horizon:
         args += ["--horizon", LATENESS_HORIZON]
-    with contextlib_redis(store, directory) as redis_url:
-        if store == "redis":
-            if redis_url is None:
-                progress("no redis-server installed: the lateness on Redis skipped")
-                return []
-            url = redis_url
-        else:
-            url = f"sqlite:///{directory / 'lateness.db'}"
+    with store_url(store, directory / "lateness.db") as url:
+        if url is None:
+            progress("no redis-server installed: the lateness on Redis skipped")
+            return []
         return _lateness(tree, url, args, horizon, plan, store)
 
 

@@ -62,7 +62,7 @@ from pathlib import Path
 import redis
 
 from bench import Figure, Report, Target, paused_gc, progress
-from bench._procs import private_redis, server_process
+from bench._procs import STOP_TIMEOUT_S, private_redis, tree_server
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import DELAYED, READY, RESERVED, Task
 from delaywheel.store import open_store
@@ -141,14 +141,15 @@ async def fill(url: str, count: int, spread_s: float, delayed: float) -> None:
 
 def timed_start(url: str) -> tuple[float, int, float]:
     """Start the server on a filled store: (load s it logged, tasks, exec-to-port s)."""
-    start_log: list[str] = []
-    started = time.perf_counter()
-    with server_process(url, start_log, ("--horizon", HORIZON)):
-        listening_s = time.perf_counter() - started
+    server = tree_server(None, url, ("--horizon", HORIZON))
+    try:
+        start_log = list(server.log)  # up to the listening line
+    finally:
+        server.stop(STOP_TIMEOUT_S)
     for line in start_log:
         match = LOADED.search(line)
         if match:
-            return float(match.group(2)), int(match.group(1)), listening_s
+            return float(match.group(2)), int(match.group(1)), server.listening_s
     raise RuntimeError(f"the server on {url} never logged its load: {start_log[-3:]}")
 
 

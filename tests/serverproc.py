@@ -29,6 +29,7 @@ from typing import TextIO
 
 LISTENING = re.compile(r"delaywheel listening on (\S+):(\d+)")
 START_TIMEOUT_S = 30.0
+REPO = Path(__file__).resolve().parent.parent  # where the server runs from
 # A folder to copy every server's log into, whole (the ``log`` deque keeps the
 # last 2,000 lines): ``server-NODE-PID.log``, for reading a failure of a run
 # repeated in a loop. Not DELAYWHEEL_*: the server reads those as settings.
@@ -50,6 +51,9 @@ class ServerProcess:
     ``python_args`` are the interpreter's arguments that make it delaywheel.
     ``tick`` None leaves the server's own default (1 s), as the bench does;
     ``start_timeout_s`` is how long it may take to listen (a load included).
+    ``python`` and ``cwd`` run another source tree's server (the bench's
+    ``--tree``: its own interpreter, in that tree). ``listening_s`` is the time
+    from the exec to the listening line, taken as the line is read.
     """
 
     def __init__(
@@ -61,26 +65,32 @@ class ServerProcess:
         prefix: Sequence[str] = (),
         python_args: Sequence[str] = ("-m", "delaywheel"),
         start_timeout_s: float = START_TIMEOUT_S,
+        python: str = sys.executable,
+        cwd: Path = REPO,
     ) -> None:
         ticking = [] if tick is None else ["--tick", tick]
         self.args = ["--port", "0", "--store", store, *ticking, *args]
-        self.command = [*prefix, sys.executable, *python_args, "serve"]
+        self.command = [*prefix, python, *python_args, "serve"]
+        self.cwd = cwd
         self.env = {**os.environ, **(env or {})}
         self.log: deque[str] = deque(maxlen=2000)
         self.host = ""
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
         self.start_timeout_s = start_timeout_s
+        self.started = 0.0  # perf_counter at the exec
+        self.listening_s = 0.0
         self.start()
 
     def start(self) -> None:
+        self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             [*self.command, *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env=self.env,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=self.cwd,
         )
         found = threading.Event()
         self.reader = threading.Thread(target=self._read_log, args=(self.proc, found), daemon=True)
@@ -101,6 +111,7 @@ class ServerProcess:
                     kept.flush()
                 match = LISTENING.search(line)
                 if match and not found.is_set():
+                    self.listening_s = time.perf_counter() - self.started
                     self.host, self.port = match.group(1), int(match.group(2))
                     found.set()
 
