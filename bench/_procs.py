@@ -83,6 +83,21 @@ def private_redis_process(directory: Path, aof: bool = True) -> Iterator[tuple[i
         proc.wait()
 
 
+def wait_listening(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, int]:
+    """The (host, port) a ``delaywheel serve`` child logs on its stderr once it
+    listens; read line by line, at most ``timeout_s`` (the rest of its log stays
+    in the pipe for the caller to drain)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stderr:
+        match = LISTENING.search(line)
+        if match:
+            return match.group(1), int(match.group(2))
+        if time.monotonic() > deadline:
+            break
+    raise RuntimeError(f"{' '.join(map(str, proc.args))} did not start")
+
+
 @contextmanager
 def listening_child(
     command: Sequence[str], listening: str

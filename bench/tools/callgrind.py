@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from bench._loads import LOADS, READY_TOPIC
-from bench._procs import LISTENING, free_port, private_redis
+from bench._procs import free_port, private_redis, wait_listening
 from bench._section import add_tasks
 from bench.http_api import load_http_add
 
@@ -57,18 +57,6 @@ START_TIMEOUT_S = 300.0
 SLOW_LEASE_S = 600
 STOP_TIMEOUT_S = 10.0
 TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
-
-
-def _wait_listening(proc: subprocess.Popen[str]) -> tuple[str, int]:
-    assert proc.stderr is not None
-    deadline = time.monotonic() + START_TIMEOUT_S
-    for line in proc.stderr:
-        match = LISTENING.search(line)
-        if match:
-            return match.group(1), int(match.group(2))
-        if time.monotonic() > deadline:
-            break
-    raise RuntimeError("the server under callgrind did not start")
 
 
 def _instructions(directory: Path) -> int:
@@ -134,7 +122,7 @@ def count(
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=out)
     drain: subprocess.Popen[bytes] | None = None
     try:
-        address = _wait_listening(proc)
+        address = wait_listening(proc, START_TIMEOUT_S)
         # the server's log goes on being read, so that it never blocks on a full pipe
         drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
         if load.startswith("reserve_"):  # each call takes a ready task: fill first

@@ -26,14 +26,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench._loads import LOADS, READY_TOPIC, WARMUP_STEPS, Address, Run, drive
-from bench._procs import LISTENING, private_redis_process
+from bench._procs import private_redis_process, wait_listening
 from bench._section import add_tasks, pinned
 
 START_TIMEOUT_S = 120.0
@@ -70,7 +69,7 @@ def _server(tree: Path, store_url: str) -> Iterator[tuple[int, Address]]:
         )
         drain: subprocess.Popen[bytes] | None = None
         try:
-            address = _listening(proc)
+            address = wait_listening(proc, START_TIMEOUT_S)
             # the log goes on being read, so that the server never blocks on a full pipe
             drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
             yield proc.pid, address
@@ -83,18 +82,6 @@ def _server(tree: Path, store_url: str) -> Iterator[tuple[int, Address]]:
                 proc.wait()
             if drain is not None:
                 drain.wait()
-
-
-def _listening(proc: subprocess.Popen[str]) -> Address:
-    assert proc.stderr is not None
-    deadline = time.monotonic() + START_TIMEOUT_S
-    for line in proc.stderr:
-        match = LISTENING.search(line)
-        if match:
-            return match.group(1), int(match.group(2))
-        if time.monotonic() > deadline:
-            break
-    raise RuntimeError(f"the server of {proc.args} did not start")
 
 
 def _contender(stack: ExitStack, tree: Path, store: str, directory: Path) -> Contender:
