@@ -593,3 +593,44 @@ def test_a_reserve_finds_the_tasks_of_a_node_that_came_back(redis_url: str, topi
     finally:
         for node in nodes:
             node.kill()
+
+
+@pytest.mark.redis
+@pytest.mark.process
+@pytest.mark.slow
+def test_stats_list_and_ping_visit_a_node_that_came_back(redis_url: str, topic: str) -> None:
+    """``stats``, ``list`` and ``ping`` visit the map's nodes, as ``reserve``
+    does, the map fetched again first when older than MAP_MAX_AGE_S: a node
+    that came back is in their answers within that, unasked."""
+    nodes = [_node(redis_url, "a"), _node(redis_url, "b")]
+    try:
+        wait_until(lambda: clusternodes.settled(nodes), 20, "two nodes sharing the partitions")
+        staying, leaving = nodes
+        with ClusterClient([_address(node) for node in nodes]) as dw:
+            assert leaving.stop() == 0
+            wait_until(lambda: len(clusternodes.served(staying)) == PARTITIONS, 20, "a owns all")
+            dw.refresh()
+            assert list(dw.stats()["nodes"]) == [_address(staying)]
+            leaving.start()  # on its port: the same address
+            wait_until(lambda: clusternodes.settled(nodes), 20, "b serving its share again")
+            on_b = clusternodes.served(leaving)
+            task_id = next(
+                f"{topic}-{n}"
+                for n in range(1000)
+                if partition_of(f"{topic}-{n}", PARTITIONS) in on_b
+            )
+            with Client(*leaving.address) as direct:
+                direct.add(topic, "on b", id=task_id)
+            time.sleep(MAP_MAX_AGE_S + 0.5)
+            assert sorted(dw.stats()["nodes"]) == sorted(_address(n) for n in nodes)
+            assert dw.ping() == "pong"
+            listed, cursor = [], None
+            while True:
+                page = dw.list(topic=topic, cursor=cursor)
+                listed += [task["id"] for task in page["tasks"]]
+                if (cursor := page["next"]) is None:
+                    break
+            assert task_id in listed
+    finally:
+        for node in nodes:
+            node.kill()

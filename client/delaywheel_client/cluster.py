@@ -24,7 +24,8 @@ docs/protocol.md, "Several nodes: the clients"):
   than ``MAP_MAX_AGE_S``: a node that joined since is polled too.
 - ``stats`` answers ``{"nodes": {address: that node's stats, or {"error": message}},
   "tasks": the sum}``; ``kick`` and ``list`` visit every node (``list``'s cursor names the
-  node it is on); ``ping`` pings every node.
+  node it is on); ``ping`` pings every node. These too visit the map's nodes, the map
+  fetched again first when older than ``MAP_MAX_AGE_S``.
 """
 
 from __future__ import annotations

@@ -167,9 +167,7 @@ def reserve_call(base: ClusterBase[Any], topics: Any, timeout: float = 0) -> Pla
     wanted = topic_list(topics)
     deadline_s = time.monotonic() + max(float(timeout), 0.0)
     while True:
-        if base._map_is_old():
-            yield REFRESH  # the nodes that joined since are asked too (MAP_MAX_AGE_S)
-        pmap: PartitionMap = yield FETCH_MAP
+        pmap = yield from every_node_map(base)
         nodes = base._rotate(pmap)
         failures: list[ConnectionFailed] = []
         for address in nodes:
@@ -229,9 +227,20 @@ def pipeline_call(
 # -- the methods that visit every node ---------------------------------------------------------
 
 
+def every_node_map(base: ClusterBase[Any]) -> Generator[Op, Any, PartitionMap]:
+    """The map for a call that visits its nodes, fetched again first when older than
+    ``MAP_MAX_AGE_S``: no answer of theirs is ``moved``, so nothing else would tell a
+    long-lived client of a node that joined or came back since (a moved hint taken
+    since does not make the map new)."""
+    if base._map_is_old():
+        yield REFRESH
+    pmap: PartitionMap = yield FETCH_MAP
+    return pmap
+
+
 def each_node_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Plan:
     """``ping`` or ``stats`` of every node: "pong" once all answered; the stats by node."""
-    pmap: PartitionMap = yield FETCH_MAP
+    pmap = yield from every_node_map(base)
     answers = yield SendEach(base._all_nodes(pmap), method, params)
     if method == "stats":
         return stats_by_node(answers)
@@ -245,7 +254,7 @@ def kick_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Pla
     """``kick``: each node in turn until ``count`` dead tasks were made ready."""
     topic, count = params
     kicked = 0
-    pmap: PartitionMap = yield FETCH_MAP
+    pmap = yield from every_node_map(base)
     for address in base._all_nodes(pmap):
         if kicked >= count:
             break
@@ -260,7 +269,7 @@ def pages_plan(base: ClusterBase[Any], method: str, params: Sequence[Any]) -> Pl
     """``list``, ``schedule_list`` or ``topic_list``: one node's page, the nodes one after
     the other (the cursor is ``[address, that node's cursor]``)."""
     query = dict(params[0])
-    pmap: PartitionMap = yield FETCH_MAP
+    pmap = yield from every_node_map(base)
     nodes = base._all_nodes(pmap)
     address, inner = list_start(nodes, query.pop("cursor", None))
     if inner is not None:

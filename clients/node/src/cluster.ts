@@ -21,7 +21,8 @@
  * - `addMany` goes as one `add_many` per owner; `reserve` polls every node in turn, one
  *   node further on at each call, then waits on one node for at most `reserveSliceS`
  *   (the nodes of a map fetched at most `MAP_MAX_AGE_S` ago);
- *   `stats` is per node; `kick` and `list` visit every node; `ping` pings them all.
+ *   `stats` is per node; `kick` and `list` visit every node; `ping` pings them all
+ *   (those too the nodes of a map fetched at most `MAP_MAX_AGE_S` ago).
  */
 
 import { Client, type ClientOptions, parseUrl, sleep } from "./client.js";
@@ -258,13 +259,7 @@ export class ClusterClient extends Commands<ClusterStats> {
   private async reserveAny(topics: string | string[], timeoutS: number): Promise<unknown> {
     const deadline = nowS() + Math.max(timeoutS, 0);
     for (;;) {
-      // The nodes that joined since are asked too (MAP_MAX_AGE_S); a moved hint taken
-      // since does not make the map new.
-      if (this.map !== undefined && nowS() - this.mapS > MAP_MAX_AGE_S) {
-        await this.pause({ action: "resend", waitS: 0 });
-      }
-      const pmap = await this.partitionMap();
-      const nodes = this.rotate(pmap);
+      const nodes = this.rotate(await this.everyNodeMap());
       const failures: ConnectionFailed[] = [];
       for (const address of nodes) {
         const answer = await this.sendTo(address, "reserve", [topics, 0]);
@@ -284,9 +279,20 @@ export class ClusterClient extends Commands<ClusterStats> {
     }
   }
 
+  /** The map for a call that visits its nodes, fetched again first when older than
+   * `MAP_MAX_AGE_S`: no answer of theirs is `moved`, so nothing else would tell a
+   * long-lived client of a node that joined or came back since (a moved hint taken since
+   * does not make the map new). */
+  private async everyNodeMap(): Promise<PartitionMap> {
+    if (this.map !== undefined && nowS() - this.mapS > MAP_MAX_AGE_S) {
+      await this.pause({ action: "resend", waitS: 0 });
+    }
+    return this.partitionMap();
+  }
+
   /** `ping` or `stats` of every node: "pong" once all answered; the stats by node. */
   private async eachNode(method: string): Promise<unknown> {
-    const nodes = this.allNodes(await this.partitionMap());
+    const nodes = this.allNodes(await this.everyNodeMap());
     const answers = await Promise.all(nodes.map((address) => this.sendTo(address, method, [])));
     if (method === "stats") {
       const byNode: Record<string, unknown> = {};
@@ -308,7 +314,7 @@ export class ClusterClient extends Commands<ClusterStats> {
   /** `kick`: each node in turn until `count` dead tasks were made ready. */
   private async kickEach(topic: string, count: number): Promise<number> {
     let kicked = 0;
-    for (const address of this.allNodes(await this.partitionMap())) {
+    for (const address of this.allNodes(await this.everyNodeMap())) {
       if (kicked >= count) break;
       const answer = await this.sendTo(address, "kick", [topic, count - kicked]);
       if (answer instanceof DelaywheelError) throw answer;
@@ -321,7 +327,7 @@ export class ClusterClient extends Commands<ClusterStats> {
    * cursor is `[address, that node's cursor]`). */
   private async page(method: string, params: unknown[]): Promise<unknown> {
     const { cursor, ...query } = (params[0] ?? {}) as Record<string, unknown>;
-    const nodes = this.allNodes(await this.partitionMap());
+    const nodes = this.allNodes(await this.everyNodeMap());
     let address = nodes[0]!;
     if (cursor !== undefined && cursor !== null) {
       if (!Array.isArray(cursor) || cursor.length !== 2 || !nodes.includes(cursor[0] as string)) {
