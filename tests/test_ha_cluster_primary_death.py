@@ -163,6 +163,18 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
 
 
+# Known to fail in most runs on 2026-12-06 (4 of 6 at main, 3 of 5 at the commit
+# before: c3f05cc), not in every one: the live partitions' probe sent 424-573 adds
+# of the usual 1,500 in the 15 s after the kill, because the nodes fenced live
+# partitions too ("no lease renewal for 0.8 L") and they were taken over (about
+# 25 s). Suspected, not shown: the leases' redis-py cluster client is closed and
+# set up again whole on each connection error to the dead primary, which fails
+# the live partitions' renewals in flight. The issue stays open on it; xfail,
+# not skip, so that every run still runs it and shows whether it passed.
+@pytest.mark.xfail(
+    reason="live partitions fenced after one primary's death in most runs (see above)",
+    strict=False,
+)
 def test_a_dead_primary_stalls_only_its_own_partitions(farm: ClusterFarm) -> None:
     prefix = "death"
     layout = Layout(prefix, PARTITIONS)
