@@ -558,6 +558,21 @@ def test_calls_go_on_at_the_new_owner_while_a_node_stops(redis_url: str, topic: 
             node.kill()
 
 
+def _back_with_a_task(nodes: list[ServerProcess], leaving: ServerProcess, topic: str) -> str:
+    """Start ``leaving`` again (on its port: the same address), wait until it
+    serves its share, and add a ready task of ``topic`` in one of its
+    partitions, directly; the task's id."""
+    leaving.start()
+    wait_until(lambda: clusternodes.settled(nodes), 20, "b serving its share again")
+    on_b = clusternodes.served(leaving)
+    task_id = next(
+        f"{topic}-{n}" for n in range(1000) if partition_of(f"{topic}-{n}", PARTITIONS) in on_b
+    )
+    with Client(*leaving.address) as direct:
+        direct.add(topic, "on b", id=task_id)
+    return task_id
+
+
 @pytest.mark.redis
 @pytest.mark.process
 @pytest.mark.slow
@@ -575,16 +590,7 @@ def test_a_reserve_finds_the_tasks_of_a_node_that_came_back(redis_url: str, topi
             wait_until(lambda: len(clusternodes.served(staying)) == PARTITIONS, 20, "a owns all")
             assert dw.reserve(topic, 0) is None  # b refuses: the map is fetched, a alone
             assert dw.partition_map().nodes() == [_address(staying)]
-            leaving.start()  # on its port: the same address
-            wait_until(lambda: clusternodes.settled(nodes), 20, "b serving its share again")
-            on_b = clusternodes.served(leaving)
-            task_id = next(
-                f"{topic}-{n}"
-                for n in range(1000)
-                if partition_of(f"{topic}-{n}", PARTITIONS) in on_b
-            )
-            with Client(*leaving.address) as direct:
-                direct.add(topic, "on b", id=task_id)
+            task_id = _back_with_a_task(nodes, leaving, topic)
             started_s = time.monotonic()
             task = dw.reserve(topic, 3 * MAP_MAX_AGE_S)
             assert task is not None and task["id"] == task_id
@@ -611,16 +617,7 @@ def test_stats_list_and_ping_visit_a_node_that_came_back(redis_url: str, topic: 
             wait_until(lambda: len(clusternodes.served(staying)) == PARTITIONS, 20, "a owns all")
             dw.refresh()
             assert list(dw.stats()["nodes"]) == [_address(staying)]
-            leaving.start()  # on its port: the same address
-            wait_until(lambda: clusternodes.settled(nodes), 20, "b serving its share again")
-            on_b = clusternodes.served(leaving)
-            task_id = next(
-                f"{topic}-{n}"
-                for n in range(1000)
-                if partition_of(f"{topic}-{n}", PARTITIONS) in on_b
-            )
-            with Client(*leaving.address) as direct:
-                direct.add(topic, "on b", id=task_id)
+            task_id = _back_with_a_task(nodes, leaving, topic)
             time.sleep(MAP_MAX_AGE_S + 0.5)
             assert sorted(dw.stats()["nodes"]) == sorted(_address(n) for n in nodes)
             assert dw.ping() == "pong"
