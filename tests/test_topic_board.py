@@ -24,23 +24,24 @@ from delaywheel.store.memory import MemoryStore
 from delaywheel.store.redis.layout import Layout
 
 LAYOUT = Layout("delaywheel", 4)
+EVERY = [list(range(LAYOUT.partitions))]  # every partition read in one group
 LIMITED = to_record(TopicSettings(rate=8.0, burst=4, concurrency=4, dead_retain=10.0))
 
 
 async def publish_and_read(client: Any) -> None:
     board = TopicBoard(client, LAYOUT, "a", "h:1")
     await client.set("{delaywheel:p002}:epoch", 3)
-    assert await board.read() == {}
+    assert await board.read(EVERY) == ({}, set())
     assert await board.publish(2, 3, {}, {"x": b"1", "y": b"2"})
     assert await board.publish(0, 0, {}, {"z": b"3"}) is False  # no epoch: not ours
-    assert await board.read() == {2: {"x": b"1", "y": b"2"}}
+    assert await board.read(EVERY) == ({2: {"x": b"1", "y": b"2"}}, set())
     # What the hash holds and should not: gone; what changed: written.
     assert await board.publish(2, 3, {"x": b"1", "y": b"2"}, {"x": b"9"})
     assert await client.hgetall("{delaywheel:p002}:topics") == {b"x": b"9"}
     # Another node took the partition (a new epoch): a stale owner writes nothing.
     await client.set("{delaywheel:p002}:epoch", 4)
     assert not await board.publish(2, 3, {"x": b"9"}, {})
-    assert await board.read() == {2: {"x": b"9"}}
+    assert await board.read(EVERY) == ({2: {"x": b"9"}}, set())
 
 
 def test_a_publish_needs_the_partitions_epoch_and_writes_only_the_difference(

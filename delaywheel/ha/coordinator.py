@@ -1,12 +1,16 @@
 """The node's part in a shared keyspace: membership, leases, takeover and handoff.
 
 Every ``period_s`` (a third of the lease, at most half a second, so that a
-released partition is taken over in well under a second) the coordinator:
+released partition is taken over in well under a second) the node registers
+itself, in a loop of its own (``Presence``, ha/membership.py; the expiry
+from Redis TIME), and the coordinator's round:
 
-1. registers this node (ha/membership.py; the expiry from Redis TIME),
-2. reads the live members and the assignment record (one script), and every
-   partition's lease (the owner map that ``cluster`` answers and ``moved``
-   names),
+1. reads the live members and the assignment record (one script),
+2. reads every partition's lease (the owner map that ``cluster`` answers
+   and ``moved`` names), a pipeline per Redis primary, each given a third
+   of the lease: a partition whose primary does not answer in time is
+   neither claimed nor handed back this round, and its owner is the one
+   known before (a dead Cluster primary holds up only its own partitions),
 3. follows the record: when it is not balanced over the live members (a
    join, a leave) proposes the next one, the fewest moves from it
    (ha/assignment.py, compare-and-set: the first writer wins and the others
@@ -17,7 +21,8 @@ released partition is taken over in well under a second) the coordinator:
    (this node's previous process, killed: its name is its own),
 5. hands back a partition the record assigns to another live, registered node, and
 6. publishes the topic settings it holds and reads those the others hold
-   (ha/topics.py), which the engine applies in this node's share.
+   (ha/topics.py, per primary as the leases; a partition not read keeps
+   the settings read before), which the engine applies in this node's share.
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
@@ -74,7 +79,7 @@ from delaywheel_client.partitions import settings_key
 from delaywheel.ha.assignment import moved, plan, rebalance
 from delaywheel.ha.lease import LeaseKeeper, Leases
 from delaywheel.ha.losses import Losses
-from delaywheel.ha.membership import Membership, Record
+from delaywheel.ha.membership import Membership, Presence, Record
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
 from delaywheel.ha.sharing import Owner, Sharing
@@ -182,6 +187,10 @@ class Coordinator:
         self.topics = TopicBoard(client, layout, sharing.node, sharing.address)
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
+        self.presence = Presence(self.membership, sharing.lease_s, self.period_s)
+        # A read of every partition gives each primary this long (ha/lease.py's renewals too).
+        self.read_timeout_s = sharing.lease_s / 3
+        self._published: dict[int, dict[str, bytes]] = {}  # the topics read last, by partition
         self.counts = ClusterCounts()
         # Partitions dropped at once (lost, fenced, stale), and the store's news.
         self.losses = Losses(
@@ -224,6 +233,7 @@ class Coordinator:
         # partition this node takes, which can outlast 0.8 L (1,000,000 tasks
         # took 17 s on a busy machine), and an unrenewed lease self-fences.
         self.keeper.start()
+        await self.presence.start()
         await self._round()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
         self.replicas.start()
@@ -267,6 +277,7 @@ class Coordinator:
             stopping.cancel()
             waiting_on = self._stop_step
         self._gave_up = True
+        await self.presence.stop()  # the registration lapses: the others take over
         held = sorted(self.keeper.held)
         log.warning(
             "graceful stop gave up after %g s %s: partitions %s are left to their leases,"
@@ -298,6 +309,7 @@ class Coordinator:
         if self._gave_up:
             return
         self._stop_step = "leaving the members"
+        await self.presence.stop()
         with contextlib.suppress(Exception):
             await self.membership.leave()
         self._stop_step = "closing the lease keeper"
@@ -317,15 +329,17 @@ class Coordinator:
 
     async def _round(self) -> None:
         sharing = self.sharing
-        await self.membership.register(round(sharing.lease_s * 1000))
         known = None if self.assigned is None else self.assigned.version
         look = await self.membership.look(known)
         live = look.live
         # The record stored now: the one this node has when its version is known.
         stored = None if look.version is None else (look.record or self.assigned)
-        holders = await self.leases.holders()
+        holders, unknown = await self.leases.holders(self._by_primary(), self.read_timeout_s)
         owners: dict[int, str | None] = {}
         for partition in range(sharing.partitions):
+            if partition in unknown:  # its primary did not answer: as known before
+                owners[partition] = sharing.owners[partition].node
+                continue
             holder = holders.get(partition)
             owners[partition] = None if holder is None else holder.node
             sharing.owners[partition] = (
@@ -344,12 +358,12 @@ class Coordinator:
         held = self.keeper.held
         todo = plan(sharing.node, live, assigned, owners, held)
         stale = {p for p, node in owners.items() if node == sharing.node and p not in held}
-        for partition in sorted(todo.claim | stale):
+        for partition in sorted((todo.claim | stale) - unknown):
             if self._stopping:
                 return
             if partition not in self._busy:
                 await self._claim(partition, holders.get(partition))
-        leaving = {p for p in todo.hand_back if p in held and p not in self._busy}
+        leaving = {p for p in todo.hand_back - unknown if p in held and p not in self._busy}
         if leaving and not self._stopping:
             # In a task of its own: the rounds go on meanwhile, registering this
             # node (a handback that waits on attempts in flight or on a failing
@@ -369,7 +383,10 @@ class Coordinator:
     async def _share_topics(self) -> None:
         """Publish the topic settings held here, per partition served, and hand
         the engine those the partitions served elsewhere publish."""
-        published = await self.topics.read()
+        published, unknown = await self.topics.read(self._by_primary(), self.read_timeout_s)
+        # A partition whose primary did not answer: the settings read before.
+        published.update((p, self._published[p]) for p in unknown if p in self._published)
+        self._published = published
         serving = dict(self.sharing.serving)
         held: dict[int, dict[str, bytes]] = {}
         for topic, record in self.engine.topic_records().items():
@@ -429,6 +446,11 @@ class Coordinator:
                 *fields.values(),
                 extra=fields,
             )
+
+    def _by_primary(self) -> list[list[int]]:
+        """The partitions grouped by the primary serving them (their lease keys'
+        slots: a partition's keys share one), by the slot map known now."""
+        return self.keyspace.topology.by_primary([keys.lease for keys in self.keyspace.layout])
 
     def _primary_moves(self) -> int:
         return self.keyspace.topology.primary_moves

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from delaywheel.cancelling import cancel_and_wait
@@ -138,18 +138,21 @@ class Leases(NodeScripts):
         value, ttl_ms = await pipe.execute()
         return None if value is None else parse_holder(text(value), int(ttl_ms))
 
-    async def holders(self) -> dict[int, Holder]:
-        """Every partition's holder, from one pipeline of GETs (no time left:
-        ``ttl_ms`` 0); a free partition is missing."""
-        pipe = self.client.pipeline(transaction=False)
-        for keys in self.layout:
-            pipe.get(keys.lease)
-        values = await pipe.execute()
-        return {
+    async def holders(
+        self, groups: Sequence[Sequence[int]], timeout_s: float | None = None
+    ) -> tuple[dict[int, Holder], set[int]]:
+        """Every partition's holder (no time left: ``ttl_ms`` 0), a free
+        partition missing; and the partitions whose primary did not answer
+        within ``timeout_s`` (``read_by_primary``: a pipeline of GETs per group)."""
+        values, unknown = await self.read_by_primary(
+            groups, lambda pipe, p: pipe.get(self.layout.partition(p).lease), timeout_s
+        )
+        found = {
             partition: parse_holder(text(value), 0)
-            for partition, value in enumerate(values)
+            for partition, value in values.items()
             if value is not None
         }
+        return found, unknown
 
 
 # (partition, epoch, why): "lost" when Redis said the lease is not ours any

@@ -34,6 +34,11 @@ is another key, so each node takes back its own.
   deleted, a node claimed partitions whose holder had not yet found its
   lease gone, and both served them for a moment: tests/test_ha_assignment.py.)
 
+A node stays registered by a loop of its own (``Presence``), not by the
+coordinator's round: a round can wait seconds (a dead Cluster primary, a
+first load of a million tasks), and with the registration in it the others
+saw the node gone and took its partitions while it still served them.
+
 The record says where partitions should go; the leases still decide who
 serves one: a node claims only a free lease, and a holder hands back
 (stops serving, then releases) before the next one acquires.
@@ -41,12 +46,17 @@ serves one: a node claims only a free lease, and a holder hands back
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from delaywheel.cancelling import cancel_and_wait
 from delaywheel.store.redis.scripts import NodeScripts, Script, text
+
+log = logging.getLogger("delaywheel.cluster")
 
 _REGISTER = Script(
     """
@@ -212,3 +222,37 @@ class Membership(NodeScripts):
 
     def _keys(self) -> list[str]:
         return [self.layout.members, self.layout.nodes]
+
+
+class Presence:
+    """Keeps this node registered: every ``period_s``, for ``lease_s`` from
+    Redis's clock, each registration given ``period_s`` to answer."""
+
+    def __init__(self, membership: Membership, lease_s: float, period_s: float) -> None:
+        self.membership = membership
+        self.ttl_ms = round(lease_s * 1000)
+        self.period_s = period_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Register once (raising if Redis does not take it), then keep at it."""
+        await self.membership.register(self.ttl_ms)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._keep())
+
+    async def stop(self) -> None:
+        """Stop registering; the registration lapses by itself, or ``leave`` ends it."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait({task})  # a registration in flight can swallow a cancel
+
+    async def _keep(self) -> None:
+        loop = asyncio.get_running_loop()
+        # Until stop lets go of this task, whose one cancel may have been swallowed.
+        while self._task is asyncio.current_task():
+            started_s = loop.time()
+            try:
+                await asyncio.wait_for(self.membership.register(self.ttl_ms), self.period_s)
+            except Exception as exc:  # Redis away: the registration lapses after lease_s
+                log.debug("registration failed: %r", exc)
+            await asyncio.sleep(max(0.0, started_s + self.period_s - loop.time()))

@@ -23,7 +23,7 @@ the settings back and the next round publishes them back too.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from delaywheel.store.redis.scripts import NodeScripts, Script, text
 
@@ -53,17 +53,20 @@ class TopicBoard(NodeScripts):
 
     SCRIPTS = (_PUBLISH,)
 
-    async def read(self) -> Published:
-        """Every partition's published settings, from one pipeline of HGETALLs."""
-        pipe = self.client.pipeline(transaction=False)
-        for keys in self.layout:
-            pipe.hgetall(keys.topics)
-        found: list[dict[Any, bytes]] = await pipe.execute()
-        return {
-            partition: {text(topic): record for topic, record in published.items()}
-            for partition, published in enumerate(found)
-            if published
+    async def read(
+        self, groups: Sequence[Sequence[int]], timeout_s: float | None = None
+    ) -> tuple[Published, set[int]]:
+        """Every partition's published settings (HGETALLs, a pipeline per group:
+        ``read_by_primary``), and the partitions whose primary did not answer."""
+        found, unknown = await self.read_by_primary(
+            groups, lambda pipe, p: pipe.hgetall(self.layout.partition(p).topics), timeout_s
+        )
+        published = {
+            partition: {text(topic): record for topic, record in fields.items()}
+            for partition, fields in found.items()
+            if fields
         }
+        return published, unknown
 
     async def publish(
         self, partition: int, epoch: int, have: dict[str, bytes], want: dict[str, bytes]

@@ -8,8 +8,9 @@ notes); the journal's fenced flush goes over the hand-made link instead
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from redis.exceptions import NoScriptError
@@ -62,6 +63,41 @@ class NodeScripts:
     async def load(self) -> None:
         for script in self.SCRIPTS:
             await script.load(self.client)
+
+    async def read_by_primary(
+        self,
+        groups: Sequence[Sequence[int]],
+        queue: Callable[[Any, int], None],
+        timeout_s: float | None,
+    ) -> tuple[dict[int, Any], set[int]]:
+        """One read of each partition, ``queue(pipeline, partition)`` putting its
+        command in: a pipeline per group (the partitions of one primary, from
+        ``Topology.by_primary``), all at once, each given ``timeout_s``.
+
+        The replies by partition, and the partitions whose group failed or
+        timed out. On a Cluster, redis-py retries a pipeline that met a dead
+        primary for seconds; one pipeline for every partition held the
+        coordinator's round that long, and the live primaries' partitions
+        with it (tests/test_ha_cluster_primary_death.py).
+        """
+
+        async def read(group: Sequence[int]) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for partition in group:
+                queue(pipe, partition)
+            return cast(list[Any], await asyncio.wait_for(pipe.execute(), timeout_s))
+
+        replies = await asyncio.gather(*map(read, groups), return_exceptions=True)
+        found: dict[int, Any] = {}
+        unknown: set[int] = set()
+        for group, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, asyncio.CancelledError):
+                raise reply
+            if isinstance(reply, BaseException):
+                unknown.update(group)
+            else:
+                found.update(zip(group, reply, strict=True))
+        return found, unknown
 
 
 def text(value: Any) -> str:

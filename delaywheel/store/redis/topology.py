@@ -8,6 +8,9 @@ of Redis it has:
   command by its key.
 - ``route(key)``: redis-py's keywords that send a command about ``key`` to
   the node serving it (none on one server, ``target_nodes`` on a Cluster).
+- ``by_primary(keys)``: the keys' indexes grouped by the primary serving
+  them (one group on one server), so that a read of every partition can
+  go one pipeline per primary and a dead primary holds up only its own.
 - ``writer()``: the journal's fenced writer: one link to the server
   (fenced.py), or one link per Cluster primary (fenced_cluster.py).
 - ``confirm_primary()`` and ``primary_moves``: whether the server written to
@@ -154,6 +157,10 @@ class Topology:
         """redis-py's keywords that send a command about ``key`` where it is served."""
         return {}
 
+    def by_primary(self, keys: Sequence[str]) -> list[list[int]]:
+        """The indexes of ``keys`` grouped by the primary serving them: one here."""
+        return [list(range(len(keys)))]
+
     async def replicas_connected(self, keys: Sequence[str]) -> dict[str, int]:
         """The replicas connected to each primary that serves ``keys`` (INFO
         replication), by the primary's ``host:port``: one here."""
@@ -276,6 +283,14 @@ class ClusterTopology(Topology):
 
     def route(self, key: str) -> dict[str, Any]:
         return {"target_nodes": self.cluster.get_node_from_key(key)}
+
+    def by_primary(self, keys: Sequence[str]) -> list[list[int]]:
+        """By the slot map redis-py holds now (a slot it maps to no node: a group of its own)."""
+        groups: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            node = self.cluster.get_node_from_key(key)
+            groups.setdefault(f"{index}?" if node is None else node.name, []).append(index)
+        return list(groups.values())
 
     async def replicas_connected(self, keys: Sequence[str]) -> dict[str, int]:
         """Each primary serving one of ``keys`` (by the slot map), asked once."""
