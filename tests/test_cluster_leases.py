@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio import RedisCluster as AsyncRedisCluster
 
 from delaywheel.ha.lease import LeaseError, LeaseKeeper, Leases
-from delaywheel.ha.membership import Membership, Record
+from delaywheel.ha.membership import Membership, Presence, Record
 from delaywheel.store.redis.layout import (
     Holder,
     Layout,
@@ -28,6 +28,7 @@ from delaywheel.store.redis.layout import (
     record_partitions,
 )
 from delaywheel.store.redis.scripts import NodeNameError
+from delaywheel.store.redis.topology import Topology
 
 LAYOUT = Layout("delaywheel", 16)
 
@@ -248,6 +249,27 @@ def test_members_expire_by_the_redis_clock(redis_url: str) -> None:
     run(scenario)
 
 
+def test_presence_keeps_a_node_registered_until_stopped(redis_url: str) -> None:
+    """Registered every period for the lease, by a loop of its own (not the
+    coordinator's round, which can wait seconds); after a stop it lapses."""
+
+    async def scenario() -> None:
+        async with Redis.from_url(redis_url) as client:
+            members = Membership(client, Layout("presence", 4), "a", "127.0.0.1:7001")
+            await members.load()
+            presence = Presence(members, lease_s=0.6, period_s=0.2)
+            await presence.start()
+            try:
+                await asyncio.sleep(1.5)  # 2.5 leases
+                assert await members.live() == {"a": "127.0.0.1:7001"}
+            finally:
+                await presence.stop()
+            await asyncio.sleep(0.9)
+            assert await members.live() == {}
+
+    run(scenario)
+
+
 def test_membership_ignores_the_local_clock(redis_url: str) -> None:
     """An expiry written as Redis's now (as if a node's clock ran late) is already
     expired: liveness is judged by Redis's TIME alone."""
@@ -390,5 +412,45 @@ def test_a_first_round_that_loads_for_longer_than_the_lease_keeps_every_partitio
             gc.set_threshold(*thresholds)
             await coordinator.stop()
             await store.close()
+
+    run(scenario)
+
+
+def test_a_read_of_every_partition_waits_on_no_primary_but_its_own(
+    redis_cluster: RedisCluster,
+) -> None:
+    """The coordinator's read of every lease, a pipeline per primary with a
+    timeout: a primary that does not answer (paused) leaves its own partitions
+    unknown, and the others are read at once. (In one pipeline, redis-py's
+    retries against a dead primary held every partition's read for seconds.)"""
+    redis_cluster.flush()
+    layout = Layout("byprimary", 16)
+    paused = redis_cluster.owner_of(layout.partition(0).lease)
+    url = f"redis://127.0.0.1:{redis_cluster.nodes[0].port}/0"
+
+    async def scenario() -> None:
+        topology = await Topology(url, shown=url, connect_timeout_s=1, timeout_s=5).open()
+        try:
+            leases = Leases(topology.client, layout, "a", "h:1")
+            await leases.load()
+            for p in range(16):
+                assert await leases.acquire(p, 60_000) == 1
+            groups = topology.by_primary([keys.lease for keys in layout])
+            assert sorted(p for group in groups for p in group) == list(range(16))
+            assert len(groups) == 3
+            own = next(set(group) for group in groups if 0 in group)
+            with paused.client() as admin:
+                admin.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+            started_s = time.monotonic()
+            holders, unknown = await leases.holders(groups, timeout_s=0.3)
+            took_s = time.monotonic() - started_s
+            assert unknown == own
+            assert sorted(holders) == sorted(set(range(16)) - own)
+            assert {holder.node for holder in holders.values()} == {"a"}
+            assert took_s < 2.0, f"the read waited {took_s:.2f} s on the paused primary"
+        finally:
+            with paused.client() as admin:
+                admin.execute_command("CLIENT", "UNPAUSE")
+            await topology.close()
 
     run(scenario)
