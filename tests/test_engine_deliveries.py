@@ -49,9 +49,10 @@ def make_engine(store: MemoryStore, **kwargs: Any) -> Engine:
 def send_at_once(engine: Engine, sent: list[Delivery]) -> None:
     """Begin every due task's attempt as it is queued; collect what is to be sent."""
 
-    def ready(delivery: Delivery | None) -> None:
+    def ready(delivery: Delivery | None) -> bool:
         if delivery is not None:
             sent.append(delivery)
+        return delivery is not None
 
     engine.start_deliveries(lambda task_id, *_: engine.attempts.begin(task_id, ready) and None)
 
@@ -95,6 +96,29 @@ def test_a_targeted_task_is_sent_once_its_attempt_is_durable() -> None:
         assert engine.get(added["id"]) is None
         await engine.journal.drain()
         assert await stored(store, added["id"]) is None
+
+    run(scenario)
+
+
+def test_an_attempt_the_dispatcher_did_not_take_is_not_counted_as_being_sent() -> None:
+    """A handback waits for the attempts being sent from here (``sending``); one
+    whose write came back after a stop closed the dispatcher is never sent, and
+    was waited for until the grace ran out."""
+
+    async def scenario(engine: Engine, store: MemoryStore, sent: list[Delivery]) -> None:
+        taken = {"open": True}
+        engine.start_deliveries(
+            lambda task_id, *_: engine.attempts.begin(task_id, lambda _: taken["open"]) and None
+        )
+        first = engine.add({"topic": "hooks", "delay": 5, "target": HTTP}, T0)["id"]
+        second = engine.add({"topic": "hooks", "delay": 6, "target": HTTP}, T0)["id"]
+        assert engine.advance(T0 + 5) == 1
+        await engine.journal.drain()
+        taken["open"] = False  # closed: the next one's write comes back after
+        assert engine.advance(T0 + 6) == 1
+        await engine.journal.drain()
+        delivering = [engine.table.delivering[first], engine.table.delivering[second]]
+        assert engine.attempts.sending(delivering) == delivering[:1]
 
     run(scenario)
 

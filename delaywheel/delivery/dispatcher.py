@@ -52,7 +52,8 @@ REDIS_LANE_LIMIT = 64
 # (task id, attempt, error or None, now_s): Engine.delivered.
 Report = Callable[[str, int, str | None, float, Answer | None], None]
 # (task id, ready): Engine.attempts.begin; False when the task is not waiting.
-Begin = Callable[[str, Callable[[Delivery | None], None]], bool]
+# ready answers whether the send began.
+Begin = Callable[[str, Callable[[Delivery | None], bool]], bool]
 # The sender for a target: the HTTP sender, or a broker's.
 SenderFor = Callable[[dict[str, Any]], Sender]
 
@@ -161,15 +162,17 @@ class Dispatcher:
         if not (lane.running or lane.waiting or lane.ranked) and self._lanes.get(key) is lane:
             del self._lanes[key]  # lanes come and go with their destinations
 
-    def _ready(self, key: str, lane: _Lane, delivery: Delivery | None) -> None:
-        """A begun attempt is durable: send it (None: it is not to be sent)."""
+    def _ready(self, key: str, lane: _Lane, delivery: Delivery | None) -> bool:
+        """A begun attempt is durable: send it (None: it is not to be sent).
+        Whether its send began: not once closed (a stop's drain is over)."""
         if delivery is None or self._closed:
             lane.running -= 1
             self._pump(key, lane)
-            return
+            return False
         task = asyncio.get_running_loop().create_task(self._run(key, lane, delivery))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        return True
 
     async def _run(self, key: str, lane: _Lane, delivery: Delivery) -> None:
         error: str | None = None

@@ -57,7 +57,8 @@ log = logging.getLogger("delaywheel.delivery")
 # destination's lane.
 Queue = Callable[[str, dict[str, Any], int], None]
 # Called once per begun attempt: the Delivery to send, or None (not to be sent).
-Ready = Callable[["Delivery | None"], None]
+# It answers whether the send began (not once the dispatcher is closed).
+Ready = Callable[["Delivery | None"], bool]
 # A delivered attempt's answer: its outcome (``HTTP 200``, ``published``) and
 # the result kept with the task when it is retained (packed), or None.
 Answer = tuple[str, "bytes | None"]
@@ -211,8 +212,7 @@ class Attempts:
             self._table.flow.starting(through, -1)
         resumed = self._resume.pop(task_id, None)
         if resumed is not None and self._table.delivering.get(task_id) is resumed:
-            self._sending[task_id] = resumed
-            ready(self._delivery(resumed))  # its attempt is in the store already
+            self._send(resumed, ready)  # its attempt is in the store already
             return True
         # Otherwise a due task (one resumed before its partition was dropped and
         # loaded again may be due now, its attempt failed at another owner).
@@ -233,8 +233,7 @@ class Attempts:
         current = task.attempts == attempt and table.delivering.get(task.id) is task
         if error is None:
             if current:  # not deleted (nor its partition dropped) since
-                self._sending[task.id] = task
-                ready(self._delivery(task))
+                self._send(task, ready)
                 return
         elif current and isinstance(error, Unconfirmed):
             # In the store, not confirmed: kept, not sent yet. Its record
@@ -252,6 +251,14 @@ class Attempts:
             # fast would spin.
             table.retime(task, table.wheel.now_s + self.retry.base_s)
         ready(None)
+
+    def _send(self, task: Task, ready: Ready) -> None:
+        """Hand a durable attempt to the dispatcher: being sent from here until
+        its outcome comes, unless the dispatcher did not take it (closed by a
+        stop), which a handback would otherwise wait out its grace for."""
+        self._sending[task.id] = task
+        if not ready(self._delivery(task)):
+            del self._sending[task.id]
 
     def _confirm_attempt(self, task: Task, attempt: int, ready: Ready) -> None:
         """Journal an unconfirmed attempt's record again; ``_durable`` sends it
