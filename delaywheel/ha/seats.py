@@ -173,7 +173,11 @@ class Seats(NodeScripts):
             keep = min(keep, before.seats - 1)
         # Lowered before the call, in the same step as in_flight was read: no
         # task starts while the claim is lowered, so it never goes below them.
-        self.host.hold_seats(topic, min(keep, before.seats))
+        sure = min(keep, before.seats)
+        self.host.hold_seats(topic, sure)
+        # Until the reply, only what Redis holds whether or not the call lands
+        # (a reply lost with the claim lowered must not leave more here).
+        self.claims[topic] = Claim(sure, before.short)
         seats, short = await self.claim(topic, total, max(keep, in_flight), wanted)
         if seats == 0 and wanted == 0:
             self.claims.pop(topic, None)
