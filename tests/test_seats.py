@@ -27,6 +27,7 @@ from delaywheel.store.redis.layout import Layout
 
 LAYOUT = Layout("delaywheel", 4)
 TTL_MS = 60_000
+LEASE_S = 20.0  # the seats hash lives 3 L: 60 s
 TOPIC = "jobs"
 
 
@@ -48,7 +49,7 @@ async def members(client: Any, *names: str, ttl_ms: int = TTL_MS) -> dict[str, S
     found = {}
     for name in names:
         await Membership(client, LAYOUT, name, f"h:{name}").register(ttl_ms)
-        found[name] = Seats(client, LAYOUT, name, f"h:{name}", NoEngine(), TTL_MS)
+        found[name] = Seats(client, LAYOUT, name, f"h:{name}", NoEngine(), LEASE_S)
     return found
 
 
@@ -127,7 +128,7 @@ def test_a_dead_nodes_claim_is_dropped_once_its_registration_expires(redis_url: 
             assert await dead.claim(TOPIC, 1, 1, 1) == (0, 0)
             assert await held(client) == {"b": 1}
             ttl_ms = await client.pttl(LAYOUT.seats(TOPIC))
-            assert 0 < ttl_ms <= TTL_MS  # a hash no node calls on goes by itself
+            assert 0 < ttl_ms <= 3 * LEASE_S * 1000  # a hash no node calls on goes by itself
 
     run(scenario)
 
@@ -184,7 +185,7 @@ def test_two_engines_take_turns_at_one_seat_and_never_both_hold_it(redis_url: st
                 for task_id in ids_of(name, per_node):
                     engine.add({"id": task_id, "topic": TOPIC}, T0)
                 engines[name] = engine
-                seats[name] = Seats(client, LAYOUT, name, f"h:{name}", engine, TTL_MS)
+                seats[name] = Seats(client, LAYOUT, name, f"h:{name}", engine, LEASE_S)
             assert engines["a"].flow.shares()[TOPIC]["concurrency"] == 0  # none before a round
             holding: dict[str, str] = {}  # node -> the task it has out
             order = []

@@ -188,8 +188,7 @@ class Coordinator:
         # written again if Redis no longer has it (ha/membership.py).
         self.assigned: Record | None = None
         self.topics = TopicBoard(client, layout, sharing.node, sharing.address)
-        seats_ttl_ms = round(3 * sharing.lease_s * 1000)
-        self.seats = Seats(client, layout, sharing.node, sharing.address, engine, seats_ttl_ms)
+        self.seats = Seats(client, layout, sharing.node, sharing.address, engine, sharing.lease_s)
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.presence = Presence(self.membership, sharing.lease_s, self.period_s)

@@ -35,6 +35,7 @@ the topics split in whole seats (C >= N), and a single node, none at all.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -143,12 +144,21 @@ class Seats(NodeScripts):
     SCRIPTS = (_CLAIM,)
 
     def __init__(
-        self, client: Client, layout: Layout, node: str, address: str, host: SeatHost, ttl_ms: int
+        self,
+        client: Client,
+        layout: Layout,
+        node: str,
+        address: str,
+        host: SeatHost,
+        lease_s: float,
     ) -> None:
         super().__init__(client, layout, node, address)
         self.host = host
         # A hash no node calls on for this long goes: longer than a registration.
-        self.ttl_ms = ttl_ms
+        self.ttl_ms = round(3 * lease_s * 1000)
+        # A call is given this long, as the round's reads (a claim cut short
+        # is answered by the next round; meanwhile only the seats sure are held).
+        self.timeout_s = lease_s / 3
         self.claims: dict[str, Claim] = {}  # the topics this node has an entry for
 
     async def round(self) -> None:
@@ -190,5 +200,6 @@ class Seats(NodeScripts):
         granted, and those the others wait for beyond the free ones."""
         keys = [self.layout.members, self.layout.seats(topic)]
         args: list[Arg] = [self.node, total, seats, wanted, self.ttl_ms]
-        reply: list[Any] = await _CLAIM.run(self.client, keys, args)
+        call = _CLAIM.run(self.client, keys, args)
+        reply: list[Any] = await asyncio.wait_for(call, self.timeout_s)
         return int(reply[0]), int(reply[1])
