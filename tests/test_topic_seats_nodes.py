@@ -113,9 +113,9 @@ def ack_once_moved(seeds: list[str], task_id: str) -> None:
 def test_a_node_killed_holding_the_seat_gives_it_up_within_about_a_lease(
     crash_trio: list[ServerProcess],
 ) -> None:
-    """Three nodes, concurrency 1: the seat stays two nodes' while the third
-    node's only task is reserved, and a kill -9 of that node hands it on once
-    its registration expires (a lease), then the rest go out one at a time."""
+    """Three nodes, concurrency 1: two nodes wait for the seat while the third
+    holds it, its only task reserved; a kill -9 of that node hands the seat on
+    once its registration expires (a lease), then the rest go out one at a time."""
     killed, *survivors = crash_trio
     seeds = [address(proc) for proc in survivors]
     topic = unique()
