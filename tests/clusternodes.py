@@ -87,9 +87,19 @@ def settled(nodes: list[ServerProcess]) -> bool:
 @contextlib.contextmanager
 def node_pair(store: str, *args: str) -> Iterator[list[ServerProcess]]:
     """Nodes ``a`` and ``b`` on ``store`` (``args`` to both), once settled; stopped after."""
-    nodes = [node(store, name, *args) for name in ("a", "b")]
+    with nodes_named(store, "ab", *args) as nodes:
+        yield nodes
+
+
+@contextlib.contextmanager
+def nodes_named(store: str, names: str, *args: str) -> Iterator[list[ServerProcess]]:
+    """A node for each letter of ``names`` on ``store`` (``args`` to each), once
+    settled; stopped after."""
+    nodes = [node(store, name, *args) for name in names]
     try:
-        wait_until(lambda: settled(nodes), SETTLE_TIMEOUT_S, "two nodes sharing the partitions")
+        wait_until(
+            lambda: settled(nodes), SETTLE_TIMEOUT_S, f"{len(nodes)} nodes sharing the partitions"
+        )
         yield nodes
     finally:
         for proc in nodes:

@@ -426,13 +426,32 @@ class Engine:
         self._reshare()
 
     def _reshare(self) -> None:
-        flow = self.flow
-        flow.reshare()
-        if flow.woken:  # a gate may have opened
+        self.flow.reshare()
+        self._through_opened_gates()
+
+    def _through_opened_gates(self) -> None:
+        if self.flow.woken:  # a gate may have opened
             now_s = self.wheel.now_s
             self.table.serve_waiters(now_s)
             if self.attempts.gated:
                 self.attempts.release_gated(now_s)
+
+    # The seats of a concurrency handed between the nodes (ha/seats.py).
+
+    def handed_topics(self) -> dict[str, int]:
+        """The topics whose concurrency is handed between the nodes, with it."""
+        return self.flow.handed()
+
+    def seat_use(self, topic: str) -> tuple[int, int]:
+        """``topic``'s tasks in flight here, and those waiting for a seat (ready,
+        or due deliveries behind its gate)."""
+        gated = self.attempts.gated.get(topic, ())
+        return self.flow.in_flight(topic), self.flow.ready_count(topic) + len(gated)
+
+    def hold_seats(self, topic: str, seats: int) -> None:
+        """This node holds ``seats`` of ``topic``'s concurrency now."""
+        self.flow.seat(topic, seats)
+        self._through_opened_gates()
 
     def _occurrence_of(self, task_id: str) -> Occurrence | None:
         """A schedule's occurrence as its task's map and deliveries show it (the

@@ -17,7 +17,9 @@ its TTR, attempts and place in its queue.
 
 On several nodes a gate holds this node's share of the limits
 (engine/shares.py), made again when the partitions it serves, or those it
-knows the others serve, change (``reshare``).
+knows the others serve, change (``reshare``). A concurrency below the
+number of nodes serving partitions is not split but handed between them
+(ha/seats.py): its gate holds the seats this node has now (``seat``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from delaywheel.engine.index import TaskCounts
-from delaywheel.engine.shares import ALONE, Basis, Gate, gate_of
+from delaywheel.engine.shares import ALONE, Basis, Gate, gate_of, handed
 from delaywheel.engine.task import DELIVERING, READY, RESERVED
 from delaywheel.engine.topics import PAUSED_FOR_EVER_S, TopicSettings
 
@@ -48,13 +50,16 @@ class Flow:
         # Deliveries let through a topic's gate whose attempt has not begun
         # (engine/attempts.py): in its flight already.
         self._starting: dict[str, int] = {}
+        # The seats this node holds of the topics whose concurrency is handed
+        # between the nodes (ha/seats.py); a topic not here holds none.
+        self._seats: dict[str, int] = {}
 
     def changed(self, topic: str, settings: TopicSettings) -> None:
         """A topic's settings changed (``TopicTable``): keep them if they hold back."""
         if settings.limits():
             before = self._settings.get(topic)
             self._settings[topic] = settings
-            self.limited[topic] = gate_of(topic, settings, self._basis)
+            self.limited[topic] = self._gate(topic, settings)
             if before is not None and (before.rate, before.burst) != (
                 settings.rate,
                 settings.burst,
@@ -74,7 +79,35 @@ class Flow:
             return
         self._basis = basis
         for topic, settings in self._settings.items():
-            self.limited[topic] = gate_of(topic, settings, basis)
+            self.limited[topic] = self._gate(topic, settings)
+            self.woken.add(topic)
+
+    def _gate(self, topic: str, settings: TopicSettings) -> Gate:
+        return gate_of(topic, settings, self._basis, self._seats.get(topic, 0))
+
+    def handed(self) -> dict[str, int]:
+        """The topics whose concurrency is handed between the nodes (below the
+        number of nodes serving partitions), with that concurrency."""
+        return {
+            topic: settings.concurrency
+            for topic, settings in self._settings.items()
+            if settings.concurrency is not None and handed(settings, self._basis)
+        }
+
+    def seat(self, topic: str, seats: int) -> None:
+        """This node holds ``seats`` of ``topic``'s handed concurrency now: its
+        gate lets that many be in flight (woken when it opens wider)."""
+        if seats:
+            self._seats[topic] = seats
+        else:
+            self._seats.pop(topic, None)
+        settings = self._settings.get(topic)
+        if settings is None:
+            return
+        before = self.limited[topic]
+        gate = self._gate(topic, settings)
+        self.limited[topic] = gate
+        if (gate.concurrency or 0) > (before.concurrency or 0):
             self.woken.add(topic)
 
     def shares(self) -> dict[str, dict[str, float | int | None]]:

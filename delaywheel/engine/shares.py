@@ -12,8 +12,9 @@ several nodes"). Of P partitions, a node serving k of them gets:
   ``concurrency`` * k / P over every node serving some partitions, their sum
   at most the topic's. Where the limit is at least the number of those
   nodes, each has at least one (taken from the node with the most); where
-  it is smaller, the nodes that rank lowest get none and hold the topic's
-  tasks until the partitions move;
+  it is smaller (``handed``), no split gives every node a seat, so the
+  seats are handed between the nodes through Redis instead (ha/seats.py)
+  and the gate holds the seats this node has now;
 - ``burst``, split in the same way, but each such node has at least one: a
   bucket smaller than one task lets nothing out. The sum is ``burst`` or the
   number of nodes, whichever is more;
@@ -76,17 +77,29 @@ class Gate:
         }
 
 
-def gate_of(topic: str, settings: TopicSettings, basis: Basis) -> Gate:
-    """This node's gate for ``topic`` under ``settings``, given who serves what."""
+def gate_of(topic: str, settings: TopicSettings, basis: Basis, seats_held: int = 0) -> Gate:
+    """This node's gate for ``topic`` under ``settings``, given who serves what;
+    ``seats_held``: the seats this node holds now of a concurrency ``handed``
+    between the nodes."""
     if basis.whole:
         return Gate(settings.paused_until, settings.rate, settings.burst, settings.concurrency)
     mine = basis.mine
     rate = None if settings.rate is None else settings.rate * mine / basis.partitions
     burst = seats(topic, settings.burst, basis, at_least_one=True).get(basis.node, 0)
     concurrency = None
-    if settings.concurrency is not None:
+    if handed(settings, basis):
+        concurrency = seats_held
+    elif settings.concurrency is not None:
         concurrency = seats(topic, settings.concurrency, basis).get(basis.node, 0)
     return Gate(settings.paused_until, rate, max(burst, 1), concurrency)
+
+
+def handed(settings: TopicSettings, basis: Basis) -> bool:
+    """Whether the topic's concurrency is below the number of nodes serving
+    partitions: its seats are handed between them (ha/seats.py), not split."""
+    if settings.concurrency is None or basis.whole:
+        return False
+    return settings.concurrency < sum(1 for _, k in basis.counts if k > 0)
 
 
 def seats(topic: str, total: int, basis: Basis, *, at_least_one: bool = False) -> dict[str, int]:

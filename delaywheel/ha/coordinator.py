@@ -22,7 +22,9 @@ from Redis TIME), and the coordinator's round:
 5. hands back a partition the record assigns to another live, registered node, and
 6. publishes the topic settings it holds and reads those the others hold
    (ha/topics.py, per primary as the leases; a partition not read keeps
-   the settings read before), which the engine applies in this node's share.
+   the settings read before), which the engine applies in this node's
+   share, and claims or gives back the seats of the topics whose
+   concurrency is handed between the nodes (ha/seats.py).
 
 A claim acquires the lease (which bumps the epoch), adds the partition to
 the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
@@ -82,6 +84,7 @@ from delaywheel.ha.losses import Losses
 from delaywheel.ha.membership import Membership, Presence, Record
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
+from delaywheel.ha.seats import SeatHost, Seats
 from delaywheel.ha.sharing import Owner, Sharing
 from delaywheel.ha.topics import TopicBoard
 from delaywheel.store.redis import Holder, RedisStore
@@ -107,7 +110,7 @@ class HasId(Protocol):
 Kept = TypeVar("Kept", bound=HasId)
 
 
-class Host(Protocol[Kept]):
+class Host(SeatHost, Protocol[Kept]):
     """What the coordinator asks of the engine (engine/engine.py keeps it).
 
     ``Kept`` is the engine's task: the coordinator holds the ones a handoff
@@ -185,6 +188,7 @@ class Coordinator:
         # written again if Redis no longer has it (ha/membership.py).
         self.assigned: Record | None = None
         self.topics = TopicBoard(client, layout, sharing.node, sharing.address)
+        self.seats = Seats(client, layout, sharing.node, sharing.address, engine, sharing.lease_s)
         self.keeper = LeaseKeeper(self.leases, sharing.lease_s, self._lost)
         self.period_s = min(sharing.lease_s / 3, 0.5)
         self.presence = Presence(self.membership, sharing.lease_s, self.period_s)
@@ -403,6 +407,7 @@ class Coordinator:
             for topic, record in found.items()
         }
         self.engine.topics_shared(elsewhere)
+        await self.seats.round()  # with the settings and the shares just learned
 
     async def _follow(self, live: Collection[str], stored: Record | None) -> dict[int, str]:
         """The assignment to follow this round: the record ``stored``, rebalanced

@@ -18,6 +18,8 @@ Redis Cluster, while the partitions spread over the cluster's primaries::
     {<prefix>}:members         zset: node -> expiry, ms on Redis's clock (membership.py)
     {<prefix>}:nodes           hash: node -> "host:port" it serves on
     {<prefix>}:assignment      hash: version, nodes, owners: which node owns each partition
+    {<prefix>}:seats:<topic>   hash: node -> "<held> <wanted> <waiting since, ms>", the
+                               seats of a concurrency handed between the nodes (ha/seats.py)
     {<prefix>}:tasks           the single-node release's hash (migrated from)
     {<prefix>:p007}:tasks      hash: task id -> record, the tasks of partition 7
     {<prefix>:p007}:epoch      integer: bumped by every acquire (the fencing token)
@@ -125,6 +127,12 @@ class Layout:
         # previous release used on a Redis Cluster. Only read now, by the
         # move to the spread layout at first start (spread.py).
         self.single_slot = single_slot
+
+    def seats(self, topic: str) -> str:
+        """The claims on ``topic``'s seats: in the ``{<prefix>}`` slot, with the
+        members they are checked against (a brace in the topic's name comes
+        after the tag, which is the first pair: the slot stays the same)."""
+        return f"{{{self.prefix}}}:seats:{topic}"
 
     def partition(self, partition: int) -> PartitionKeys:
         if not 0 <= partition < self.partitions:
