@@ -89,7 +89,7 @@ async def _handed_back_while_journaled(url: str, receiver: Sink) -> tuple[int, i
             # write queued, not done) and the partition is handed back at once.
             engine.advance(max(fire_s, time.time()))
             assert TASK_ID in engine.table.delivering, "the attempt did not begin"
-            await coordinator._hand_back({PARTITION})
+            await coordinator.moves.hand_back({PARTITION})
             at_handback = len(receiver.received())
             async with Redis.from_url(url) as client:
                 record = await client.hget(keyspace.layout.partition(PARTITION).tasks, TASK_ID)

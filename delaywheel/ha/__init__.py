@@ -14,7 +14,7 @@
 - ``losses``: partitions dropped at once (a lease lost, a write refused, a
   failover), one log line per kind.
 
-Below the engine: the coordinator asks of it only what ``coordinator.Host``
+Below the engine: the coordinator asks of it only what ``host.Host``
 names. The store's side (the partitions' keys, the fenced flush) is
 ``delaywheel.store.redis``.
 """

@@ -26,21 +26,9 @@ from Redis TIME), and the coordinator's round:
    share, and claims or gives back the seats of the topics whose
    concurrency is handed between the nodes (ha/seats.py).
 
-A claim acquires the lease (which bumps the epoch), adds the partition to
-the keyspace's ``epochs`` (its flushes may write now), loads its tasks, and
-only then serves it: what was overdue fires at the next tick, reserved
-tasks keep their TTR deadlines, attempts in flight at the old owner's end
-are sent again (at-least-once, as after a restart).
-
-A handoff first stops serving the partition (its requests are answered
-``moved``) and takes its tasks out of the wheel and the queues, so nothing
-more fires; then it waits until the attempts it is sending have ended and
-the write of what those partitions' journal lanes hold has returned (not
-while that server's writes fail); then it releases the lease. A handoff to
-a joining node runs beside the rounds, which go on registering the node. The next
-owner, polling every ``period_s``, takes it at once. The partitions handed
-back together (all of them at a stop) are taken out in one pass over the
-task table, not one pass each.
+A claim and a handback are ha/moves.py's. A handback to a joining node
+runs beside the rounds (and the registration); the next owner, polling
+every ``period_s``, takes the partition at once.
 
 A stop is bounded: past ``handoff_wait_s`` plus ``STOP_BOUND_LEASES`` lease
 periods it gives up with one warning line naming the step it was waiting
@@ -73,21 +61,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Collection
+from typing import Any
 
 from delaywheel_client.partitions import settings_key
 
 from delaywheel.ha.assignment import moved, plan, rebalance
+from delaywheel.ha.host import Host, StopsFirst
 from delaywheel.ha.lease import LeaseKeeper, Leases
 from delaywheel.ha.losses import Losses
 from delaywheel.ha.membership import Membership, Presence, Record
+from delaywheel.ha.moves import Moves, nothing_to_rearm
 from delaywheel.ha.replicas import ReplicaWatch
 from delaywheel.ha.rights import NodeRights
-from delaywheel.ha.seats import SeatHost, Seats
+from delaywheel.ha.seats import Seats
 from delaywheel.ha.sharing import Owner, Sharing
 from delaywheel.ha.topics import TopicBoard
-from delaywheel.store.redis import Holder, RedisStore
+from delaywheel.store.redis import RedisStore
 from delaywheel.tallies import ClusterCounts
 
 log = logging.getLogger("delaywheel.cluster")
@@ -96,68 +86,6 @@ log = logging.getLogger("delaywheel.cluster")
 HANDOFF_WAIT_S = 10.0
 # A stop gives up after handoff_wait_s and this many lease periods more.
 STOP_BOUND_LEASES = 3
-
-
-def _nothing_to_rearm() -> None:
-    pass
-
-
-class HasId(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-Kept = TypeVar("Kept", bound=HasId)
-
-
-class Host(SeatHost, Protocol[Kept]):
-    """What the coordinator asks of the engine (engine/engine.py keeps it).
-
-    ``Kept`` is the engine's task: the coordinator holds the ones a handoff
-    keeps (their attempts in flight) and gives them back by id."""
-
-    async def load_partition(
-        self, batches: AsyncIterator[list[tuple[str, bytes]]], partition: int | None = None
-    ) -> int:
-        """Add a partition's tasks from the store's records (its near tier),
-        then its far tier up to the horizon when ``partition`` is given; how many."""
-        ...
-
-    def drop_partitions(
-        self,
-        partitions: Collection[int],
-        *,
-        keep_delivering: bool = False,
-        among: Iterable[str] | None = None,
-    ) -> list[Kept]:
-        """Forget the tasks of ``partitions``; with ``keep_delivering`` those
-        whose attempts are in flight stay and are returned; ``among``: only
-        these ids are looked at."""
-        ...
-
-    def sending(self, kept: list[Kept]) -> list[Kept]:
-        """Those of ``kept`` whose attempt this node is sending now (not one held
-        to a deadline, nor one whose send ended and whose outcome's write failed)."""
-        ...
-
-    async def drain(self, partitions: Collection[int] | None = None) -> None:
-        """Wait until every change made so far (of ``partitions``) is durable (or failed)."""
-        ...
-
-    def topic_records(self) -> dict[str, bytes]:
-        """The records of the topic settings held here, by topic."""
-        ...
-
-    def topics_shared(self, elsewhere: dict[str, bytes]) -> None:
-        """The settings the other nodes publish, by topic, read after a look at
-        the partitions' owners: apply both."""
-        ...
-
-
-class StopsFirst(Protocol):
-    """The server, whose stop runs first, within the node's bound (net/server.py)."""
-
-    async def stop(self, until_s: float | None = None) -> str | None: ...
 
 
 class Coordinator:
@@ -176,10 +104,6 @@ class Coordinator:
         # The store's owner (ha/rights.py): what it does not do at once of a
         # refusal or a failover comes here, by its news.
         self.rights = rights
-        # The tick driver's look at the next timer, after a partition's tasks
-        # came in (given at start: the server that owns it is built after this).
-        self.rearm: Callable[[], None] = _nothing_to_rearm
-        self.handoff_wait_s = handoff_wait_s
         client = keyspace.client
         layout = keyspace.layout
         self.leases = Leases(client, layout, sharing.node, sharing.address)
@@ -196,6 +120,7 @@ class Coordinator:
         self.read_timeout_s = sharing.lease_s / 3
         self._published: dict[int, dict[str, bytes]] = {}  # the topics read last, by partition
         self.counts = ClusterCounts()
+        self.moves = Moves(engine, keyspace, sharing, self.keeper, self.counts, handoff_wait_s)
         # Partitions dropped at once (lost, fenced, stale), and the store's news.
         self.losses = Losses(
             engine.drop_partitions,
@@ -215,7 +140,6 @@ class Coordinator:
             lambda: self.keyspace.writes_confirmed,
         )
         self._loop_task: asyncio.Task[None] | None = None
-        self._busy: set[int] = set()  # partitions being loaded or handed back
         self._stopping = False
         self._gave_up = False  # a hand-back whose cancel was swallowed ends on it
         self._stop_step = ""  # what a stop waits on now, for its give-up line
@@ -225,10 +149,10 @@ class Coordinator:
 
     # -- life cycle ----------------------------------------------------------
 
-    async def start(self, rearm: Callable[[], None] = _nothing_to_rearm) -> None:
+    async def start(self, rearm: Callable[[], None] = nothing_to_rearm) -> None:
         """Register and take this node's first partitions (loaded before it serves);
         ``rearm`` is called after each partition's tasks come in."""
-        self.rearm = rearm
+        self.moves.rearm = rearm
         loop = asyncio.get_running_loop()
         self._following = loop.create_task(self.losses.follow_the_store())
         await self.leases.load()
@@ -279,7 +203,7 @@ class Coordinator:
                 )
                 return
             stopping.cancel()
-            waiting_on = self._stop_step
+            waiting_on = self._stop_step or self.moves.step  # (the handback's, in it)
         self._gave_up = True
         await self.presence.stop()  # the registration lapses: the others take over
         held = sorted(self.keeper.held)
@@ -293,7 +217,7 @@ class Coordinator:
 
     @property
     def stop_bound_s(self) -> float:
-        return self.handoff_wait_s + STOP_BOUND_LEASES * self.sharing.lease_s
+        return self.moves.handoff_wait_s + STOP_BOUND_LEASES * self.sharing.lease_s
 
     async def _hand_all_back(self) -> None:
         self._stop_step = "waiting for the coordinator's round to end"
@@ -307,8 +231,9 @@ class Coordinator:
         held = set(self.keeper.held)
         handoffs = self.counts.handoffs
         if held:
+            self._stop_step, self.moves.step = "", "handing back the partitions"
             with contextlib.suppress(Exception):
-                await self._hand_back(held)
+                await self.moves.hand_back(held)
         self._handed_at_stop = self.counts.handoffs - handoffs
         if self._gave_up:
             return
@@ -356,7 +281,7 @@ class Coordinator:
         # Claim only on a primary the Sentinels vouch for now: one frozen through
         # a failover answers the calls above as a primary again once it wakes
         # (when it moved, the epochs are being read again: claim next round, there).
-        if not await self._primary_confirmed():
+        if not await self.moves.primary_confirmed():
             return
         assigned = await self._follow(live, stored)
         held = self.keeper.held
@@ -365,16 +290,17 @@ class Coordinator:
         for partition in sorted((todo.claim | stale) - unknown):
             if self._stopping:
                 return
-            if partition not in self._busy:
-                await self._claim(partition, holders.get(partition))
-        leaving = {p for p in todo.hand_back - unknown if p in held and p not in self._busy}
+            if partition not in self.moves.busy:
+                await self.moves.claim(partition, holders.get(partition))
+        busy = self.moves.busy
+        leaving = {p for p in todo.hand_back - unknown if p in held and p not in busy}
         if leaving and not self._stopping:
             # In a task of its own: the rounds go on meanwhile, registering this
             # node (a handback that waits on attempts in flight or on a failing
             # write can outlast L, and with the rounds held the node's own
             # registration lapsed: the others saw it gone, mid-handback).
-            self._busy.update(leaving)  # the next rounds leave them alone
-            handing = asyncio.get_running_loop().create_task(self._hand_back(leaving))
+            busy.update(leaving)  # the next rounds leave them alone
+            handing = asyncio.get_running_loop().create_task(self.moves.hand_back(leaving))
             self._handing.add(handing)
             handing.add_done_callback(self._handed)
         try:
@@ -457,128 +383,10 @@ class Coordinator:
         slots: a partition's keys share one), by the slot map known now."""
         return self.keyspace.topology.by_primary([keys.lease for keys in self.keyspace.layout])
 
-    def _primary_moves(self) -> int:
-        return self.keyspace.topology.primary_moves
-
-    async def _primary_confirmed(self) -> bool:
-        return await self.keyspace.topology.confirm_primary()
-
-    async def _claim(self, partition: int, holder: Holder | None) -> None:
-        self._busy.add(partition)
-        started_s = time.monotonic()
-        moves = self._primary_moves()
-        try:
-            if holder is not None:  # ours, from this node's previous process
-                got: int | Holder = await self.keeper.adopt(partition, holder.epoch)
-            else:
-                got = await self.keeper.acquire(partition)
-            if not isinstance(got, int):
-                return  # another node was quicker: the lease decides
-            self.keyspace.epochs[partition] = got
-            # Before the load: a task of it may fire, or an attempt of it be
-            # sent again, before the partition is served (its epoch is in
-            # every delivery, docs/ha.md).
-            self.sharing.load(partition, got)
-            loaded = await self.engine.load_partition(
-                self.keyspace.load_partition(partition), partition
-            )
-            # Asked again after the acquire: one sent to a primary that froze
-            # is answered when it wakes, maybe after a failover replaced it.
-            confirmed = await self._primary_confirmed()
-            if partition not in self.keeper.held or self._primary_moves() != moves or not confirmed:
-                # Lost while loading, or acquired on a primary that is one no more.
-                self.sharing.unserve(partition)
-                self.keeper.forget(partition)
-                self.keyspace.epochs.pop(partition, None)
-                self.engine.drop_partitions({partition})
-                return
-            self.sharing.serve(partition, got)
-            took_s = time.monotonic() - started_s
-            self.counts.takeovers += 1
-            self.counts.takeover_seconds += took_s
-            log.info(
-                "serving partition %d, epoch %d: %d tasks loaded in %.2f s",
-                *(partition, got, loaded, took_s),
-                extra={"partition": partition, "epoch": got, "tasks": loaded},
-            )
-            self.rearm()
-        except Exception:
-            self.keyspace.epochs.pop(partition, None)
-            self.sharing.unserve(partition)
-            self.engine.drop_partitions({partition})
-            with contextlib.suppress(Exception):
-                await self.keeper.release(partition)
-            raise
-        finally:
-            self._busy.discard(partition)
-
     def _handed(self, task: asyncio.Task[None]) -> None:
         self._handing.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.debug("handback failed: %r", exc)  # the keeper's fence timers decide
-
-    async def _hand_back(self, partitions: set[int]) -> None:
-        """Stop serving, let what is in flight be journaled, then release."""
-        self._busy.update(partitions)
-        try:
-            for partition in partitions:
-                self.sharing.hand_back(partition)
-            # Nothing fires from here on; attempts in flight stay in the table,
-            # so that their outcomes are journaled as they come.
-            kept = self.engine.drop_partitions(partitions, keep_delivering=True)
-            deadline_s = time.monotonic() + self.handoff_wait_s
-            await self._sent_and_written(kept, partitions, deadline_s)
-            # An attempt begun just before the drop, its own write in flight
-            # then, is sent when that write comes back, during the drain: in
-            # flight now, and its outcome is this node's to write. Let go
-            # before that and the store keeps it delivering, and the next
-            # owner sends it again at its deadline: a duplicate, in 2 of 87
-            # runs of scenarios 7 and 8 (tests/test_attempts_in_flight.py).
-            while self.engine.sending(kept) and time.monotonic() < deadline_s:
-                # Those whose attempt ended leave first, before a failed one's
-                # retry could fire here.
-                ids = [task.id for task in kept]
-                kept = self.engine.drop_partitions(partitions, keep_delivering=True, among=ids)
-                await self._sent_and_written(kept, partitions, deadline_s)
-            # Only the tasks kept are left of these partitions (requests for them
-            # are answered moved): no second pass over the whole table.
-            self.engine.drop_partitions(partitions, among=[task.id for task in kept])
-            self._stop_step = "releasing the leases"
-            for partition in sorted(partitions):
-                self.keyspace.epochs.pop(partition, None)
-                if partition not in self.keeper.held:  # lost meanwhile: not ours to release
-                    continue
-                await self.keeper.release(partition)
-                self.sharing.owners[partition] = Owner(None, None, None)
-                self.counts.handoffs += 1
-                log.info("handed back partition %d", partition, extra={"partition": partition})
-        finally:
-            self._busy.difference_update(partitions)
-            for partition in partitions:
-                self.sharing.handed_back(partition)
-
-    async def _sent_and_written(
-        self, kept: list[Any], partitions: set[int], deadline_s: float
-    ) -> None:
-        """Wait until the attempts of ``kept`` sent from here have ended (until
-        ``deadline_s``), then for the write of what ``partitions``' lanes hold."""
-        # Only the sends in flight here, until each has ended: not the
-        # attempts taken over and held to their deadline (waiting for those
-        # held a handoff after a takeover up to handoff_wait_s, 6.3 s in
-        # scenario 4), nor an outcome whose write failed (delivering again
-        # with nothing in flight).
-        sending = self.engine.sending(kept)
-        while sending and time.monotonic() < deadline_s:
-            self._stop_step = f"waiting for {len(sending)} attempts in flight"
-            await asyncio.sleep(0.02)
-            sending = self.engine.sending(sending)
-        # Their outcomes' writes, in these partitions' lanes alone and once
-        # (engine/journal.py, drain): a handback after a Sentinel failover,
-        # writes refused for lack of replicas, waited 13.7 s for every lane
-        # to be idle, a queue of failing WAITs, the partitions served by no
-        # one meanwhile (tests/test_ha_sentinel_one_replica.py).
-        self._stop_step = "waiting for the journal to drain"
-        await self.engine.drain(partitions)
 
     # -- losses ----------------------------------------------------------------
 
