@@ -52,25 +52,40 @@ threads reserve and ack them, and each one's lateness is measured as
 targets: p99 <= 15 ms, max <= 50 ms, none early). The HTTP deliveries done
 from T to the last queue task's arrival are given as the load.
 
+A rate-limited topic: a fresh server, the same warm-up (to a path of its
+own), then ``topic_set`` gives the topic ``rate`` ``LIMITED_RATE`` (500/s)
+and the default ``burst`` (1), and ``limited`` tasks to the sink's
+``/ok/limited`` fall due at one moment, timed as above until all settled. The
+sink records when each request came in (its monotonic clock). The achieved
+rate is the arrivals over the time from the first to the last; steadiness is
+the arrivals in each whole ``WINDOW_S`` (100 ms) from the first (a partial
+last window left out): min, 5th percentile, median, 95th percentile and max,
+their standard deviation in the note; and the most in any ``LIMIT_WINDOW_S``
+(1 s), whose target is the contract's ``rate x 1 s + burst`` = 501
+(docs/protocol.md, "Topic settings"; measured at the sink, so the
+delivery's jitter counts against it).
+
 When RabbitMQ or NATS does not answer, or redis-server is not installed,
 their figures are left out and ``params["skipped"]`` says why. One pass of
 everything, so no figure lists runs. ``run(quick=True)``: 1,000 tasks per
 destination, 200 to the slow endpoint, a burst of 2,000 with 200 queue tasks
-over 1 s.
+over 1 s, 2,000 on the limited topic (about 4 s).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from delaywheel_client import Client, targets
 
-from bench import Figure, Report, progress
+from bench import Figure, Report, Target, progress
 from bench._destinations import (
     CONNECT_TIMEOUT_S,
     Destination,
@@ -83,7 +98,7 @@ from bench.fire import add_in_batches
 from bench.http_sink import SLOW_S, Sink
 from bench.http_sink import running as running_sink
 from bench.lateness import GIVE_UP_S as CONSUMER_GIVE_UP_S
-from bench.lateness import SEED, TICK_S, consume_all, lateness_figures
+from bench.lateness import SEED, TICK_S, consume_all, lateness_figures, percentile
 from bench.lateness import TOPIC as QUEUE_TOPIC
 
 TOPIC = "deliver"
@@ -92,6 +107,9 @@ LEAD_S = 0.5  # from the fill's expected end to the due time
 FILL_RATE_GUESS = 15_000  # targeted tasks/s add_many does here at worst: sets the due time
 POLL_S = 0.005  # between two stats calls while a run delivers
 GIVE_UP_S = 120.0  # after the due time: a run that never completes is an error
+LIMITED_RATE = 500.0  # the limited topic's rate (tasks/s); its burst is the default
+WINDOW_S = 0.1  # the limited run's arrivals are counted per window this long
+LIMIT_WINDOW_S = 1.0  # the window of the most arrivals, checked against rate x it + burst
 
 
 @dataclass(frozen=True)
@@ -102,14 +120,17 @@ class Plan:
     burst_queue: int  # queue tasks due over the window after T
     span_s: float  # the window
     consumers: int  # threads reserving the queue tasks
+    limited: int  # due at once on the rate-limited topic
 
 
 FULL = Plan(
-    tasks=20_000, slow_tasks=2_000, burst_http=20_000, burst_queue=2_000, span_s=4.0, consumers=4
-)
+    tasks=20_000, slow_tasks=2_000, burst_http=20_000, burst_queue=2_000, span_s=4.0,
+    consumers=4, limited=20_000,
+)  # fmt: skip
 QUICK = Plan(
-    tasks=1_000, slow_tasks=200, burst_http=2_000, burst_queue=200, span_s=1.0, consumers=4
-)
+    tasks=1_000, slow_tasks=200, burst_http=2_000, burst_queue=200, span_s=1.0,
+    consumers=4, limited=2_000,
+)  # fmt: skip
 
 
 # -- measuring --------------------------------------------------------------------------
@@ -189,8 +210,8 @@ def warm_up(client: Client, target: dict[str, Any]) -> None:
 
 
 def deliver_at_once(client: Client, address: Address, pid: int, dest: Destination) -> Delivered:
-    """``dest.tasks`` tasks due at once, timed until the server has sent every one."""
-    warm_up(client, dest.target)
+    """``dest.tasks`` tasks due at once, timed until the server has sent every one
+    (the caller has warmed the server up: ``warm_up``)."""
     arrived_before = dest.arrived()
     delivered_before, failed_before, _ = settled(client.stats())
     progress(f"{dest.label}: {dest.tasks:,} tasks due at once")
@@ -291,6 +312,94 @@ def burst_figures(plan: Plan, burst: Burst) -> tuple[list[Figure], dict[str, Any
     return figures, {f"burst_{name}": value for name, value in counts.items()}
 
 
+@dataclass(frozen=True)
+class Limited:
+    delivered: Delivered  # as the server counted them, due time to all settled
+    settings: dict[str, Any]  # the topic's settings, as topic_set answered them
+    arrivals_s: list[float]  # when each came in at the sink (its monotonic clock), in order
+
+
+def limited_deliveries(plan: Plan, sink: Sink) -> Limited:
+    """``plan.limited`` HTTP deliveries due at once on a topic limited to ``LIMITED_RATE``."""
+    url = sink.url("ok", "limited")
+    label = f"HTTP, topic limited to {LIMITED_RATE:g}/s"
+    arrived = partial(sink.answered, url)
+    dest = Destination("limited", label, targets.http(url), plan.limited, arrived)
+    with (
+        server_process("memory://", args=server_args()) as (pid, address),
+        dw_client(address) as client,
+    ):
+        warm_up(client, targets.http(sink.url("ok", "limited-warm-up")))
+        settings = client.topic_set(TOPIC, {"rate": LIMITED_RATE})
+        got = deliver_at_once(client, address, pid, dest)
+    return Limited(got, settings, sorted(sink.arrivals("limited")))
+
+
+def per_window(arrivals_s: list[float]) -> list[int]:
+    """Arrivals in each whole ``WINDOW_S`` from the first (a last, partial one left out)."""
+    first_s = arrivals_s[0]
+    counts = [0] * int((arrivals_s[-1] - first_s) / WINDOW_S)
+    for at_s in arrivals_s:
+        index = int((at_s - first_s) / WINDOW_S)
+        if index < len(counts):
+            counts[index] += 1
+    return counts
+
+
+def most_within(arrivals_s: list[float], span_s: float) -> int:
+    """The most arrivals in any ``span_s`` (each window ends at an arrival)."""
+    most = oldest = 0
+    for newest, at_s in enumerate(arrivals_s):
+        while arrivals_s[oldest] <= at_s - span_s:
+            oldest += 1
+        most = max(most, newest - oldest + 1)
+    return most
+
+
+def limited_figures(limited: Limited) -> list[Figure]:
+    """The achieved rate at the sink, arrivals per ``WINDOW_S`` and the most in a second."""
+    times = limited.arrivals_s
+    if len(times) < 2 or times[-1] - times[0] < WINDOW_S:
+        raise RuntimeError(f"limited: {len(times)} arrivals, too few or too close to measure")
+    rate, burst = limited.settings["rate"], limited.settings["burst"]
+    note = (
+        f"rate {rate:g}, burst {burst}; {len(times):,} arrivals / first to last at the sink; "
+        f"server: {limited.delivered.run.rate:,.1f}/s from the due time"
+    )
+    if limited.delivered.failed:
+        note = f"{note}; {limited.delivered.failed:,} FAILED"
+    windows = sorted(per_window(times))
+    spread = (
+        f"{len(windows)} whole windows from the first arrival; rate x window "
+        f"= {rate * WINDOW_S:g}; std {statistics.pstdev(windows):.1f}"
+    )
+    bound = rate * LIMIT_WINDOW_S + burst
+    most_note = f"rate x {LIMIT_WINDOW_S:g} s + burst = {bound:g}; at the sink, so jitter counts"
+    per = f"  arrivals per {WINDOW_S * 1e3:g} ms"
+    return [
+        Figure(
+            "limited_rate",
+            f"HTTP, topic limited to {rate:g}/s",
+            len(times) / (times[-1] - times[0]),
+            "/s",
+            note=note,
+        ),
+        Figure("limited_window_min", f"{per}, min", windows[0], "tasks", note=spread),
+        Figure("limited_window_p5", f"{per}, 5th percentile", percentile(windows, 0.05), "tasks"),
+        Figure("limited_window_p50", f"{per}, median", statistics.median(windows), "tasks"),
+        Figure("limited_window_p95", f"{per}, 95th percentile", percentile(windows, 0.95), "tasks"),
+        Figure("limited_window_max", f"{per}, max", windows[-1], "tasks"),
+        Figure(
+            "limited_1s_max",
+            f"  most in any {LIMIT_WINDOW_S:g} s",
+            most_within(times, LIMIT_WINDOW_S),
+            "tasks",
+            Target("<=", bound),
+            note=most_note,
+        ),
+    ]
+
+
 def run(quick: bool = False) -> Report:
     started = time.perf_counter()
     plan = QUICK if quick else FULL
@@ -308,11 +417,15 @@ def run(quick: bool = False) -> Report:
         ):
             wait_connected(client, {dest.broker for dest in brokers if dest.broker})
             for dest in destinations:
+                warm_up(client, dest.target)
                 got = deliver_at_once(client, address, pid, dest)
                 figures += delivered_figures(dest, got)
                 failed[dest.key] = got.failed
         lateness, counts = burst_figures(plan, burst_lateness(plan, sink))
         figures += lateness
+        limited = limited_deliveries(plan, sink)
+        figures += limited_figures(limited)
+        failed["limited"] = limited.delivered.failed
     return Report(
         "deliveries",
         f"deliveries{' (quick)' if quick else ''}: {plan.tasks:,} due at once per destination, "
@@ -334,6 +447,9 @@ def run(quick: bool = False) -> Report:
             "span_s": plan.span_s,
             "consumers": plan.consumers,
             **counts,
+            "limited": plan.limited,
+            "limited_rate": LIMITED_RATE,
+            "window_s": WINDOW_S,
             "seed": SEED,
             "skipped": skipped,
         },

@@ -9,7 +9,11 @@ no access log. Any method to
 - ``/slow/NAME`` answers the same after ``SLOW_S`` (an ``asyncio.sleep``, so
   thousands wait at once and the sink itself stays idle);
 - ``GET /counts`` answers a JSON map of each path to the requests answered
-  there, which is how the bench checks that every delivery arrived.
+  there, which is how the bench checks that every delivery arrived;
+- ``GET /arrivals/NAME`` answers a JSON list of the times (``time.monotonic()``
+  in the sink, s) at which each request to ``/ok/NAME`` came in, in order:
+  how steadily a rate-limited topic's deliveries arrive. Only ``/ok/`` is
+  timed (a list append per request); ``/slow/`` is not.
 
 It runs as a process of its own so that its CPU time is not the bench's,
 nor the server's that the bench reads from ``/proc``. ``running()`` starts
@@ -21,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -38,22 +44,31 @@ BACKLOG = 1024  # a burst opens --http-concurrency connections at once
 
 def application() -> web.Application:
     counts: dict[str, int] = {}
+    arrivals: dict[str, list[float]] = {}  # by /ok/ path: each request's monotonic time
 
-    async def ok(request: web.Request) -> web.Response:
+    def answer(request: web.Request) -> web.Response:
         counts[request.path] = counts.get(request.path, 0) + 1
         return web.Response()
 
+    async def ok(request: web.Request) -> web.Response:
+        arrivals.setdefault(request.path, []).append(time.monotonic())
+        return answer(request)
+
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(SLOW_S)
-        return await ok(request)
+        return answer(request)
 
     async def answered(request: web.Request) -> web.Response:
         return web.json_response(counts)
+
+    async def arrived(request: web.Request) -> web.Response:
+        return web.json_response(arrivals.get(f"/ok/{request.match_info['name']}", []))
 
     app = web.Application()
     app.router.add_route("*", "/ok/{name}", ok)
     app.router.add_route("*", "/slow/{name}", slow)
     app.router.add_get("/counts", answered)
+    app.router.add_get("/arrivals/{name}", arrived)
     return app
 
 
@@ -89,9 +104,17 @@ class Sink:
 
     def answered(self, url: str) -> int:
         """How many requests the sink has answered at ``url`` (one ``url`` made)."""
-        with urllib.request.urlopen(f"http://{HOST}:{self.port}/counts", timeout=10) as reply:
-            counts: dict[str, int] = json.load(reply)
+        counts: dict[str, int] = self._get("/counts")
         return counts.get(urlsplit(url).path, 0)
+
+    def arrivals(self, name: str) -> list[float]:
+        """When each request to ``/ok/NAME`` came in (the sink's monotonic clock, s)."""
+        times: list[float] = self._get(f"/arrivals/{name}")
+        return times
+
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://{HOST}:{self.port}{path}", timeout=10) as reply:
+            return json.load(reply)
 
 
 @contextmanager

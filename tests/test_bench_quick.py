@@ -7,9 +7,11 @@ figure there with a positive value, the beanstalkd and Redis figures there
 when those are installed and the skip message in their place when not; the
 fire, lateness, journal, horizon and recovery figures there, finite and positive (the
 lateness section's early count an int, 0 allowed); the deliveries figures
-likewise, those of RabbitMQ and NATS too: that test is marked ``brokers``, so
-it runs only when both answer (tests/services.py skips it otherwise, and in
-CI, where .ci/run starts them, fails it).
+likewise (the rate-limited topic's too: its arrivals per 100 ms in order, its
+most in 1 s carrying the limit's bound), those of RabbitMQ and NATS too: that
+test is marked ``brokers``, so it runs only when both answer
+(tests/services.py skips it otherwise, and in CI, where .ci/run starts them,
+fails it).
 Nothing about the figures' size is asserted: this is the harness's test,
 not the server's.
 """
@@ -116,6 +118,17 @@ DELIVERIES_WITH_REDIS = {
 }
 DELIVERIES_WITH_RABBITMQ = {"amqp_rate", "amqp_cpu_us"}
 DELIVERIES_WITH_NATS = {"nats_rate", "nats_cpu_us"}
+# The rate-limited topic (500/s, burst 1): the rate at the sink, arrivals per
+# 100 ms, and the most in any 1 s against the contract's rate x 1 s + burst.
+DELIVERIES_LIMITED = {
+    "limited_rate",
+    "limited_window_min",
+    "limited_window_p5",
+    "limited_window_p50",
+    "limited_window_p95",
+    "limited_window_max",
+    "limited_1s_max",
+}
 
 
 def beanstalkd_usable() -> bool:
@@ -299,7 +312,8 @@ def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
     assert params["quick"] is True
     skipped: list[str] = params["skipped"]
     # Both brokers answer (the brokers marker), so their figures are required.
-    expected = DELIVERIES_ALWAYS | DELIVERIES_WITH_RABBITMQ | DELIVERIES_WITH_NATS
+    expected = DELIVERIES_ALWAYS | DELIVERIES_LIMITED
+    expected |= DELIVERIES_WITH_RABBITMQ | DELIVERIES_WITH_NATS
     if shutil.which("redis-server") is not None:
         expected |= DELIVERIES_WITH_REDIS
     else:
@@ -309,7 +323,10 @@ def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
     assert isinstance(early["value"], int) and early["value"] >= 0, early
     assert early["target"] == {"op": "<=", "value": 0}
     assert set(figures) == expected
-    assert_finite_positive(figures)
+    # a stall of 100 ms at the server or the sink leaves a window empty: 0 allowed
+    fewest = figures["limited_window_min"]["value"]
+    assert isinstance(fewest, int) and fewest >= 0, fewest
+    assert_finite_positive({k: v for k, v in figures.items() if k != "limited_window_min"})
     # every destination measured says how many of its attempts failed
     assert set(params["failed"]) == {
         key.removesuffix("_rate")
@@ -317,10 +334,17 @@ def test_deliveries_run_quick(quick_run: tuple[dict[str, Any], list[Path]]) -> N
         if key.endswith("_rate") and key != "burst_http_rate"
     }
     assert params["burst_received"] + params["burst_missing"] == params["burst_queue"]
-    # the lateness targets of the lateness section; rates and CPU carry none
+    # every window's count within the min..max the run saw, in order
+    windows = [figures[f"limited_window_{name}"]["value"] for name in ("min", "p5", "p50")]
+    windows += [figures[f"limited_window_{name}"]["value"] for name in ("p95", "max")]
+    assert windows == sorted(windows), windows
+    assert "burst 1" in figures["limited_rate"]["note"]
+    # the lateness targets of the lateness section, and the rate limit's bound
+    # over 1 s (rate 500 x 1 s + burst 1); rates and CPU carry none
     targets = {
         "burst_lateness_p99_ms": {"op": "<=", "value": 15},
         "burst_lateness_max_ms": {"op": "<=", "value": 50},
+        "limited_1s_max": {"op": "<=", "value": 501},
     }
     for key, figure in figures.items():
         assert figure["target"] == targets.get(key), key
