@@ -246,7 +246,11 @@ class ReplyLine:
         self.listening = False
         if failed:  # the rollback may have put back an earlier timer
             self.rearm()
-        self._wake()
+        wake = self.wake
+        if wake is not None:
+            wake()
+        else:  # the connection is gone: settle, send nothing
+            self.take()
         if self.groups and not self.listening:
             self.listening = True
             self.journal.on_settled(self._settled)
@@ -256,9 +260,6 @@ class ReplyLine:
             self.waiting_on = None  # not to keep a finished batch's tasks alive
         if error is not None:  # the rollback may have put back an earlier timer
             self.rearm()
-        self._wake()
-
-    def _wake(self) -> None:
         wake = self.wake
         if wake is not None:
             wake()
