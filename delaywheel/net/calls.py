@@ -27,8 +27,8 @@ from delaywheel.net.blocked import WAIT_MOVED_RETRY_MS, reserve_params, wait_par
 from delaywheel.store.base import StoreError, reply_for
 
 if TYPE_CHECKING:
+    from delaywheel.engine.batches import Wait
     from delaywheel.engine.engine import Engine
-    from delaywheel.engine.journal import Wait
     from delaywheel.net.server import Server
 
 

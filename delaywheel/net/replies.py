@@ -23,7 +23,8 @@ from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
-from delaywheel.engine.journal import Journal, Wait
+from delaywheel.engine.batches import Wait
+from delaywheel.engine.journal import Journal
 from delaywheel.store.base import StoreError, reply_for
 
 if TYPE_CHECKING:
