@@ -47,16 +47,16 @@ class Blocked:
     """One connection's ``reserve`` and ``wait`` calls, and those of them that
     block: each one's timeout timer and the msgid it answers (``waiters``,
     ``watches``). Answers in line go into the connection's ``line``; those out
-    of line are written to ``transport`` (set while the connection is open)."""
+    of line are written to ``transport``."""
 
     __slots__ = ("encoder", "engine", "line", "routes", "transport", "waiters", "watches")
 
-    def __init__(self, server: Server, line: ReplyLine) -> None:
+    def __init__(self, server: Server, line: ReplyLine, transport: asyncio.Transport) -> None:
         self.engine = server.engine
         self.encoder = server.encoder
         self.routes = server.routes
         self.line = line
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | None = transport  # None once the connection is gone
         # Blocked reserves: each one's timeout timer and the msgid it answers.
         self.waiters: dict[Waiter, tuple[asyncio.TimerHandle, int]] = {}
         # Blocked waits, the same way: each one's timeout timer and msgid.

@@ -95,9 +95,11 @@ class Connection(asyncio.Protocol):
         self.encoder = server.encoder
         self.transport: asyncio.Transport | None = None
         # Replies leave in request order, through the line (net/replies.py);
-        # those of a blocked reserve or wait out of line (net/blocked.py).
+        # those of a blocked reserve or wait out of line (net/blocked.py),
+        # made at the first reserve or wait: most connections make neither,
+        # and an idle one is kept small (docs/operations.md "Connections").
         self.line = ReplyLine(self.journal, self.encoder, server.rearm)
-        self.blocked = Blocked(server, self.line)
+        self.blocked: Blocked | None = None
         # An inline store (memory) has written every change of a turn when the
         # turn ends (``Journal.release`` in _work), and _work's last _flush
         # sends their replies.
@@ -132,7 +134,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, so no isinstance.
-        self.transport = self.blocked.transport = cast(asyncio.Transport, transport)
+        self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=OUTPUT_HIGH_BYTES)
         self.line.attach(self._flush)  # until connection_lost, which every made one gets
         sock = transport.get_extra_info("socket")
@@ -168,7 +170,8 @@ class Connection(asyncio.Protocol):
                 per_address[address] = held
             else:
                 del per_address[address]
-        self.blocked.drop()
+        if self.blocked is not None:
+            self.blocked.drop()
         self.line.detach()
         self.transport = None
 
@@ -310,10 +313,10 @@ class Connection(asyncio.Protocol):
         if run is None:  # reserve, wait, or no such method: one check for every other call
             if method == "reserve":
                 self.timers_moved = True  # a reservation's deadline is a timer
-                self.blocked.reserve(request, route, now_s)
+                (self.blocked or self._blocked()).reserve(request, route, now_s)
             elif method == "wait":
                 try:
-                    self.blocked.wait(request, route)
+                    (self.blocked or self._blocked()).wait(request, route)
                 except NeedsStore as need:
                     self._fetch_later(request, need, fetches)
             else:
@@ -336,6 +339,12 @@ class Connection(asyncio.Protocol):
             payload = internal_error(self.encoder, msgid, method, exc)
         batch = self.engine.journal.pending() if route.mutating else None
         self.line.queue(msgid, payload, batch, route)
+
+    def _blocked(self) -> Blocked:
+        """The connection's first reserve or wait: its ``Blocked``, made now."""
+        assert self.transport is not None  # a request is handled only while connected
+        self.blocked = Blocked(self.server, self.line, self.transport)
+        return self.blocked
 
     def _flush(self) -> None:
         """Write the replies free to go; then, if that freed the connection
@@ -397,7 +406,8 @@ class Connection(asyncio.Protocol):
         its timeout had run out, rather than cut off."""
         self.stopping = True
         self._update_reading()
-        self.blocked.stop()
+        if self.blocked is not None:
+            self.blocked.stop()
 
     def close(self) -> None:
         if self.transport is not None:
