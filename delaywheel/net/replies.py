@@ -245,13 +245,7 @@ class ReplyLine:
         the head of the line whose writes are done go; if some still wait, we
         are told again after the next answer."""
         self.listening = False
-        if failed:  # the rollback may have put back an earlier timer
-            self.rearm()
-        wake = self.wake
-        if wake is not None:
-            wake()
-        else:  # the connection is gone: settle, send nothing
-            self.take()
+        self._done(failed)
         if self.groups and not self.listening:
             self.listening = True
             self.journal.on_settled(self._settled)
@@ -259,7 +253,11 @@ class ReplyLine:
     def _write_done(self, wait: Wait, error: StoreError | None) -> None:
         if wait is self.waiting_on:
             self.waiting_on = None  # not to keep a finished batch's tasks alive
-        if error is not None:  # the rollback may have put back an earlier timer
+        self._done(error is not None)
+
+    def _done(self, failed: bool) -> None:
+        """Writes the line waits on are done: the connection writes what may go."""
+        if failed:  # the rollback may have put back an earlier timer
             self.rearm()
         wake = self.wake
         if wake is not None:
