@@ -241,22 +241,12 @@ class ReplyLine:
             group.routes[i].failed(code)
 
     def _settled(self, failed: bool) -> None:
-        """A store answer has settled writes (a store of lanes): the replies at
-        the head of the line whose writes are done go; if some still wait, we
-        are told again after the next answer."""
+        """A store answer has settled writes (on a store of lanes; on one lane,
+        ``_write_done``: the write the line waited on): the replies at the head
+        of the line whose writes are done go; on a store of lanes, if some still
+        wait, we are told again after the next answer. The lanes' path (a Redis
+        keyspace's) takes no call more than this one."""
         self.listening = False
-        self._done(failed)
-        if self.groups and not self.listening:
-            self.listening = True
-            self.journal.on_settled(self._settled)
-
-    def _write_done(self, wait: Wait, error: StoreError | None) -> None:
-        if wait is self.waiting_on:
-            self.waiting_on = None  # not to keep a finished batch's tasks alive
-        self._done(error is not None)
-
-    def _done(self, failed: bool) -> None:
-        """Writes the line waits on are done: the connection writes what may go."""
         if failed:  # the rollback may have put back an earlier timer
             self.rearm()
         wake = self.wake
@@ -264,3 +254,11 @@ class ReplyLine:
             wake()
         else:  # the connection is gone: settle, send nothing
             self.take()
+        if self.lanes and self.groups and not self.listening:
+            self.listening = True
+            self.journal.on_settled(self._settled)
+
+    def _write_done(self, wait: Wait, error: StoreError | None) -> None:
+        if wait is self.waiting_on:
+            self.waiting_on = None  # not to keep a finished batch's tasks alive
+        self._settled(error is not None)
