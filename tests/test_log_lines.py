@@ -23,7 +23,7 @@ from delaywheel.delivery.targets import TargetRules, destination
 from delaywheel.engine.engine import Engine
 from delaywheel.engine.retry import RetryPolicy
 from delaywheel.logs import JsonFormatter, shown_settings
-from delaywheel.net.connection import _loggable
+from delaywheel.net.connlog import loggable
 from delaywheel.store.base import Changes, Done, StoreUnavailable
 from delaywheel.store.memory import MemoryStore
 from delaywheel.store.watch import StoreWatch
@@ -123,7 +123,7 @@ def test_shown_settings_hold_every_field_and_no_secret() -> None:
     ],
 )
 def test_a_refusal_is_logged_without_what_it_quotes(message: str, logged: str) -> None:
-    assert _loggable(message) == logged
+    assert loggable(message) == logged
 
 
 @pytest.mark.parametrize(

@@ -12,17 +12,11 @@ its replies leave in the turn that made them. A flush packs each changed
 task once (the last state wins) and submits the batches to the store,
 which calls back when they are durable: no Task or coroutine per flush.
 
-Lanes. The store says how keys map to lanes (``Store.lanes``,
-``Store.lane_of``): one lane for memory and SQLite, one per partition on a
-Redis keyspace, whose partitions may live on different Cluster primaries.
-Each lane has at most one write in flight and gathers its next batch
-meanwhile; that batch starts from the write's callback. The lanes ready in
-one turn go to the store together (``Store.submit_lanes``: still one round
-trip per primary), and the store reports each lane's outcome on its own, so
-a write whose primary does not answer holds up only its own lane's
-requests. One write in flight per lane keeps each partition's writes in
-order. Under load one round trip carries everything that arrived during the
-previous one.
+Lanes (``Store.lanes``): one for memory and SQLite, one per partition on a
+Redis keyspace; each has at most one write in flight and gathers its next
+batch meanwhile. This module is the one-lane path (a single node's, and a
+lane's ready alone); several lanes' writes at once are engine/lanes.py's
+``LanesJournal``. The batches and what a reply waits on: engine/batches.py.
 
 Once a batch is durable the ``durable`` hook sees what it held before the
 replies go out (the task table packs its far-future tasks then, from the
@@ -56,23 +50,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+from delaywheel.engine.batches import Batch, BlindWait, Joint, Lane, Undo, Wait
 from delaywheel.engine.cold import Written
 from delaywheel.engine.record import to_record
 from delaywheel.engine.task import GONE, NEW, Task
-from delaywheel.store.base import LaneOutcomes, Store, StoreError, Tiers, Unconfirmed
+from delaywheel.store.base import Store, StoreError, Tiers, Unconfirmed
 from delaywheel.store.watch import DEFAULT_SLOW_FLUSH_S, StoreWatch
 
 log = logging.getLogger("delaywheel.journal")  # pinned: its name is documented
-
-# Called with None once the batch is durable, or with the error that failed it.
-Callback = Callable[[StoreError | None], None]
-# The tasks of failed batches, each with its snapshot before them (newest first).
-Undo = list[tuple[Task, tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
@@ -107,162 +97,13 @@ class Tiering(Protocol):
     def failed(self, tiers: Tiers | None) -> None: ...
 
 
-class ExistsInStore(StoreError):
-    """A blind add's put the store refused: a task of that id was there."""
-
-    reply_code = "exists"
-    reply_data = None
-
-
-class Batch:
-    __slots__ = (
-        "callbacks",
-        "error",
-        "finished",
-        "records",
-        "records_undo",
-        "size",
-        "tasks",
-        "tiered",
-        "tiers",
-        "undo",
-    )
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, Task] = {}  # id -> task; the last change of an id wins
-        self.undo: Undo = []  # first snapshot of each task
-        # Other records than tasks (schedules, engine/schedules.py): key ->
-        # record or None, and how to undo each change, oldest first. Made by
-        # the first such change: most batches have none.
-        self.records: dict[str, bytes | None] | None = None
-        self.records_undo: list[Callable[[], None]] | None = None
-        self.callbacks: list[Callback] = []
-        self.size = 0
-        # Set before any callback of the write that settled it runs, so that a
-        # waiter woken by one batch sees every other batch that store answer
-        # settled (a connection then writes their replies at once).
-        self.finished = False
-        self.error: StoreError | None = None
-        self.tiered = False  # a change marked for the far tier, or a blind add
-        self.tiers: Tiers | None = None  # made at the write's start
-
-    def has_changes(self) -> bool:
-        return bool(self.tasks) or self.records is not None
-
-    def add_callback(self, callback: Callback) -> None:
-        self.callbacks.append(callback)
-
-    def finish(self, error: StoreError | None) -> None:
-        self.finished, self.error = True, error
-        for callback in self.callbacks:
-            try:
-                callback(error)
-            except Exception:  # one broken waiter must not stop the others
-                log.exception("batch callback failed")
-        self.callbacks.clear()
-
-
-class Joint:
-    """A wait on several lanes' batches (``add_many`` over partitions): finished
-    once all are, with the first error among them."""
-
-    __slots__ = ("callbacks", "error", "finished", "left")
-
-    def __init__(self, batches: list[Batch]) -> None:
-        self.callbacks: list[Callback] = []
-        self.error: StoreError | None = None
-        self.finished = False
-        self.left = len(batches)
-        for batch in batches:
-            batch.add_callback(self._one)
-
-    def _one(self, error: StoreError | None) -> None:
-        if error is not None and self.error is None:
-            self.error = error
-        self.left -= 1
-        if self.left == 0:
-            self.finished = True
-            for callback in self.callbacks:
-                try:
-                    callback(self.error)
-                except Exception:
-                    log.exception("batch callback failed")
-            self.callbacks.clear()
-
-    def add_callback(self, callback: Callback) -> None:
-        self.callbacks.append(callback)
-
-
-class BlindWait:
-    """A blind add's wait: its batch's, answering ``exists`` when the store
-    refused the put (a task of that id was in the far tier). ``add_many``'s
-    (``many``) names the first task refused by its index in the call."""
-
-    __slots__ = ("batch", "many", "task_ids")
-
-    def __init__(self, batch: Batch, task_ids: tuple[str, ...], many: bool = False) -> None:
-        self.batch, self.task_ids, self.many = batch, task_ids, many
-
-    @property
-    def finished(self) -> bool:
-        return self.batch.finished
-
-    @property
-    def error(self) -> StoreError | None:
-        batch = self.batch
-        error = batch.error
-        # ``exists`` acknowledges the task: only once the write that found it
-        # (and wrote its record again) is confirmed, replicas included.
-        if error is None and batch.tiers is not None and batch.tiers.conflicts:
-            conflicts = batch.tiers.conflicts
-            for index, task_id in enumerate(self.task_ids):
-                if task_id in conflicts:
-                    where = f"task {index}: " if self.many else ""
-                    return ExistsInStore(f"{where}a task with id {task_id!r} already exists")
-        return error
-
-    def add_callback(self, callback: Callback) -> None:
-        self.batch.add_callback(lambda _error: callback(self.error))
-
-
-Wait = Batch | Joint | BlindWait
-
-
-class Lane:
-    """One lane's batches: at most one being written, one gathering."""
-
-    __slots__ = ("gathering", "index", "queued", "touched", "writing")
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.gathering = Batch()
-        self.writing: Batch | None = None
-        self.touched: set[int] = set()  # id() of tasks snapshotted in the gathering batch
-        self.queued = False  # in the journal's list of lanes to start
-
-    def newest(self) -> Batch | None:
-        """The batch a wait on this lane's changes so far needs: the newest."""
-        return self.gathering if self.gathering.has_changes() else self.writing
-
-    def is_pending(self, task: Task) -> bool:
-        writing = self.writing
-        return id(task) in self.touched or (
-            writing is not None and writing.tasks.get(task.id) is task
-        )
-
-
-class _Turn:
-    """The writes submitted together (one store round trip per primary), for the
-    figures: counted as one flush once every lane has reported, written."""
-
-    __slots__ = ("failed", "left", "size", "started_s")
-
-    def __init__(self, left: int, size: int, started_s: float) -> None:
-        self.left, self.size, self.started_s = left, size, started_s
-        self.failed = False  # a lane of it failed: its time is not a write's
-
-
 class Journal:
+    """Group commit on a store of one lane (memory, SQLite), and what every
+    store's journal shares; a store of lanes has engine/lanes.py's
+    ``LanesJournal`` (``journal_for`` picks)."""
+
+    several_lanes = False  # LanesJournal's: only it starts several lanes' writes at once
+
     def __init__(
         self,
         store: Store,
@@ -278,6 +119,8 @@ class Journal:
         self._blind: tuple[Batch, tuple[str, ...], bool] | None = None
         self.inline = store.inline
         self.lanes = lanes = store.lanes
+        if lanes > 1 and not self.several_lanes:
+            raise TypeError("a store of lanes is journaled by LanesJournal (engine/lanes.py)")
         # None: one lane (memory, SQLite), whose path is the single-node one.
         self._lane_of: Callable[[str], int] | None = None if lanes == 1 else store.lane_of
         self._lanes = [Lane(index) for index in range(lanes)]
@@ -460,13 +303,7 @@ class Journal:
 
     def newest(self, lanes: Collection[int] | None = None) -> Wait | None:
         """The newest batch of every lane (of ``lanes``) not yet durable (None: all are)."""
-        if self._lane_of is None:
-            return self._one.newest()
-        among = self._lanes if lanes is None else [self._lanes[index] for index in lanes]
-        found = [batch for lane in among if (batch := lane.newest()) is not None]
-        if len(found) > 1:
-            return Joint(found)
-        return found[0] if found else None
+        return self._one.newest()
 
     def is_pending(self, task: Task) -> bool:
         """Whether a batch not yet durable holds a change of ``task``."""
@@ -510,33 +347,12 @@ class Journal:
                 log.exception("store submit raised")
                 done(StoreError(f"store write failed: {exc!r}"))
             return
-        if not ready:
-            return
-        self._ready = []
-        writes: list[tuple[int, Mapping[str, bytes | None]]] = []
-        started: dict[int, tuple[Batch, dict[str, bytes | None]]] = {}
-        lane_tiers: dict[int, Tiers] | None = None
-        size = 0
-        for lane in ready:
-            lane.queued = False
-            batch, changes = self._begin(lane)
-            writes.append((lane.index, changes))
-            started[lane.index] = (batch, changes)
-            size += batch.size
-            if batch.tiers is not None:
-                lane_tiers = lane_tiers or {}
-                lane_tiers[lane.index] = batch.tiers
-        turn = _Turn(len(writes), size, self.watch.started())
-        done = partial(self._lanes_written, turn, started)
-        try:
-            if lane_tiers is None:
-                self._store.submit_lanes(writes, done)
-            else:
-                self._store.submit_lanes(writes, done, lane_tiers)
-        except Exception as exc:  # a store bug: fail the batches rather than hang their waiters
-            log.exception("store submit raised")
-            error = StoreError(f"store write failed: {exc!r}")
-            done([(index, error) for index in list(started)])
+        if ready:  # several lanes: only a store of lanes has them
+            self._start_together(ready)
+
+    def _start_together(self, ready: list[Lane]) -> None:
+        """Start several lanes' writes at once: ``LanesJournal``'s (never on one lane)."""
+        raise NotImplementedError
 
     def _begin(self, lane: Lane) -> tuple[Batch, dict[str, bytes | None]]:
         """The lane's gathering batch becomes its write; its changes, packed."""
@@ -600,68 +416,6 @@ class Journal:
             self._ready.append(lane)
             if not self._flush_scheduled:
                 self._start()
-
-    def _lanes_written(
-        self,
-        turn: _Turn,
-        started: dict[int, tuple[Batch, dict[str, bytes | None]]],
-        outcomes: LaneOutcomes,
-    ) -> None:
-        """Some lanes of a turn are done (a store answer: a primary's, say)."""
-        settled: list[tuple[Lane, Batch, dict[str, bytes | None], StoreError | None]] = []
-        for index, error in outcomes:
-            got = started.pop(index, None)
-            lane = self._lanes[index]
-            if got is None or got[0] is not lane.writing:  # a broken store
-                log.error("store completed a write of lane %d twice", index)
-                continue
-            batch, changes = got
-            batch.finished, batch.error = True, error  # before any waiter runs
-            if error is not None and not isinstance(error, Unconfirmed):
-                lane.gathering.finished, lane.gathering.error = True, error
-            settled.append((lane, batch, changes, error))
-        watch = self.watch
-        written: Written = []
-        for lane, batch, changes, error in settled:
-            lane.writing = None
-            if error is not None:
-                turn.failed = True
-                if not isinstance(error, Unconfirmed):
-                    self._fail(lane, batch, error, turn.started_s)
-                    continue
-                # In the store, not confirmed: kept, its waiters told (module docstring).
-                self._unconfirmed(lane, batch, error, turn.started_s)
-                if batch.tiers is not None:
-                    self._tiers_written(batch, lane)
-                written.append((batch.tasks, changes, lane.is_pending))
-                continue
-            if watch.lost:
-                watch.recovered(lane.index, self._store.lane_group(lane.index))
-            if batch.tiers is not None:
-                self._tiers_written(batch, lane)
-            written.append((batch.tasks, changes, lane.is_pending))
-        if written:  # once for the lanes of this answer, before any of their replies
-            self._durable(written)
-        rolled_back = False
-        for _, batch, _, error in settled:
-            if error is None or isinstance(error, Unconfirmed):
-                batch.finish(error)
-            else:
-                rolled_back = True
-        if self._listeners:
-            self._tell_settled(rolled_back)
-        turn.left -= len(settled)
-        if turn.left == 0 and not turn.failed:
-            self.flushes += 1
-            self.last_batch_size = turn.size
-            self.max_batch_size = max(self.max_batch_size, turn.size)
-            watch.written(turn.size, turn.started_s)
-        for lane, *_ in settled:
-            if lane.gathering.has_changes() and not lane.queued:
-                lane.queued = True
-                self._ready.append(lane)
-        if self._ready and not self._flush_scheduled:
-            self._start()  # together: the lanes this answer freed, and any waiting
 
     def _tiers_written(self, batch: Batch, lane: Lane) -> None:
         assert self.tiering is not None and batch.tiers is not None

@@ -39,11 +39,13 @@ from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any
 
+from delaywheel.engine.batches import Undo
 from delaywheel.engine.cold import WINDOW_S, ColdTasks, PackedTasks
 from delaywheel.engine.flow import Flow
 from delaywheel.engine.horizon import Horizon
 from delaywheel.engine.index import TaskCounts, TaskIndex
-from delaywheel.engine.journal import Hooks, Journal, Undo
+from delaywheel.engine.journal import Hooks
+from delaywheel.engine.lanes import journal_for
 from delaywheel.engine.queues import Queues, Watch
 from delaywheel.engine.record import TOPIC_FIELD, read_record, to_record
 from delaywheel.engine.shares import Basis
@@ -125,7 +127,7 @@ class TaskTable:
         """The store's side: the far tier beyond the horizon, the journal that writes."""
         # Delayed tasks beyond --horizon: only in the store (engine/horizon.py).
         self.horizon = Horizon(self, store, horizon_s)
-        self.journal = Journal(
+        self.journal = journal_for(
             store,
             Hooks(durable=self.cold.pack, rolled_back=self.rollback),
             slow_flush_s=slow_flush_s,

@@ -25,7 +25,7 @@ from delaywheel.httpapi.operation import (
     wrapped,
 )
 from delaywheel.httpapi.values import BadInput, body_in, body_out, cursor_in, query_number
-from delaywheel.net.connection import MAX_RESERVE_TIMEOUT_S
+from delaywheel.net.blocked import MAX_RESERVE_TIMEOUT_S
 
 # -- the builders ---------------------------------------------------------------------------
 

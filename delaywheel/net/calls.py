@@ -4,7 +4,7 @@
 check and engine verb a connection's request gets, counted in the same metrics), and
 returns only once the store write holding its change is durable (``durable``), as a
 connection holds its reply. ``Reserves`` has the connection's reserve without the
-connection: the same checks (``connection.reserve_params``), the same ready queues, and a
+connection: the same checks (``blocked.reserve_params``), the same ready queues, and a
 blocked one waits in the engine's line of waiters with a timer and a callback, as a
 connection's blocked ``reserve`` does (no task, no coroutine frame); the caller whose
 HTTP client went away leaves the line. ``wait`` is held the same way, in the task
@@ -23,12 +23,12 @@ from delaywheel.engine import validate
 from delaywheel.engine.horizon import MAX_FETCHES, NeedsStore
 from delaywheel.engine.queues import Waiter, Watch
 from delaywheel.errors import RequestError
-from delaywheel.net.connection import WAIT_MOVED_RETRY_MS, reserve_params, wait_params
+from delaywheel.net.blocked import WAIT_MOVED_RETRY_MS, reserve_params, wait_params
 from delaywheel.store.base import StoreError, reply_for
 
 if TYPE_CHECKING:
+    from delaywheel.engine.batches import Wait
     from delaywheel.engine.engine import Engine
-    from delaywheel.engine.journal import Wait
     from delaywheel.net.server import Server
 
 

@@ -19,7 +19,7 @@ Sentinel or a Redis Cluster alike: the differences are its topology's
   flush writes and ``far_range``, ``far_get`` and ``far_counts`` read (far.py).
 
 Each partition is a lane of the journal's (``lanes``, ``lane_of``,
-``submit_lanes``; engine/journal.py): the journal keeps at most one write
+``submit_lanes``; engine/lanes.py): the journal keeps at most one write
 of a partition in flight, and this store reports each partition's outcome
 on its own. A write refused for a partition fails that partition's lane
 with ``FencedWrite``, naming the partition and the holder the refusal read:
