@@ -290,9 +290,12 @@ def test_a_node_stops_while_an_attempt_waits_for_its_replicas(
     with primary_with_replica(tmp_path) as (primary, replica):
         node = _node(primary, "--shutdown-grace", "2")
         with Client(*node.address, timeout_s=30) as dw:
-            dw.add("hooks", {}, id="waiting", delay=0.5, target=target)
+            # Due 2 s on, so that the replica is surely dead when the attempt is
+            # written: with 0.5 s, a test process held up that long on a busy CI
+            # machine killed it after the attempt's write was confirmed (sent).
+            dw.add("hooks", {}, id="waiting", delay=2.0, target=target)
         replica.kill()
-        time.sleep(3.0)  # due; its attempt's writes short of the replica
+        time.sleep(4.5)  # due; its attempt's writes short of the replica
         stopping_s = time.monotonic()
         assert node.stop(timeout_s=30) == 0, node.log_text()
         took_s = time.monotonic() - stopping_s
