@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import aio_pika
+import aiormq.connection
 import msgpack
 import pytest
 import redis
@@ -568,6 +569,26 @@ def test_amqp_close_while_connecting_stops_the_connecting(how: str) -> None:
             run_leaving_the_rest(
                 close_while_connecting(f"amqp://guest:guest@127.0.0.1:{port}/", after_s)
             )
+
+
+@pytest.mark.brokers("rabbitmq")
+def test_amqp_close_between_handshake_and_hold_leaves_no_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aio-pika awaits an aiormq connection's readiness after its handshake, and a
+    close landing there (one loop iteration wide, met once in a CI run) left the
+    connection open with nothing holding it. The wait is made 50 ms long here so
+    that every close lands in it; the sender's own sockets are shut at close."""
+    ready = aiormq.connection.Connection.ready
+
+    async def slow_ready(connection: aiormq.connection.Connection) -> None:
+        await asyncio.sleep(0.05)
+        await ready(connection)
+
+    monkeypatch.setattr(aiormq.connection.Connection, "ready", slow_ready)
+    # RabbitMQ answers the handshake within a few milliseconds of the start.
+    for after_s in [0.010 + n * 0.004 for n in range(8)]:
+        run_leaving_the_rest(close_while_connecting(AMQP_URL, after_s))
 
 
 # -- NATS JetStream ------------------------------------------------------------------

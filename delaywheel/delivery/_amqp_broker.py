@@ -12,6 +12,12 @@ The connection object is made, and kept, before it connects, so that
 ``close`` can close it while it is still connecting. Cancelling the connect
 would not be enough: aio-pika's reconnect loop goes on, swallowing every
 cancellation, until its connection is closed, and the server never exits.
+Closing it is not quite enough either: a close that lands after aiormq has
+finished its handshake and before aio-pika holds the result (aio-pika 10.2
+awaits the connection's readiness in between, and does not close it when
+cancelled there) leaves an open aiormq connection that nothing refers to,
+its reader, writer and heartbeat tasks running. So the sender opens its
+sockets itself (``Sockets``) and shuts, at close, any that is still open.
 
 Publishing to an exchange that does not exist makes the broker close the
 channel (404), failing every other publish awaiting a confirmation there. So
@@ -39,6 +45,8 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
 from aio_pika.connection import make_url
+from aiormq import TransportFactory
+from aiormq.connection import TCPTransportFactory, TLSTransportFactory
 from aiormq.exceptions import (
     ChannelClosed,
     ChannelInvalidStateError,
@@ -58,6 +66,29 @@ CHANNEL_POLL_S = 0.005
 # A target names any exchange it likes, so the names known to exist are
 # bounded: past this many the oldest is forgotten, costing one more look-up.
 MAX_KNOWN_EXCHANGES = 256
+
+
+class Sockets(TransportFactory):
+    """Opens a connection's sockets as aiormq would, and remembers them until closed."""
+
+    def __init__(self, tls: bool) -> None:
+        self._opener = TLSTransportFactory() if tls else TCPTransportFactory()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def create(
+        self, url: Any, **kwargs: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await self._opener.create(url, **kwargs)
+        # Reconnects add one each; those already closed are forgotten here.
+        self._writers = {known for known in self._writers if not known.is_closing()}
+        self._writers.add(writer)
+        return reader, writer
+
+    def close_all(self) -> None:
+        """Shut every socket still open: its aiormq connection sees the end and stops."""
+        writers, self._writers = self._writers, set()
+        for writer in writers:
+            writer.close()
 
 
 class LookupFailed(Exception):
@@ -92,6 +123,7 @@ class AmqpSender(BrokerLink):
     def __init__(self, name: str, url: str, **options: Any) -> None:
         super().__init__(name, url, **options)
         self._connection: AbstractRobustConnection | None = None
+        self._sockets: Sockets | None = None
         self._channel: AbstractRobustChannel | None = None
         self._known: dict[str, None] = {}  # exchanges known to exist, oldest first
         self._lookups: dict[str, asyncio.Task[None]] = {}  # under way, by exchange
@@ -100,17 +132,23 @@ class AmqpSender(BrokerLink):
         self.spawn(self.retry(self._connect))
 
     async def _connect(self) -> None:
+        url = make_url(self._raw_url)
         connection = aio_pika.RobustConnection(
-            make_url(self._raw_url),
+            url,
             reconnect_interval=RECONNECT_MAX_S,
             client_properties={"connection_name": f"delaywheel broker {self.name}"},
         )
-        self._connection = connection  # before connecting: see the module's docstring
+        sockets = Sockets(tls=url.scheme == "amqps")
+        # aio-pika hands its connection's keyword arguments to aiormq's connect.
+        connection.kwargs["transport_factory"] = sockets
+        # Both kept before connecting: see the module's docstring.
+        self._connection, self._sockets = connection, sockets
         try:
             channel = await asyncio.wait_for(self._open(connection), self.connect_timeout_s)
         except Exception:
+            self._connection, self._sockets = None, None
             await connection.close()
-            self._connection = None
+            sockets.close_all()
             raise
         connection.close_callbacks.add(self._on_connection_close)
         connection.reconnect_callbacks.add(self._on_reconnect)
@@ -225,6 +263,9 @@ class AmqpSender(BrokerLink):
 
     async def _release(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
+        sockets, self._sockets = self._sockets, None
         self._known.clear()
         if connection is not None:
             await connection.close()
+        if sockets is not None:
+            sockets.close_all()
