@@ -54,14 +54,14 @@ from T to the last queue task's arrival are given as the load.
 
 A rate-limited topic: a fresh server, the same warm-up (to a path of its
 own), then ``topic_set`` gives the topic ``rate`` ``LIMITED_RATE`` (500/s)
-and the default ``burst`` (1), and ``limited`` tasks to the sink's
+and the default ``burst`` (20 ms of the rate: 10), and ``limited`` tasks to the sink's
 ``/ok/limited`` fall due at one moment, timed as above until all settled. The
 sink records when each request came in (its monotonic clock). The achieved
 rate is the arrivals over the time from the first to the last; steadiness is
 the arrivals in each whole ``WINDOW_S`` (100 ms) from the first (a partial
 last window left out): min, 5th percentile, median, 95th percentile and max,
 their standard deviation in the note; and the most in any ``LIMIT_WINDOW_S``
-(1 s), whose target is the contract's ``rate x 1 s + burst`` = 501
+(1 s), whose target is the contract's ``rate x 1 s + burst`` = 510
 (docs/protocol.md, "Topic settings"; measured at the sink, so the
 delivery's jitter counts against it).
 

@@ -227,6 +227,43 @@ def test_rate_and_burst_are_a_token_bucket_on_reserve() -> None:
     run(scenario)
 
 
+def test_a_rate_without_a_burst_banks_what_late_wakes_lose() -> None:
+    """No burst given: the bucket holds 20 ms of the rate, at least one task. A
+    waiting reserve answered 0.3 ms after each token is due (as a timer wakes)
+    still gets the topic's rate; with a burst of 1 that lateness is lost."""
+
+    def handed_in_a_second(engine: Engine, topic: str, start_s: float) -> int:
+        got: list[dict[str, Any]] = []
+        now_s = start_s
+        while now_s < start_s + 1:
+            answered = len(got)
+            engine.wait_reserve(Waiter([topic], got.append))
+            engine.advance(now_s)  # answered now when the bucket has a token
+            while len(got) == answered:  # it waits for a token: wake 0.3 ms after it comes
+                when_s = engine.next_fire_s()
+                assert when_s is not None
+                now_s = when_s + 0.0003
+                engine.advance(now_s)
+        return len(got)
+
+    async def scenario(engine: Engine, store: MemoryStore) -> None:
+        assert engine.topic_set("slow", {"rate": 10}, T0)["burst"] == 1
+        assert engine.topic_set("fast", {"rate": 500}, T0)["burst"] == 10
+        assert engine.topic_set("one", {"rate": 500, "burst": 1}, T0)["burst"] == 1
+        for n in range(1000):
+            engine.add({"topic": "fast", "body": n}, T0)
+            engine.add({"topic": "one", "body": n}, T0)
+        engine.advance(T0)  # every task ready
+        # The rate over the second and the first burst; 500 / 2.3 ms with a burst of 1.
+        assert 500 <= handed_in_a_second(engine, "fast", T0) <= 500 + 10
+        assert 400 <= handed_in_a_second(engine, "one", T0 + 2) <= 440
+        engine.topic_set("fast", {"burst": 1}, T0 + 4)
+        assert engine.topic_set("fast", {"burst": None}, T0 + 4)["burst"] == 10
+        assert engine.topic_set("fast", {"rate": 1e6}, T0 + 4)["burst"] == 20_000
+
+    run(scenario)
+
+
 def test_a_pause_is_kept_across_a_reload() -> None:
     async def main() -> None:
         store = MemoryStore("memory://")

@@ -137,7 +137,11 @@ def resume(env: Env, topic: str) -> None:
 @topic.command()
 @topic_argument
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Tasks a second.")
-@click.option("--burst", type=click.IntRange(min=1), help="Tasks at once after a quiet time.")
+@click.option(
+    "--burst",
+    type=click.IntRange(min=1),
+    help="Tasks at once after a quiet time (not given: 20 ms of the rate, at least 1).",
+)
 @click.option("--concurrency", type=click.IntRange(min=1), help="Reserved or delivering at once.")
 @click.option("--no-rate", is_flag=True, help="Remove the rate limit.")
 @click.option("--no-concurrency", is_flag=True, help="Remove the concurrency limit.")

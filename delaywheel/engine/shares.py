@@ -82,10 +82,10 @@ def gate_of(topic: str, settings: TopicSettings, basis: Basis, seats_held: int =
     ``seats_held``: the seats this node holds now of a concurrency ``handed``
     between the nodes."""
     if basis.whole:
-        return Gate(settings.paused_until, settings.rate, settings.burst, settings.concurrency)
+        return Gate(settings.paused_until, settings.rate, settings.bucket, settings.concurrency)
     mine = basis.mine
     rate = None if settings.rate is None else settings.rate * mine / basis.partitions
-    burst = seats(topic, settings.burst, basis, at_least_one=True).get(basis.node, 0)
+    burst = seats(topic, settings.bucket, basis, at_least_one=True).get(basis.node, 0)
     concurrency = None
     if handed(settings, basis):
         concurrency = seats_held
