@@ -263,7 +263,11 @@ class Coordinator:
         live = look.live
         # The record stored now: the one this node has when its version is known.
         stored = None if look.version is None else (look.record or self.assigned)
-        holders, unknown = await self.leases.holders(self._by_primary(), self.read_timeout_s)
+        # One grouping for both of the round's reads. It only batches them
+        # (redis-py routes each command by its key), so a slot map that moved
+        # since costs at most a batch waiting on a primary not its own.
+        groups = self._by_primary()
+        holders, unknown = await self.leases.holders(groups, self.read_timeout_s)
         owners: dict[int, str | None] = {}
         for partition in range(sharing.partitions):
             if partition in unknown:  # its primary did not answer: as known before
@@ -304,16 +308,17 @@ class Coordinator:
             self._handing.add(handing)
             handing.add_done_callback(self._handed)
         try:
-            await self._share_topics()
+            await self._share_topics(groups)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis away: the settings last known still apply
             log.debug("sharing the topic settings failed: %r", exc)
 
-    async def _share_topics(self) -> None:
+    async def _share_topics(self, groups: list[list[int]]) -> None:
         """Publish the topic settings held here, per partition served, and hand
-        the engine those the partitions served elsewhere publish."""
-        published, unknown = await self.topics.read(self._by_primary(), self.read_timeout_s)
+        the engine those the partitions served elsewhere publish; ``groups``:
+        the partitions by primary (``_by_primary``)."""
+        published, unknown = await self.topics.read(groups, self.read_timeout_s)
         # A partition whose primary did not answer: the settings read before.
         published.update((p, self._published[p]) for p in unknown if p in self._published)
         self._published = published

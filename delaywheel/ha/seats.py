@@ -18,7 +18,8 @@ zset it is checked against, changed only by one script, which
 4. tells the caller how many seats the others wait for beyond those free.
 
 Every coordinator round (``period_s``), for each such topic, a node with
-tasks of it, or an entry for it, calls the script once. It claims what it
+tasks of it, or an entry for it, calls the script once (the topics' calls
+at once). It claims what it
 can use (in flight, and ready or due deliveries behind the gate, up to C),
 and its gate lets through only the seats it holds. It never claims fewer
 than it has in flight, and lowers its gate before the call, so no task
@@ -169,8 +170,12 @@ class Seats(NodeScripts):
             self.host.hold_seats(topic, 0)
             await self.claim(topic, 0, 0, 0)
             del self.claims[topic]
-        for topic, total in handed.items():
-            await self._turn(topic, total)
+        # All at once: each topic's turn touches only its own hash and gate, and
+        # a round of many such topics then waits one round trip, not one each.
+        turns = [self._turn(topic, total) for topic, total in handed.items()]
+        for outcome in await asyncio.gather(*turns, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome  # the round's caller logs it; the next round tries again
 
     async def _turn(self, topic: str, total: int) -> None:
         before = self.claims.get(topic, NO_CLAIM)

@@ -205,7 +205,12 @@ TOPIC_SETTINGS: dict[str, Any] = {
     "properties": {
         "paused_until": {"type": ["number", "null"], "description": "Unix s; null: not paused"},
         "rate": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "tasks/s"},
-        "burst": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1},
+        "burst": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": 2**31 - 1,
+            "description": "tasks at once after a quiet time; null: 20 ms of the rate, at least 1",
+        },
         "concurrency": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1},
         "retain": {"type": ["number", "null"], "minimum": 0, "description": "seconds"},
         "dead_retain": {
