@@ -260,6 +260,7 @@ def test_a_rate_without_a_burst_banks_what_late_wakes_lose() -> None:
         engine.topic_set("fast", {"burst": 1}, T0 + 4)
         assert engine.topic_set("fast", {"burst": None}, T0 + 4)["burst"] == 10
         assert engine.topic_set("fast", {"rate": 1e6}, T0 + 4)["burst"] == 20_000
+        assert engine.topic_set("fast", {"rate": 1e300}, T0 + 4)["burst"] == 2**31 - 1
 
     run(scenario)
 

@@ -68,7 +68,9 @@ class TopicSettings:
         """The burst in force: the one given, else ``AUTO_BURST_S`` of the rate, at least 1."""
         if self.burst is not None:
             return self.burst
-        return 1 if self.rate is None else max(1, math.ceil(self.rate * AUTO_BURST_S))
+        if self.rate is None:
+            return 1
+        return min(MAX_COUNT, max(1, math.ceil(self.rate * AUTO_BURST_S)))
 
     def limits(self) -> bool:
         """Whether these settings hold anything back, ever (a pause or a limit)."""
