@@ -19,9 +19,9 @@ zset it is checked against, changed only by one script, which
 
 Every coordinator round (``period_s``), for each such topic, a node with
 tasks of it, or an entry for it, calls the script once (the topics' calls
-at once). It claims what it
-can use (in flight, and ready or due deliveries behind the gate, up to C),
-and its gate lets through only the seats it holds. It never claims fewer
+at once). It claims what it can use (in flight, and ready or due
+deliveries behind the gate, up to C), and its gate lets through only the
+seats it holds. It never claims fewer
 than it has in flight, and lowers its gate before the call, so no task
 starts while the claim is being lowered: the sum of what the nodes have in
 flight stays within C. When the last reply said others wait, a node that
