@@ -19,19 +19,19 @@ zset it is checked against, changed only by one script, which
 
 Every coordinator round (``period_s``), for each such topic, a node with
 tasks of it, or an entry for it, calls the script once (the topics' calls
-at once). It claims what it can use (in flight, and ready or due
-deliveries behind the gate, up to C), and its gate lets through only the
-seats it holds. It never claims fewer
-than it has in flight, and lowers its gate before the call, so no task
-starts while the claim is being lowered: the sum of what the nodes have in
-flight stays within C. When the last reply said others wait, a node that
-holds seats gives one back: its gate lets no new task start, and at the
-first round its tasks in flight are below its remaining seats it lowers its
-claim. It had its seat since its last round at least, so a busy node takes
-its turn and passes the seat on, and the one that waited longest gets it at
-its next round: a seat changes hands within about two rounds of the task
-that held it ending. A node with no tasks of the topic makes no call, and
-the topics split in whole seats (C >= N), and a single node, none at all.
+at once). It claims what it can use (in flight, and ready or due deliveries
+behind the gate, up to C), and its gate lets through only the seats it
+holds. It never claims fewer than it has in flight, and lowers its gate
+before the call, so no task starts while the claim is being lowered: the
+sum of what the nodes have in flight stays within C. When the last reply
+said others wait, a node that holds seats gives one back: its gate lets no
+new task start, and at the first round its tasks in flight are below its
+remaining seats it lowers its claim. It had its seat since its last round
+at least, so a busy node takes its turn and passes the seat on, and the one
+that waited longest gets it at its next round: a seat changes hands within
+about two rounds of the task that held it ending. A node with no tasks of
+the topic makes no call, and the topics split in whole seats (C >= N), and
+a single node, none at all.
 """
 
 from __future__ import annotations
