@@ -74,6 +74,7 @@ class ServerProcess:
         self.cwd = cwd
         self.env = {**os.environ, **(env or {})}
         self.log: deque[str] = deque(maxlen=2000)
+        self.logged = 0  # lines read in all: a mark for ``log_since``, as the deque drops old ones
         self.host = ""
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
@@ -106,6 +107,7 @@ class ServerProcess:
         with proc.stderr, self._kept(proc.pid) as kept:  # closed at EOF: the process exited
             for line in proc.stderr:
                 self.log.append(line.rstrip())
+                self.logged += 1
                 if kept is not None:
                     kept.write(line)
                     kept.flush()
@@ -124,6 +126,11 @@ class ServerProcess:
         node = args[len(args) - 1 - args[::-1].index("--node") + 1] if "--node" in args else "node"
         Path(folder).mkdir(parents=True, exist_ok=True)
         return open(Path(folder) / f"server-{node}-{pid}.log", "a")
+
+    def log_since(self, mark: int) -> list[str]:
+        """The lines logged since ``logged`` was ``mark``, as far as ``log`` still holds them."""
+        lines, logged = list(self.log), self.logged
+        return lines[max(0, len(lines) - (logged - mark)) :]
 
     @property
     def address(self) -> tuple[str, int]:

@@ -238,14 +238,14 @@ def test_a_node_that_took_every_partition_at_a_failover_hands_back_at_once(
                     wait_until(lambda: _named_primary(farm) not in (None, old.port), 30,
                                "a new primary")  # fmt: skip
                     wait_until(lambda: len(_served(a)) == PARTITIONS, 30, "node-a serving all")
-                    marks = len(a.log)
+                    marks = a.logged
                 finally:
                     b.proc.send_signal(signal.SIGCONT)
                 woken_s = time.time()
                 wait_until(lambda: len(_served(a)) < PARTITIONS, 30, "node-a handing back")
                 wait_until(
                     lambda: (
-                        sum("handed back partition" in line for line in list(a.log)[marks:])
+                        sum("handed back partition" in line for line in a.log_since(marks))
                         >= PARTITIONS // 2
                     ),
                     SHUTDOWN_GRACE_S + 10,
@@ -253,9 +253,9 @@ def test_a_node_that_took_every_partition_at_a_failover_hands_back_at_once(
                 )
             finally:
                 load.stop()
-        handed = [line for line in list(a.log)[marks:] if "handed back partition" in line]
+        handed = [line for line in a.log_since(marks) if "handed back partition" in line]
         took_s = max(map(_logged_s, handed)) - woken_s
         print(
             f"\nhandback after the failover: {len(handed)} partitions, {took_s:.2f} s after SIGCONT"
         )
-        assert took_s < HANDBACK_BOUND_S < SHUTDOWN_GRACE_S, "\n".join(list(a.log)[marks:])
+        assert took_s < HANDBACK_BOUND_S < SHUTDOWN_GRACE_S, "\n".join(a.log_since(marks))
